@@ -1,1 +1,101 @@
-// placeholder until implemented
+// Llama-family forward pass from ops over paged KV.
+#include "runtime/model.hpp"
+
+#include "runtime/ops/attention.hpp"
+#include "runtime/ops/elementwise.hpp"
+#include "runtime/ops/matmul.hpp"
+
+#include <cmath>
+#include <cstring>
+
+namespace tandem {
+
+model::model(model_config cfg, model_weights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {}
+
+kv_layout model::make_kv_layout(int32_t page_size) const {
+    return kv_layout{cfg_.n_layer, cfg_.n_head_kv, cfg_.head_dim, page_size};
+}
+
+void model::ensure_scratch(int64_t n_tok) {
+    const size_t t = size_t(n_tok), e = size_t(cfg_.n_embd), kv = size_t(cfg_.n_embd_kv()), ff = size_t(cfg_.n_ff);
+    if (x_.size() >= t * e) return;
+    x_.resize(t * e); xn_.resize(t * e); q_.resize(t * e); attn_.resize(t * e); proj_.resize(t * e);
+    k_.resize(t * kv); v_.resize(t * kv);
+    gate_.resize(t * ff); up_.resize(t * ff);
+    pos_.resize(t);
+}
+
+void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_cache& kv, float* logits,
+                    bool all_logits) {
+    int64_t n_tok = 0;
+    for (const auto& s : batch) {
+        TANDEM_ASSERT(!s.tokens.empty(), "a sequence in a batch needs at least one new token");
+        n_tok += int64_t(s.tokens.size());
+    }
+    if (n_tok == 0) return;
+    ensure_scratch(n_tok);
+    const int64_t e = cfg_.n_embd, n_kv = cfg_.n_embd_kv();
+
+    // embeddings and positions
+    {
+        int64_t t = 0;
+        for (const auto& s : batch) {
+            for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
+                const token_id id = s.tokens[i];
+                TANDEM_CHECK(id >= 0 && id < cfg_.n_vocab, "token id {} is outside the vocabulary [0, {})", id,
+                             cfg_.n_vocab);
+                std::memcpy(&x_[size_t(t * e)], w_.tok_embd.row(id), size_t(e) * sizeof(float));
+                pos_[size_t(t)] = s.n_past + int32_t(i);
+            }
+        }
+    }
+
+    const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
+    const bool neox = cfg_.rope == rope_style::neox;
+    for (int il = 0; il < cfg_.n_layer; ++il) {
+        const layer_weights& l = w_.layers[size_t(il)];
+        ops::rms_norm(ctx, xn_.data(), x_.data(), l.attn_norm.data.data(), n_tok, e, cfg_.rms_eps);
+        ops::matmul(ctx, q_.data(), xn_.data(), n_tok, l.wq, &l.bq);
+        ops::matmul(ctx, k_.data(), xn_.data(), n_tok, l.wk, &l.bk);
+        ops::matmul(ctx, v_.data(), xn_.data(), n_tok, l.wv, &l.bv);
+        ops::rope(ctx, q_.data(), pos_.data(), n_tok, cfg_.n_head, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
+                  cfg_.rope_freq_scale, neox);
+        ops::rope(ctx, k_.data(), pos_.data(), n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot,
+                  cfg_.rope_freq_base, cfg_.rope_freq_scale, neox);
+        int64_t t = 0;
+        for (const auto& s : batch) {
+            const int64_t n = int64_t(s.tokens.size());
+            ops::kv_store(ctx, kv, il, s.block_table, s.n_past, &k_[size_t(t * n_kv)], &v_[size_t(t * n_kv)], n);
+            ops::attention(ctx, &attn_[size_t(t * e)], &q_[size_t(t * e)], n, s.n_past, cfg_.n_head, kv, il,
+                           s.block_table, scale);
+            t += n;
+        }
+        ops::matmul(ctx, proj_.data(), attn_.data(), n_tok, l.wo);
+        ops::add(ctx, x_.data(), proj_.data(), n_tok * e);
+
+        ops::rms_norm(ctx, xn_.data(), x_.data(), l.ffn_norm.data.data(), n_tok, e, cfg_.rms_eps);
+        ops::matmul(ctx, gate_.data(), xn_.data(), n_tok, l.w_gate);
+        ops::matmul(ctx, up_.data(), xn_.data(), n_tok, l.w_up);
+        ops::swiglu(ctx, gate_.data(), gate_.data(), up_.data(), n_tok * cfg_.n_ff);
+        ops::matmul(ctx, proj_.data(), gate_.data(), n_tok, l.w_down);
+        ops::add(ctx, x_.data(), proj_.data(), n_tok * e);
+    }
+
+    // The output norm and vocab projection only for the rows whose logits are wanted.
+    const float* rows = x_.data();
+    int64_t n_rows = n_tok;
+    if (!all_logits) {
+        last_.resize(batch.size() * size_t(e));
+        int64_t t = 0;
+        for (size_t i = 0; i < batch.size(); ++i) {
+            t += int64_t(batch[i].tokens.size());
+            std::memcpy(&last_[i * size_t(e)], &x_[size_t((t - 1) * e)], size_t(e) * sizeof(float));
+        }
+        rows = last_.data();
+        n_rows = int64_t(batch.size());
+    }
+    ops::rms_norm(ctx, xn_.data(), rows, w_.output_norm.data.data(), n_rows, e, cfg_.rms_eps);
+    ops::matmul(ctx, logits, xn_.data(), n_rows, w_.logits_weight());
+}
+
+} // namespace tandem

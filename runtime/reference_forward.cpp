@@ -1,1 +1,134 @@
-// placeholder until implemented
+// Scalar FP32 reference forward pass (the spec).
+#include "runtime/reference_forward.hpp"
+
+#include "runtime/error.hpp"
+
+#include <cmath>
+
+namespace tandem {
+namespace {
+
+void rmsnorm(float* out, const float* x, const float* w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+    const float scale = float(1.0 / std::sqrt(ss / n + eps));
+    for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * scale);
+}
+
+// out[n_out] = W[n_out, n_in] x[n_in] (+ b)
+void matvec(float* out, const float* x, const weight& w, const weight* b = nullptr) {
+    for (int64_t i = 0; i < w.n_out; ++i) {
+        double sum = 0;
+        const float* row = w.row(i);
+        for (int64_t j = 0; j < w.n_in; ++j) sum += double(row[j]) * x[j];
+        out[i] = float(sum) + (b && !b->empty() ? b->data[size_t(i)] : 0.0f);
+    }
+}
+
+// Rotates the first n_rot dims of each head of vec [n_heads, head_dim] by position pos.
+void rope(float* vec, int n_heads, const model_config& c, int pos) {
+    const float p = float(pos) * c.rope_freq_scale;
+    for (int h = 0; h < n_heads; ++h) {
+        float* v = vec + h * c.head_dim;
+        for (int i = 0; i < c.n_rot / 2; ++i) {
+            const float theta = p * std::pow(c.rope_freq_base, -2.0f * float(i) / float(c.n_rot));
+            const float cs = std::cos(theta), sn = std::sin(theta);
+            // normal: the pair (2i, 2i+1); neox: the pair (i, i + n_rot/2)
+            const int a = c.rope == rope_style::normal ? 2 * i : i;
+            const int b = c.rope == rope_style::normal ? 2 * i + 1 : i + c.n_rot / 2;
+            const float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cs - x1 * sn;
+            v[b] = x0 * sn + x1 * cs;
+        }
+    }
+}
+
+void softmax(float* x, int n) {
+    float max = x[0];
+    for (int i = 1; i < n; ++i) max = std::max(max, x[i]);
+    double sum = 0;
+    for (int i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - max);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; ++i) x[i] = float(x[i] / sum);
+}
+
+} // namespace
+
+reference_forward::reference_forward(const model_config& cfg, const model_weights& w, int32_t n_ctx)
+    : c_(cfg), w_(w), n_ctx_(n_ctx) {
+    const size_t e = size_t(c_.n_embd), kv = size_t(c_.n_embd_kv());
+    x_.resize(e); xb_.resize(e); xb2_.resize(e);
+    q_.resize(e); k_.resize(kv); v_.resize(kv);
+    att_.resize(size_t(n_ctx));
+    hb_.resize(size_t(c_.n_ff)); hb2_.resize(size_t(c_.n_ff));
+    logits_.resize(size_t(c_.n_vocab));
+    key_cache_.resize(size_t(c_.n_layer) * size_t(n_ctx) * kv);
+    value_cache_.resize(key_cache_.size());
+}
+
+const std::vector<float>& reference_forward::forward(token_id tok, int32_t pos) {
+    TANDEM_CHECK(tok >= 0 && tok < c_.n_vocab, "token {} out of range", tok);
+    TANDEM_CHECK(pos >= 0 && pos < n_ctx_, "position {} out of range", pos);
+    const int e = c_.n_embd, kv = c_.n_embd_kv(), hd = c_.head_dim;
+    float* x = x_.data();
+    const float* emb = w_.tok_embd.row(tok);
+    for (int i = 0; i < e; ++i) x[i] = emb[i];
+
+    for (int il = 0; il < c_.n_layer; ++il) {
+        const layer_weights& l = w_.layers[size_t(il)];
+
+        // attention: q, k, v of this token; k and v go to the cache at pos
+        rmsnorm(xb_.data(), x, l.attn_norm.data.data(), e, c_.rms_eps);
+        matvec(q_.data(), xb_.data(), l.wq, &l.bq);
+        matvec(k_.data(), xb_.data(), l.wk, &l.bk);
+        matvec(v_.data(), xb_.data(), l.wv, &l.bv);
+        rope(q_.data(), c_.n_head, c_, pos);
+        rope(k_.data(), c_.n_head_kv, c_, pos);
+        const size_t layer_off = size_t(il) * size_t(n_ctx_) * size_t(kv);
+        for (int i = 0; i < kv; ++i) {
+            key_cache_[layer_off + size_t(pos) * kv + i] = k_[size_t(i)];
+            value_cache_[layer_off + size_t(pos) * kv + i] = v_[size_t(i)];
+        }
+
+        // each query head h reads kv head h / n_gqa over positions 0..pos
+        const float scale = 1.0f / std::sqrt(float(hd));
+        for (int h = 0; h < c_.n_head; ++h) {
+            const float* qh = q_.data() + h * hd;
+            const int kvh = h / c_.n_gqa();
+            for (int t = 0; t <= pos; ++t) {
+                const float* kt = key_cache_.data() + layer_off + size_t(t) * kv + kvh * hd;
+                double dot = 0;
+                for (int i = 0; i < hd; ++i) dot += double(qh[i]) * kt[i];
+                att_[size_t(t)] = float(dot) * scale;
+            }
+            softmax(att_.data(), pos + 1);
+            float* out = xb_.data() + h * hd;
+            for (int i = 0; i < hd; ++i) out[i] = 0;
+            for (int t = 0; t <= pos; ++t) {
+                const float* vt = value_cache_.data() + layer_off + size_t(t) * kv + kvh * hd;
+                for (int i = 0; i < hd; ++i) out[i] += att_[size_t(t)] * vt[i];
+            }
+        }
+        matvec(xb2_.data(), xb_.data(), l.wo);
+        for (int i = 0; i < e; ++i) x[i] += xb2_[size_t(i)];
+
+        // feed-forward: SwiGLU
+        rmsnorm(xb_.data(), x, l.ffn_norm.data.data(), e, c_.rms_eps);
+        matvec(hb_.data(), xb_.data(), l.w_gate);
+        matvec(hb2_.data(), xb_.data(), l.w_up);
+        for (int i = 0; i < c_.n_ff; ++i) {
+            const float g = hb_[size_t(i)];
+            hb_[size_t(i)] = g / (1.0f + std::exp(-g)) * hb2_[size_t(i)];
+        }
+        matvec(xb_.data(), hb_.data(), l.w_down);
+        for (int i = 0; i < e; ++i) x[i] += xb_[size_t(i)];
+    }
+
+    rmsnorm(x, x, w_.output_norm.data.data(), e, c_.rms_eps);
+    matvec(logits_.data(), x, w_.logits_weight());
+    return logits_;
+}
+
+} // namespace tandem

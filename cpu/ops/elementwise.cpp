@@ -1,1 +1,85 @@
-// placeholder
+// Row-wise and element-wise CPU kernels: RMSNorm, RoPE, SwiGLU, residual add, KV store.
+#include "cpu/ops/ops.hpp"
+#include "cpu/thread_pool.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace tandem::cpu {
+
+void rms_norm(thread_pool& pool, float* out, const float* x, const float* w, int64_t n_tok, int64_t n, float eps) {
+    pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+            const float* xt = x + t * n;
+            float acc[8] = {};
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8)
+                for (int j = 0; j < 8; ++j) acc[j] += xt[i + j] * xt[i + j];
+            float ss = 0;
+            for (; i < n; ++i) ss += xt[i] * xt[i];
+            for (float a : acc) ss += a;
+            const float scale = 1.0f / std::sqrt(ss / float(n) + eps);
+            float* ot = out + t * n;
+            for (i = 0; i < n; ++i) ot[i] = w[i] * (xt[i] * scale);
+        }
+    });
+}
+
+void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim, int n_rot,
+          float freq_base, float freq_scale, bool neox) {
+    // The frequencies depend only on the pair index: compute them once per call.
+    std::vector<float> inv_freq(static_cast<size_t>(n_rot / 2));
+    for (int i = 0; i < n_rot / 2; ++i) inv_freq[size_t(i)] = std::pow(freq_base, -2.0f * float(i) / float(n_rot));
+    pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1) {
+        std::vector<float> cs(static_cast<size_t>(n_rot / 2)), sn(size_t(n_rot / 2));
+        for (int64_t t = t0; t < t1; ++t) {
+            const float p = float(positions[t]) * freq_scale;
+            for (int i = 0; i < n_rot / 2; ++i) {
+                const float theta = p * inv_freq[size_t(i)];
+                cs[size_t(i)] = std::cos(theta);
+                sn[size_t(i)] = std::sin(theta);
+            }
+            for (int h = 0; h < n_head; ++h) {
+                float* v = x + (t * n_head + h) * head_dim;
+                const int half = n_rot / 2;
+                for (int i = 0; i < half; ++i) {
+                    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                    const float x0 = v[a], x1 = v[b];
+                    v[a] = x0 * cs[size_t(i)] - x1 * sn[size_t(i)];
+                    v[b] = x0 * sn[size_t(i)] + x1 * cs[size_t(i)];
+                }
+            }
+        }
+    });
+}
+
+void swiglu(thread_pool& pool, float* out, const float* gate, const float* up, int64_t n) {
+    pool.parallel_for(n, 1024, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    });
+}
+
+void add(thread_pool& pool, float* x, const float* y, int64_t n) {
+    pool.parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) x[i] += y[i];
+    });
+}
+
+void kv_store(thread_pool&, float* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
+              const float* k, const float* v, int64_t n_tok) {
+    // A memcpy per (token, head): the work is tiny next to the matmuls, so no threads.
+    const int hd = lay.head_dim;
+    const size_t row = size_t(hd) * sizeof(float);
+    for (int64_t t = 0; t < n_tok; ++t) {
+        const int32_t pos = pos0 + int32_t(t);
+        float* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_floats();
+        const int64_t slot = int64_t(pos % lay.page_size) * hd;
+        for (int h = 0; h < lay.n_head_kv; ++h) {
+            std::memcpy(page + lay.offset(il, false, h) + slot, k + (t * lay.n_head_kv + h) * hd, row);
+            std::memcpy(page + lay.offset(il, true, h) + slot, v + (t * lay.n_head_kv + h) * hd, row);
+        }
+    }
+}
+
+} // namespace tandem::cpu

@@ -1,0 +1,22 @@
+// Runtime ISA detection and the level kernels dispatch on (TANDEM_ISA forces a lower one).
+#pragma once
+
+#include <string_view>
+
+namespace tandem::cpu {
+
+enum class isa { scalar = 0, avx2 = 1, avx512 = 2 }; // avx512: F, BW, VL, VNNI
+
+std::string_view name_of(isa level);
+
+// What this CPU supports.
+isa detect_isa();
+
+// The level kernels use: detect_isa(), lowered by TANDEM_ISA (scalar|avx2|avx512) or by
+// force_isa(). A level above what the CPU supports is never chosen.
+isa active_isa();
+
+// For tests: forces a level (clamped to detect_isa()); returns the level now active.
+isa force_isa(isa level);
+
+} // namespace tandem::cpu

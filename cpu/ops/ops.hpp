@@ -1,0 +1,24 @@
+// Fast CPU kernels (threaded, ISA-dispatched); same contracts as cpu/ref/ops_ref.hpp.
+#pragma once
+
+#include "runtime/kv_layout.hpp"
+
+#include <cstdint>
+
+namespace tandem::cpu {
+
+class thread_pool;
+
+void rms_norm(thread_pool& pool, float* out, const float* x, const float* w, int64_t n_tok, int64_t n, float eps);
+void matmul(thread_pool& pool, float* out, const float* x, int64_t n_tok, const float* w, int64_t n_out,
+            int64_t n_in, const float* bias);
+void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim,
+          int n_rot, float freq_base, float freq_scale, bool neox);
+void swiglu(thread_pool& pool, float* out, const float* gate, const float* up, int64_t n);
+void add(thread_pool& pool, float* x, const float* y, int64_t n);
+void kv_store(thread_pool& pool, float* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
+              int32_t pos0, const float* k, const float* v, int64_t n_tok);
+void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
+               const float* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale);
+
+} // namespace tandem::cpu

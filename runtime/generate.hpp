@@ -1,0 +1,74 @@
+// Offline generation for one sequence: prompt prefill in chunks, then decode with sampling,
+// stop strings, EOS and a token limit, streaming complete UTF-8 text as it goes.
+#pragma once
+
+#include "runtime/model.hpp"
+#include "runtime/sampler.hpp"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem {
+
+namespace gguf { class file; }
+
+// A model file opened for inference: the mapping, its tokenizer and the engine model.
+struct model_bundle {
+    std::unique_ptr<gguf::file> file;
+    std::unique_ptr<tokenizer> tok;
+    std::unique_ptr<model> mdl;
+    double load_s = 0;
+};
+
+// Throws tandem::error with one line naming the file and the problem.
+model_bundle load_model(const std::string& path);
+
+// Holds back text that might be the start of a stop string; cuts the text at the first
+// stop string found (the stop string itself is not part of the output).
+class stop_matcher {
+public:
+    explicit stop_matcher(std::vector<std::string> stops);
+    // Returns the text that is safe to emit now.
+    std::string push(std::string_view text);
+    // Returns what is still held back (at the end of generation).
+    std::string flush();
+    bool stopped() const { return stopped_; }
+
+private:
+    std::vector<std::string> stops_;
+    std::string held_;
+    bool stopped_ = false;
+};
+
+struct generate_params {
+    int32_t n_predict = 128;          // < 0: until EOS or the context is full
+    sampling_params sampling;
+    std::vector<std::string> stop;
+    bool ignore_eos = false;
+    int32_t n_ctx = 0;                // 0: the model's training context
+    int32_t prefill_chunk = 512;      // tokens per prefill step
+    int32_t page_size = 16;
+};
+
+struct generate_result {
+    std::vector<token_id> prompt_tokens;
+    std::vector<token_id> tokens;     // generated, including a final EOS
+    std::string text;                 // generated text, stop string excluded
+    std::string finish_reason;        // "stop" (EOS or stop string), "length", "cancelled"
+    double prefill_s = 0;
+    double decode_s = 0;
+    int32_t n_decode_steps = 0;
+
+    double prefill_tok_s() const { return prefill_s > 0 ? double(prompt_tokens.size()) / prefill_s : 0; }
+    double decode_tok_s() const { return decode_s > 0 ? double(n_decode_steps) / decode_s : 0; }
+};
+
+// on_text receives each piece of text as soon as it is complete; returning false cancels.
+generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, std::vector<token_id> prompt,
+                         const generate_params& p,
+                         const std::function<bool(std::string_view)>& on_text = {});
+
+} // namespace tandem

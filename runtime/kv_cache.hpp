@@ -1,0 +1,58 @@
+// The KV cache as fixed-size pages: page storage, its layout, and per-sequence block tables.
+#pragma once
+
+#include "runtime/block_pool.hpp"
+#include "runtime/kv_layout.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace tandem {
+
+class kv_cache {
+public:
+    kv_cache(const kv_layout& layout, int32_t n_pages);
+
+    const kv_layout& layout() const { return layout_; }
+    block_pool& pool() { return pool_; }
+    const block_pool& pool() const { return pool_; }
+
+    float* base() { return data_.get(); } // page 0; kernels index pages with layout()
+    const float* base() const { return data_.get(); }
+
+    // [page_size, head_dim] block of keys (or values) of one kv head in one page.
+    float* k(int32_t page, int il, int kvh) { return page_ptr(page) + layout_.offset(il, false, kvh); }
+    float* v(int32_t page, int il, int kvh) { return page_ptr(page) + layout_.offset(il, true, kvh); }
+    const float* k(int32_t page, int il, int kvh) const { return page_ptr(page) + layout_.offset(il, false, kvh); }
+    const float* v(int32_t page, int il, int kvh) const { return page_ptr(page) + layout_.offset(il, true, kvh); }
+
+private:
+    float* page_ptr(int32_t page) const { return data_.get() + int64_t(page) * layout_.page_floats(); }
+
+    kv_layout layout_;
+    block_pool pool_;
+    std::unique_ptr<float[]> data_;
+};
+
+// The pages of one sequence and how many positions they hold.
+class sequence_kv {
+public:
+    explicit sequence_kv(kv_cache& cache) : cache_(&cache) {}
+    ~sequence_kv() { clear(); }
+    sequence_kv(const sequence_kv&) = delete;
+    sequence_kv& operator=(const sequence_kv&) = delete;
+
+    // Makes room for n_tokens positions; false (nothing changed) when the pool is short.
+    bool reserve(int32_t n_tokens);
+    void clear(); // returns every page to the pool
+
+    const std::vector<int32_t>& block_table() const { return pages_; }
+    int32_t capacity() const { return int32_t(pages_.size()) * cache_->layout().page_size; }
+
+private:
+    kv_cache* cache_;
+    std::vector<int32_t> pages_;
+};
+
+} // namespace tandem

@@ -1,0 +1,56 @@
+// The engine's forward pass: a Llama-family model built from ops over a paged KV cache.
+#pragma once
+
+#include "runtime/kv_cache.hpp"
+#include "runtime/model_config.hpp"
+#include "runtime/ops/dispatch.hpp"
+#include "runtime/tokenizer.hpp"
+#include "runtime/weights.hpp"
+
+#include <span>
+#include <vector>
+
+namespace tandem {
+
+// One sequence's share of a step: its new tokens, how many positions it already has in
+// the cache, and its pages (which must cover n_past + tokens.size() positions).
+struct batch_seq {
+    std::span<const token_id> tokens;
+    int32_t n_past = 0;
+    std::span<const int32_t> block_table;
+};
+
+class model {
+public:
+    model(model_config cfg, model_weights weights);
+
+    const model_config& config() const { return cfg_; }
+    const model_weights& weights() const { return w_; }
+
+    // A KV layout for this model with the given page size.
+    kv_layout make_kv_layout(int32_t page_size = 16) const;
+
+    // Runs every new token of every sequence as one flat batch (matmuls over all tokens,
+    // attention per sequence) and writes the logits of each sequence's last token into
+    // logits [batch.size(), n_vocab], or of every token [n_tokens, n_vocab] when all_logits.
+    void forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_cache& kv, float* logits,
+                 bool all_logits = false);
+
+private:
+    void ensure_scratch(int64_t n_tok);
+
+    model_config cfg_;
+    model_weights w_;
+    // activations for the flat batch of n_tok tokens
+    std::vector<float> x_;        // [n_tok, n_embd] residual stream
+    std::vector<float> xn_;       // [n_tok, n_embd] normed
+    std::vector<float> q_;        // [n_tok, n_embd]
+    std::vector<float> k_, v_;    // [n_tok, n_embd_kv]
+    std::vector<float> attn_;     // [n_tok, n_embd]
+    std::vector<float> proj_;     // [n_tok, n_embd]
+    std::vector<float> gate_, up_;// [n_tok, n_ff]
+    std::vector<float> last_;     // [n_seq, n_embd] rows whose logits are wanted
+    std::vector<int32_t> pos_;    // [n_tok]
+};
+
+} // namespace tandem

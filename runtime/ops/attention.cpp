@@ -1,0 +1,47 @@
+// Attention ops: checks and dispatch.
+#include "runtime/ops/attention.hpp"
+
+#include "cpu/ops/ops.hpp"
+#include "cpu/ref/ops_ref.hpp"
+
+namespace tandem::ops {
+namespace {
+
+struct kv_store_op {
+    static constexpr std::string_view name = "kv_store";
+    static constexpr auto ref = ::tandem::cpu::ref::kv_store;
+    static constexpr auto cpu = ::tandem::cpu::kv_store;
+};
+struct attention_op {
+    static constexpr std::string_view name = "attention";
+    static constexpr auto ref = ::tandem::cpu::ref::attention;
+    static constexpr auto cpu = ::tandem::cpu::attention;
+};
+
+// The sequence's pages must cover positions [0, n_end).
+void check_pages(const kv_cache& kv, std::span<const int32_t> block_table, int64_t n_end) {
+    const int32_t ps = kv.layout().page_size;
+    TANDEM_ASSERT(int64_t(block_table.size()) * ps >= n_end, "{} pages cannot hold {} positions",
+                  block_table.size(), n_end);
+    for (int64_t i = 0; i < (n_end + ps - 1) / ps; ++i)
+        TANDEM_ASSERT(block_table[size_t(i)] >= 0 && block_table[size_t(i)] < kv.pool().n_pages());
+}
+
+} // namespace
+
+void kv_store(const exec_ctx& ctx, kv_cache& kv, int il, std::span<const int32_t> block_table, int32_t pos0,
+              const float* k, const float* v, int64_t n_tok) {
+    TANDEM_ASSERT(il >= 0 && il < kv.layout().n_layer && pos0 >= 0);
+    check_pages(kv, block_table, pos0 + n_tok);
+    dispatch<kv_store_op>(ctx, kv.base(), kv.layout(), il, block_table.data(), pos0, k, v, n_tok);
+}
+
+void attention(const exec_ctx& ctx, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
+               const kv_cache& kv, int il, std::span<const int32_t> block_table, float scale) {
+    TANDEM_ASSERT(il >= 0 && il < kv.layout().n_layer && n_past >= 0);
+    TANDEM_ASSERT(n_head % kv.layout().n_head_kv == 0, "{} heads over {} kv heads", n_head, kv.layout().n_head_kv);
+    check_pages(kv, block_table, n_past + n_tok);
+    dispatch<attention_op>(ctx, out, q, n_tok, n_past, n_head, kv.base(), kv.layout(), il, block_table.data(), scale);
+}
+
+} // namespace tandem::ops

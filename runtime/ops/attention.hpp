@@ -1,0 +1,20 @@
+// Attention ops over the paged KV cache: store new K/V, causal attention of new queries.
+#pragma once
+
+#include "runtime/kv_cache.hpp"
+#include "runtime/ops/dispatch.hpp"
+
+#include <cstdint>
+#include <span>
+
+namespace tandem::ops {
+
+// Writes k, v [n_tok, n_head_kv * head_dim] at positions pos0.. into the sequence's pages.
+void kv_store(const exec_ctx& ctx, kv_cache& kv, int il, std::span<const int32_t> block_table, int32_t pos0,
+              const float* k, const float* v, int64_t n_tok);
+
+// out, q [n_tok, n_head, head_dim]; token t is at position n_past + t and sees 0..n_past+t.
+void attention(const exec_ctx& ctx, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
+               const kv_cache& kv, int il, std::span<const int32_t> block_table, float scale);
+
+} // namespace tandem::ops

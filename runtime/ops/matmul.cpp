@@ -1,0 +1,28 @@
+// Matmul op: checks and dispatch.
+#include "runtime/ops/matmul.hpp"
+
+#include "cpu/ops/ops.hpp"
+#include "cpu/ref/ops_ref.hpp"
+
+namespace tandem::ops {
+namespace {
+
+struct matmul_op {
+    static constexpr std::string_view name = "matmul";
+    static constexpr auto ref = ::tandem::cpu::ref::matmul;
+    static constexpr auto cpu = ::tandem::cpu::matmul;
+};
+
+} // namespace
+
+void matmul(const exec_ctx& ctx, float* out, const float* x, int64_t n_tok, const weight& w, const weight* bias) {
+    TANDEM_ASSERT(n_tok >= 0 && !w.empty() && w.n_in > 1, "matmul needs a matrix");
+    const float* b = nullptr;
+    if (bias && !bias->empty()) {
+        TANDEM_ASSERT(bias->n_out == w.n_out, "bias [{}] vs weight rows {}", bias->n_out, w.n_out);
+        b = bias->data.data();
+    }
+    dispatch<matmul_op>(ctx, out, x, n_tok, w.data.data(), w.n_out, w.n_in, b);
+}
+
+} // namespace tandem::ops
