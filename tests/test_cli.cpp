@@ -1,3 +1,193 @@
-// placeholder suite
+// The `tandem` binary end to end: run (text and JSON), tokenize/detokenize, synth, bad files.
+#include "runtime/gguf.hpp"
+#include "runtime/model.hpp"
+#include "runtime/reference_forward.hpp"
+#include "test_util.hpp"
+
 #include <doctest/doctest.h>
-TEST_CASE("placeholder") { CHECK(true); }
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <sys/wait.h>
+
+using namespace tandem;
+using json = nlohmann::json;
+
+namespace {
+
+struct result {
+    int rc = -1;
+    std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+// Runs the tandem binary with `args` (each quoted), capturing stdout, stderr and the exit code.
+result tandem(const std::vector<std::string>& args, const std::string& stdin_text = "") {
+    static test::scratch_dir dir("cli");
+    std::string cmd = quote(test::binary_dir() + "/daemon/tandem");
+    for (const auto& a : args) cmd += " " + quote(a);
+    const std::string in = dir.file("in"), out = dir.file("out"), err = dir.file("err");
+    {
+        std::ofstream f(in, std::ios::binary);
+        f << stdin_text;
+    }
+    cmd += " <" + quote(in) + " >" + quote(out) + " 2>" + quote(err);
+    const int st = std::system(cmd.c_str());
+    result r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = test::read_text(out);
+    r.err = test::read_text(err);
+    return r;
+}
+
+const std::string stories = test::model_path("stories260K.gguf");
+
+// Greedy continuation by the scalar reference forward: the spec the CLI must reproduce.
+std::vector<token_id> reference_greedy(const std::string& path, const std::vector<token_id>& prompt, int n) {
+    gguf::file f = gguf::file::open(path);
+    model_config cfg = model_config::from_gguf(f);
+    model_weights w = model_weights::load(f, cfg);
+    reference_forward ref(cfg, w, int32_t(prompt.size()) + n);
+    std::vector<token_id> out;
+    const std::vector<float>* logits = nullptr;
+    for (size_t i = 0; i < prompt.size(); ++i) logits = &ref.forward(prompt[i], int32_t(i));
+    for (int i = 0; i < n; ++i) {
+        const token_id next = token_id(std::max_element(logits->begin(), logits->end()) - logits->begin());
+        out.push_back(next);
+        if (next == 2) break; // EOS
+        logits = &ref.forward(next, int32_t(prompt.size() + out.size() - 1));
+    }
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("tandem run --json: greedy ids equal the reference forward's") {
+    auto r = tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const json j = json::parse(r.out);
+    const auto prompt = j["prompt_tokens"].get<std::vector<token_id>>();
+    const auto tokens = j["tokens"].get<std::vector<token_id>>();
+    REQUIRE(!prompt.empty());
+    CHECK(prompt[0] == 1); // BOS, as the metadata's defaults ask
+    CHECK(tokens == reference_greedy(stories, prompt, 64));
+    CHECK(j["text"].get<std::string>().size() > 40);
+    CHECK(j["prefill_tok_s"].get<double>() > 0);
+    CHECK(j["decode_tok_s"].get<double>() > 0);
+}
+
+TEST_CASE("tandem run streams the prompt and the same text as --json") {
+    auto text = tandem({"run", "-m", stories, "-p", "Lily had a cat", "-n", "40", "--temp", "0"});
+    auto js = tandem({"run", "-m", stories, "-p", "Lily had a cat", "-n", "40", "--temp", "0", "--json"});
+    REQUIRE(text.rc == 0);
+    REQUIRE(js.rc == 0);
+    CHECK(text.out == "Lily had a cat" + json::parse(js.out)["text"].get<std::string>() + "\n");
+}
+
+TEST_CASE("tandem run: same seed, same output; the model from TANDEM_MODEL") {
+    auto a = tandem({"run", "-m", stories, "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "7", "--json"});
+    auto b = tandem({"run", "-m", stories, "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "7", "--json"});
+    auto c = tandem({"run", "-m", stories, "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "8", "--json"});
+    REQUIRE(a.rc == 0);
+    CHECK(json::parse(a.out)["tokens"] == json::parse(b.out)["tokens"]);
+    CHECK(json::parse(a.out)["tokens"] != json::parse(c.out)["tokens"]);
+    ::setenv("TANDEM_MODEL", stories.c_str(), 1);
+    auto d = tandem({"run", "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "7", "--json"});
+    ::unsetenv("TANDEM_MODEL");
+    REQUIRE(d.rc == 0);
+    CHECK(json::parse(d.out)["tokens"] == json::parse(a.out)["tokens"]);
+}
+
+TEST_CASE("tandem run: stop strings and token limit") {
+    auto r = tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json"});
+    REQUIRE(r.rc == 0);
+    const std::string full = json::parse(r.out)["text"];
+    // stop at the first word after the first 10 characters
+    const std::string stop = full.substr(10, 4);
+    auto s = tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json", "--stop", stop});
+    REQUIRE(s.rc == 0);
+    const json j = json::parse(s.out);
+    CHECK(j["text"] == full.substr(0, full.find(stop)));
+    CHECK(j["finish_reason"] == "stop");
+    auto n = tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "5", "--temp", "0", "--json"});
+    CHECK(json::parse(n.out)["tokens"].size() == 5);
+    CHECK(json::parse(n.out)["finish_reason"] == "length");
+}
+
+TEST_CASE("tandem tokenize / detokenize") {
+    auto t = tandem({"tokenize", "-m", stories, "Once upon a time"});
+    REQUIRE(t.rc == 0);
+    const auto ids = json::parse(t.out).get<std::vector<int>>();
+    REQUIRE(!ids.empty());
+    CHECK(ids[0] != 1); // no BOS by default
+    auto ts = tandem({"tokenize", "-m", stories, "--add-special", "Once upon a time"});
+    CHECK(json::parse(ts.out)[0] == 1);
+    auto from_stdin = tandem({"tokenize", "-m", stories, "-"}, "Once upon a time");
+    CHECK(json::parse(from_stdin.out) == json::parse(t.out));
+    std::vector<std::string> args{"detokenize", "-m", stories};
+    for (int id : ids) args.push_back(std::to_string(id));
+    auto d = tandem(args);
+    REQUIRE(d.rc == 0);
+    CHECK(d.out == "Once upon a time\n");
+    auto bad = tandem({"detokenize", "-m", stories, "999999"});
+    CHECK(bad.rc == 1);
+    CHECK(bad.err.find("outside the vocabulary") != std::string::npos);
+}
+
+TEST_CASE("bad model files: one clear error line, exit 1, no crash") {
+    test::scratch_dir dir("cli-bad");
+    const auto bytes = test::read_bytes(stories);
+    auto write = [&](const std::string& name, const std::vector<uint8_t>& b) {
+        std::ofstream f(dir.file(name), std::ios::binary);
+        f.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+        return dir.file(name);
+    };
+    std::vector<std::string> files{
+        write("truncated.gguf", std::vector<uint8_t>(bytes.begin(), bytes.begin() + 5000)),
+        write("empty.gguf", {}),
+        write("text.gguf", {'h', 'e', 'l', 'l', 'o'}),
+        dir.file("missing.gguf"),
+    };
+    auto flipped = bytes;
+    flipped[8] ^= 0xff; // the tensor count
+    files.push_back(write("flipped.gguf", flipped));
+    for (const auto& f : files) {
+        auto r = tandem({"run", "-m", f, "-p", "hi", "-n", "4"});
+        INFO(f, ": ", r.err);
+        CHECK(r.rc == 1);
+        CHECK(r.err.find(f) != std::string::npos);
+        CHECK(r.err.find("tandem: error:") == 0);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    }
+}
+
+TEST_CASE("tandem synth writes a model that tandem runs, deterministically") {
+    test::scratch_dir dir("cli-synth");
+    for (const std::string type : {"f32", "q8_0"}) {
+        const std::string a = dir.file("a-" + type + ".gguf"), b = dir.file("b-" + type + ".gguf");
+        REQUIRE(tandem({"synth", "-o", a, "--preset", "tiny", "--type", type, "--seed", "3"}).rc == 0);
+        REQUIRE(tandem({"synth", "-o", b, "--preset", "tiny", "--type", type, "--seed", "3"}).rc == 0);
+        CHECK(test::read_bytes(a) == test::read_bytes(b));
+        auto r = tandem({"run", "-m", a, "-p", "hello world", "-n", "8", "--temp", "0", "--json", "--ignore-eos"});
+        INFO(r.err);
+        REQUIRE(r.rc == 0);
+        CHECK(json::parse(r.out)["tokens"].size() == 8);
+    }
+    const std::string c = dir.file("c.gguf");
+    REQUIRE(tandem({"synth", "-o", c, "--layers", "3", "--dim", "96", "--heads", "6", "--kv-heads", "2", "--ff", "200",
+                    "--vocab", "700"}).rc == 0);
+    gguf::file f = gguf::file::open(c);
+    model_config cfg = model_config::from_gguf(f);
+    model_weights w = model_weights::load(f, cfg);
+    CHECK(cfg.n_layer == 3);
+    CHECK(cfg.n_embd == 96);
+    CHECK(cfg.n_head_kv == 2);
+    CHECK(cfg.n_ff == 200);
+    CHECK(cfg.n_vocab == 700);
+}
