@@ -21,16 +21,25 @@ struct result {
 };
 
 std::string quote(const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
+    std::string q(1, '\'');
+    for (char c : s) {
+        if (c == '\'')
+            q.append("'\\''");
+        else
+            q.push_back(c);
+    }
+    q.push_back('\'');
+    return q;
 }
 
 // Runs the tandem binary with `args` (each quoted), capturing stdout, stderr and the exit code.
-result tandem(const std::vector<std::string>& args, const std::string& stdin_text = "") {
+result run_tandem(const std::vector<std::string>& args, const std::string& stdin_text = "") {
     static test::scratch_dir dir("cli");
-    std::string cmd = quote(test::binary_dir() + "/daemon/tandem");
-    for (const auto& a : args) cmd += " " + quote(a);
+    std::string cmd = quote(test::binary_dir().append("/daemon/tandem"));
+    for (const auto& a : args) {
+        cmd.push_back(' ');
+        cmd.append(quote(a));
+    }
     const std::string in = dir.file("in"), out = dir.file("out"), err = dir.file("err");
     {
         std::ofstream f(in, std::ios::binary);
@@ -68,7 +77,7 @@ std::vector<token_id> reference_greedy(const std::string& path, const std::vecto
 } // namespace
 
 TEST_CASE("tandem run --json: greedy ids equal the reference forward's") {
-    auto r = tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json"});
+    auto r = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json"});
     INFO(r.err);
     REQUIRE(r.rc == 0);
     const json j = json::parse(r.out);
@@ -83,59 +92,59 @@ TEST_CASE("tandem run --json: greedy ids equal the reference forward's") {
 }
 
 TEST_CASE("tandem run streams the prompt and the same text as --json") {
-    auto text = tandem({"run", "-m", stories, "-p", "Lily had a cat", "-n", "40", "--temp", "0"});
-    auto js = tandem({"run", "-m", stories, "-p", "Lily had a cat", "-n", "40", "--temp", "0", "--json"});
+    auto text = run_tandem({"run", "-m", stories, "-p", "Lily had a cat", "-n", "40", "--temp", "0"});
+    auto js = run_tandem({"run", "-m", stories, "-p", "Lily had a cat", "-n", "40", "--temp", "0", "--json"});
     REQUIRE(text.rc == 0);
     REQUIRE(js.rc == 0);
     CHECK(text.out == "Lily had a cat" + json::parse(js.out)["text"].get<std::string>() + "\n");
 }
 
 TEST_CASE("tandem run: same seed, same output; the model from TANDEM_MODEL") {
-    auto a = tandem({"run", "-m", stories, "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "7", "--json"});
-    auto b = tandem({"run", "-m", stories, "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "7", "--json"});
-    auto c = tandem({"run", "-m", stories, "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "8", "--json"});
+    auto a = run_tandem({"run", "-m", stories, "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "7", "--json"});
+    auto b = run_tandem({"run", "-m", stories, "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "7", "--json"});
+    auto c = run_tandem({"run", "-m", stories, "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "8", "--json"});
     REQUIRE(a.rc == 0);
     CHECK(json::parse(a.out)["tokens"] == json::parse(b.out)["tokens"]);
     CHECK(json::parse(a.out)["tokens"] != json::parse(c.out)["tokens"]);
     ::setenv("TANDEM_MODEL", stories.c_str(), 1);
-    auto d = tandem({"run", "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "7", "--json"});
+    auto d = run_tandem({"run", "-p", "The dog", "-n", "30", "--temp", "1", "--seed", "7", "--json"});
     ::unsetenv("TANDEM_MODEL");
     REQUIRE(d.rc == 0);
     CHECK(json::parse(d.out)["tokens"] == json::parse(a.out)["tokens"]);
 }
 
 TEST_CASE("tandem run: stop strings and token limit") {
-    auto r = tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json"});
+    auto r = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json"});
     REQUIRE(r.rc == 0);
     const std::string full = json::parse(r.out)["text"];
     // stop at the first word after the first 10 characters
     const std::string stop = full.substr(10, 4);
-    auto s = tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json", "--stop", stop});
+    auto s = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json", "--stop", stop});
     REQUIRE(s.rc == 0);
     const json j = json::parse(s.out);
     CHECK(j["text"] == full.substr(0, full.find(stop)));
     CHECK(j["finish_reason"] == "stop");
-    auto n = tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "5", "--temp", "0", "--json"});
+    auto n = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "5", "--temp", "0", "--json"});
     CHECK(json::parse(n.out)["tokens"].size() == 5);
     CHECK(json::parse(n.out)["finish_reason"] == "length");
 }
 
 TEST_CASE("tandem tokenize / detokenize") {
-    auto t = tandem({"tokenize", "-m", stories, "Once upon a time"});
+    auto t = run_tandem({"tokenize", "-m", stories, "Once upon a time"});
     REQUIRE(t.rc == 0);
     const auto ids = json::parse(t.out).get<std::vector<int>>();
     REQUIRE(!ids.empty());
     CHECK(ids[0] != 1); // no BOS by default
-    auto ts = tandem({"tokenize", "-m", stories, "--add-special", "Once upon a time"});
+    auto ts = run_tandem({"tokenize", "-m", stories, "--add-special", "Once upon a time"});
     CHECK(json::parse(ts.out)[0] == 1);
-    auto from_stdin = tandem({"tokenize", "-m", stories, "-"}, "Once upon a time");
+    auto from_stdin = run_tandem({"tokenize", "-m", stories, "-"}, "Once upon a time");
     CHECK(json::parse(from_stdin.out) == json::parse(t.out));
     std::vector<std::string> args{"detokenize", "-m", stories};
     for (int id : ids) args.push_back(std::to_string(id));
-    auto d = tandem(args);
+    auto d = run_tandem(args);
     REQUIRE(d.rc == 0);
     CHECK(d.out == "Once upon a time\n");
-    auto bad = tandem({"detokenize", "-m", stories, "999999"});
+    auto bad = run_tandem({"detokenize", "-m", stories, "999999"});
     CHECK(bad.rc == 1);
     CHECK(bad.err.find("outside the vocabulary") != std::string::npos);
 }
@@ -158,7 +167,7 @@ TEST_CASE("bad model files: one clear error line, exit 1, no crash") {
     flipped[8] ^= 0xff; // the tensor count
     files.push_back(write("flipped.gguf", flipped));
     for (const auto& f : files) {
-        auto r = tandem({"run", "-m", f, "-p", "hi", "-n", "4"});
+        auto r = run_tandem({"run", "-m", f, "-p", "hi", "-n", "4"});
         INFO(f, ": ", r.err);
         CHECK(r.rc == 1);
         CHECK(r.err.find(f) != std::string::npos);
@@ -171,16 +180,16 @@ TEST_CASE("tandem synth writes a model that tandem runs, deterministically") {
     test::scratch_dir dir("cli-synth");
     for (const std::string type : {"f32", "q8_0"}) {
         const std::string a = dir.file("a-" + type + ".gguf"), b = dir.file("b-" + type + ".gguf");
-        REQUIRE(tandem({"synth", "-o", a, "--preset", "tiny", "--type", type, "--seed", "3"}).rc == 0);
-        REQUIRE(tandem({"synth", "-o", b, "--preset", "tiny", "--type", type, "--seed", "3"}).rc == 0);
+        REQUIRE(run_tandem({"synth", "-o", a, "--preset", "tiny", "--type", type, "--seed", "3"}).rc == 0);
+        REQUIRE(run_tandem({"synth", "-o", b, "--preset", "tiny", "--type", type, "--seed", "3"}).rc == 0);
         CHECK(test::read_bytes(a) == test::read_bytes(b));
-        auto r = tandem({"run", "-m", a, "-p", "hello world", "-n", "8", "--temp", "0", "--json", "--ignore-eos"});
+        auto r = run_tandem({"run", "-m", a, "-p", "hello world", "-n", "8", "--temp", "0", "--json", "--ignore-eos"});
         INFO(r.err);
         REQUIRE(r.rc == 0);
         CHECK(json::parse(r.out)["tokens"].size() == 8);
     }
     const std::string c = dir.file("c.gguf");
-    REQUIRE(tandem({"synth", "-o", c, "--layers", "3", "--dim", "96", "--heads", "6", "--kv-heads", "2", "--ff", "200",
+    REQUIRE(run_tandem({"synth", "-o", c, "--layers", "3", "--dim", "96", "--heads", "6", "--kv-heads", "2", "--ff", "200",
                     "--vocab", "700"}).rc == 0);
     gguf::file f = gguf::file::open(c);
     model_config cfg = model_config::from_gguf(f);
