@@ -1,41 +1,57 @@
-// Fork-join thread pool.
+// Fork-join thread pool with spin-then-wait workers.
 #include "cpu/thread_pool.hpp"
 
 #include "runtime/error.hpp"
 
 #include <algorithm>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace tandem::cpu {
+namespace {
+
+// About 20-50 microseconds of spinning: long enough to bridge the gap between two ops of a
+// step, short enough not to burn a core when the pool is idle.
+constexpr int spin_limit = 1 << 14;
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+}
+
+template <class T>
+void spin_then_wait(const std::atomic<T>& a, T old) {
+    for (int i = 0; i < spin_limit; ++i) {
+        if (a.load(std::memory_order_acquire) != old) return;
+        cpu_relax();
+    }
+    while (a.load(std::memory_order_acquire) == old) a.wait(old, std::memory_order_acquire);
+}
+
+} // namespace
 
 thread_pool::thread_pool(int n_threads) : n_threads_(std::max(1, n_threads)) {
     for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
 thread_pool::~thread_pool() {
-    {
-        std::lock_guard lock(mutex_);
-        stop_ = true;
-    }
-    start_cv_.notify_all();
+    stop_.store(true, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+    generation_.notify_all();
     for (auto& t : threads_) t.join();
 }
 
 void thread_pool::worker(int ith) {
     uint64_t seen = 0;
     for (;;) {
-        const std::function<void(int, int)>* job;
-        {
-            std::unique_lock lock(mutex_);
-            start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-            if (stop_) return;
-            seen = generation_;
-            job = job_;
-        }
-        (*job)(ith, n_threads_);
-        {
-            std::lock_guard lock(mutex_);
-            if (--n_pending_ == 0) done_cv_.notify_one();
-        }
+        spin_then_wait(generation_, seen);
+        seen = generation_.load(std::memory_order_acquire);
+        if (stop_.load(std::memory_order_acquire)) return;
+        (*job_)(ith, n_threads_);
+        if (n_pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) n_pending_.notify_one();
     }
 }
 
@@ -44,17 +60,13 @@ void thread_pool::run(const std::function<void(int, int)>& fn) {
         fn(0, 1);
         return;
     }
-    {
-        std::lock_guard lock(mutex_);
-        TANDEM_ASSERT(job_ == nullptr, "thread_pool::run is not reentrant");
-        job_ = &fn;
-        n_pending_ = n_threads_ - 1;
-        ++generation_;
-    }
-    start_cv_.notify_all();
+    TANDEM_ASSERT(job_ == nullptr, "thread_pool::run is not reentrant");
+    job_ = &fn;
+    n_pending_.store(n_threads_ - 1, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_acq_rel); // publishes job_
+    generation_.notify_all();
     fn(0, n_threads_);
-    std::unique_lock lock(mutex_);
-    done_cv_.wait(lock, [&] { return n_pending_ == 0; });
+    for (int left; (left = n_pending_.load(std::memory_order_acquire)) != 0;) spin_then_wait(n_pending_, left);
     job_ = nullptr;
 }
 

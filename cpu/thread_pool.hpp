@@ -1,15 +1,16 @@
 // A fixed pool of worker threads that run one parallel loop at a time (fork-join).
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 namespace tandem::cpu {
 
+// Workers spin briefly on a generation counter before sleeping on it (C++20 atomic wait), so
+// the many small loops of a decode step cost no system call each while the step is running.
 class thread_pool {
 public:
     // n_threads counts the calling thread, which takes part in every loop.
@@ -19,6 +20,17 @@ public:
     thread_pool& operator=(const thread_pool&) = delete;
 
     int n_threads() const { return n_threads_; }
+
+    // Work below about this many multiply-adds runs on one thread: waking a thread and
+    // joining it costs more than a few microseconds of arithmetic.
+    static constexpr int64_t min_parallel_work = 1 << 15;
+
+    // A grain (items per chunk) of at least `grain` that gives each chunk enough work,
+    // for items of `work_per_item` multiply-adds each.
+    static int64_t grain_for(int64_t work_per_item, int64_t grain = 1) {
+        const int64_t g = min_parallel_work / (work_per_item > 0 ? work_per_item : 1);
+        return g > grain ? (g + grain - 1) / grain * grain : grain;
+    }
 
     // Calls fn(begin, end) over [0, n) split into one contiguous range per thread, each
     // range a multiple of `grain` (but the last); returns when all are done.
@@ -32,12 +44,10 @@ private:
 
     int n_threads_;
     std::vector<std::thread> threads_;
-    std::mutex mutex_;
-    std::condition_variable start_cv_, done_cv_;
     const std::function<void(int, int)>* job_ = nullptr;
-    uint64_t generation_ = 0;
-    int n_pending_ = 0;
-    bool stop_ = false;
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<int> n_pending_{0};
+    std::atomic<bool> stop_{false};
 };
 
 } // namespace tandem::cpu

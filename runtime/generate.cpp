@@ -119,6 +119,10 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
             ++r.n_decode_steps;
         }
         const token_id id = smp.sample(logits, history);
+        if (id == sampler::none) { // every token was banned (logit_bias): nothing can follow
+            r.finish_reason = "stop";
+            break;
+        }
         r.tokens.push_back(id);
         history.push_back(id);
         if (!p.ignore_eos && tok.is_eog(id)) {

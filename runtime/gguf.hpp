@@ -4,11 +4,13 @@
 #include "runtime/dtype.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -106,6 +108,9 @@ private:
     uint64_t alignment_ = 32;
     std::vector<kv> kvs_;
     std::vector<tensor_info> tensors_;
+    // Views into kvs_/tensors_ names; a vector move keeps its elements in place.
+    std::unordered_map<std::string_view, size_t> kv_index_;
+    std::unordered_map<std::string_view, size_t> tensor_index_;
 };
 
 // Builds a GGUF v3 file in memory and writes it. Keys and tensor names must be unique.
@@ -126,6 +131,12 @@ public:
     void add_tensor(std::string name, dtype type, std::vector<int64_t> ne,
                     std::span<const uint8_t> data);
 
+    // Fills a tensor's bytes (out.size() == its byte size, zeroed) when the file is written,
+    // so a model larger than memory streams out one tensor at a time. It is called once per
+    // serialize()/write() and must give the same bytes each time.
+    using tensor_source = std::function<void(std::span<uint8_t> out)>;
+    void add_tensor(std::string name, dtype type, std::vector<int64_t> ne, tensor_source source);
+
     void set_alignment(uint32_t a); // default 32, also written as general.alignment when != 32
     std::vector<uint8_t> serialize() const;
     void write(const std::string& path) const; // atomically: temp file then rename
@@ -135,8 +146,13 @@ private:
         std::string name;
         dtype type;
         std::vector<int64_t> ne;
-        std::vector<uint8_t> data;
+        uint64_t n_bytes = 0;
+        std::vector<uint8_t> data; // empty when `source` produces the bytes
+        tensor_source source;
     };
+    uint64_t check_tensor(const std::string& name, dtype type, const std::vector<int64_t>& ne) const;
+    void emit(const std::function<void(const uint8_t*, size_t)>& sink) const;
+
     std::vector<kv> kvs_;
     std::vector<pending_tensor> tensors_;
     uint32_t alignment_ = 32;

@@ -1,1 +1,247 @@
-// placeholder until implemented
+// Writes synthetic Llama GGUF models tensor by tensor from a seeded generator.
+#include "runtime/synth.hpp"
+
+#include "quant/q8_0.hpp"
+#include "runtime/error.hpp"
+#include "runtime/fp16.hpp"
+#include "runtime/gguf.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+#include <vector>
+
+namespace tandem {
+namespace {
+
+// splitmix64: tiny, fast, and good enough for test weights; fixed so files never change.
+struct rng {
+    uint64_t s;
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    // Sum of four 16-bit uniforms (Irwin-Hall), scaled to mean 0 and std 1: bell-shaped,
+    // bounded by +-3.46, one draw per value.
+    float normal() {
+        const uint64_t r = next();
+        const uint32_t sum = uint32_t(r & 0xffff) + uint32_t(r >> 16 & 0xffff) + uint32_t(r >> 32 & 0xffff) +
+                             uint32_t(r >> 48);
+        return (float(sum) / 65536.0f - 2.0f) * 1.7320508f;
+    }
+};
+
+// Each tensor's stream depends only on the seed and its name, not on write order.
+uint64_t tensor_seed(uint64_t seed, std::string_view name) {
+    uint64_t h = 0xcbf29ce484222325ull; // FNV-1a
+    for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+    rng r{seed ^ h};
+    return r.next();
+}
+
+// Fills `out` (the tensor's bytes) with n values mean + std * normal, converted to `type`.
+void generate(std::span<uint8_t> out, dtype type, int64_t n, uint64_t seed, float mean, float std) {
+    rng r{seed};
+    constexpr int64_t chunk = 4096; // a multiple of the Q8_0 block
+    float buf[chunk];
+    for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+        const int64_t m = std::min(chunk, n - i0);
+        for (int64_t i = 0; i < m; ++i) buf[i] = mean + std * r.normal();
+        switch (type) {
+        case dtype::f32: std::memcpy(out.data() + i0 * 4, buf, size_t(m) * 4); break;
+        case dtype::f16:
+        case dtype::bf16:
+            for (int64_t i = 0; i < m; ++i) {
+                const uint16_t h = type == dtype::f16 ? f32_to_fp16(buf[i]) : f32_to_bf16(buf[i]);
+                std::memcpy(out.data() + (i0 + i) * 2, &h, 2);
+            }
+            break;
+        case dtype::q8_0:
+            quantize_q8_0_ref(buf, out.data() + i0 / q8_0_block * int64_t(q8_0_block_bytes), m);
+            break;
+        case dtype::i8: TANDEM_ASSERT(false, "synth does not write I8");
+        }
+    }
+}
+
+const std::string sp_space = "\xe2\x96\x81"; // U+2581, SentencePiece's word-start mark
+
+struct vocab {
+    std::vector<std::string> tokens;
+    std::vector<float> scores;
+    std::vector<int32_t> types;
+};
+
+// <unk>, <s>, </s>, 256 byte tokens, then unique pieces in falling score order: common
+// letters, pairs and words first, then every 2-, 3-, ...-letter string until n_vocab.
+vocab make_vocab(int32_t n_vocab) {
+    constexpr int32_t normal = 1, unknown = 2, control = 3, byte = 6; // llama.cpp token types
+    vocab v;
+    v.tokens.reserve(size_t(n_vocab));
+    std::unordered_set<std::string> seen;
+    auto add = [&](std::string s, float score, int32_t type) {
+        if (int32_t(v.tokens.size()) >= n_vocab || !seen.insert(s).second) return;
+        v.tokens.push_back(std::move(s));
+        v.scores.push_back(score);
+        v.types.push_back(type);
+    };
+    add("<unk>", 0.0f, unknown);
+    add("<s>", 0.0f, control);
+    add("</s>", 0.0f, control);
+    for (int b = 0; b < 256; ++b) add(fmt::format("<0x{:02X}>", b), 0.0f, byte);
+
+    int32_t rank = 0;
+    auto piece = [&](const std::string& s) { add(s, -float(rank++), normal); };
+    const std::string lower = "abcdefghijklmnopqrstuvwxyz";
+    piece(sp_space);
+    for (char c : lower) piece(std::string(1, c));
+    for (char c : lower) piece(sp_space + c);
+    for (const char* p : {"th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te",
+                          "of", "ed", "is", "it", "al", "ar", "st", "to", "nt", "ng", "se", "ha", "as", "ou",
+                          "io", "le", "ve", "co", "me", "de", "hi", "ri", "ro", "ic", "ne", "ea", "ra", "ce"})
+        piece(p);
+    for (const char* w : {"the", "and", "of", "to", "a", "in", "is", "it", "you", "that", "he", "was", "for",
+                          "on", "are", "with", "as", "his", "they", "be", "at", "one", "have", "this", "from",
+                          "or", "had", "by", "not", "but", "what", "some", "we", "can", "out", "there", "when",
+                          "up", "your", "how", "said", "an", "she", "her", "him", "day", "big", "little",
+                          "once", "upon", "time", "girl", "boy", "dog", "cat", "play", "happy", "went",
+                          "saw", "very", "friend", "mom", "ball", "tree", "sun", "home", "good", "new"})
+        piece(sp_space + w);
+    for (char c = 'A'; c <= 'Z'; ++c) piece(std::string(1, c));
+    for (char c = 'A'; c <= 'Z'; ++c) piece(sp_space + c);
+    for (char c = '0'; c <= '9'; ++c) piece(std::string(1, c));
+    for (char c : std::string(".,!?'\"-:;()")) piece(std::string(1, c));
+    for (const char* w : {"Once", "The", "She", "He", "They", "Tom", "Lily", "One", "It"}) piece(sp_space + w);
+    // Every lowercase k-letter string, bare and word-initial, for k = 2, 3, ... until full.
+    for (int k = 2; int32_t(v.tokens.size()) < n_vocab; ++k) {
+        for (int start = 0; start < 2 && int32_t(v.tokens.size()) < n_vocab; ++start) {
+            std::vector<int> idx(size_t(k), 0);
+            while (int32_t(v.tokens.size()) < n_vocab) {
+                std::string s = start ? sp_space : "";
+                for (int i : idx) s += lower[size_t(i)];
+                piece(s);
+                int d = k - 1; // odometer increment
+                while (d >= 0 && ++idx[size_t(d)] == 26) idx[size_t(d--)] = 0;
+                if (d < 0) break;
+            }
+        }
+    }
+    return v;
+}
+
+uint32_t file_type_of(dtype t) {
+    switch (t) { // llama.cpp's LLAMA_FTYPE values
+    case dtype::f32: return 0;
+    case dtype::f16: return 1;
+    case dtype::q8_0: return 7;
+    case dtype::bf16: return 32;
+    case dtype::i8: break;
+    }
+    fail("synth: type {} is not one of F32, F16, BF16, Q8_0", name_of(t));
+}
+
+} // namespace
+
+synth_params synth_preset(std::string_view preset) {
+    synth_params p;
+    if (preset == "tiny") {
+        p.name = "tandem-synth-tiny";
+        return p; // the defaults
+    }
+    if (preset == "tinyllama-1.1b") {
+        p.n_layer = 22;
+        p.n_embd = 2048;
+        p.n_head = 32;
+        p.n_head_kv = 4;
+        p.n_ff = 5632;
+        p.n_vocab = 32000;
+        p.n_ctx = 2048;
+        p.type = dtype::q8_0;
+        p.name = "tandem-synth-tinyllama-1.1b";
+        return p;
+    }
+    fail("synth: unknown preset '{}' (tiny, tinyllama-1.1b)", preset);
+}
+
+void synth_write(const synth_params& p, const std::string& path) {
+    TANDEM_CHECK(p.n_layer >= 1 && p.n_embd >= 1 && p.n_head >= 1 && p.n_head_kv >= 1 && p.n_ff >= 1 &&
+                     p.n_ctx >= 1,
+                 "synth: sizes must be positive");
+    TANDEM_CHECK(p.n_embd % p.n_head == 0, "synth: n_embd {} is not a multiple of n_head {}", p.n_embd, p.n_head);
+    TANDEM_CHECK(p.n_head % p.n_head_kv == 0, "synth: n_head {} is not a multiple of n_head_kv {}", p.n_head,
+                 p.n_head_kv);
+    const int32_t head_dim = p.n_embd / p.n_head;
+    TANDEM_CHECK(head_dim % 2 == 0, "synth: head_dim {} must be even for RoPE", head_dim);
+    TANDEM_CHECK(p.n_vocab >= 260, "synth: n_vocab {} < 260 (3 specials, 256 bytes, one piece)", p.n_vocab);
+    const uint32_t file_type = file_type_of(p.type);
+    if (p.type == dtype::q8_0)
+        TANDEM_CHECK(p.n_embd % q8_0_block == 0 && p.n_ff % q8_0_block == 0,
+                     "synth: Q8_0 needs n_embd and n_ff to be multiples of {}", q8_0_block);
+
+    gguf::writer w;
+    w.set_string("general.architecture", "llama");
+    w.set_string("general.name", p.name.empty() ? "tandem-synth" : p.name);
+    w.set_u32("general.file_type", file_type);
+    if (p.type == dtype::q8_0) w.set_u32("general.quantization_version", 2);
+    w.set_u32("llama.context_length", uint32_t(p.n_ctx));
+    w.set_u32("llama.embedding_length", uint32_t(p.n_embd));
+    w.set_u32("llama.block_count", uint32_t(p.n_layer));
+    w.set_u32("llama.feed_forward_length", uint32_t(p.n_ff));
+    w.set_u32("llama.attention.head_count", uint32_t(p.n_head));
+    w.set_u32("llama.attention.head_count_kv", uint32_t(p.n_head_kv));
+    w.set_u32("llama.rope.dimension_count", uint32_t(head_dim));
+    w.set_f32("llama.rope.freq_base", 10000.0f);
+    w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    w.set_u32("llama.vocab_size", uint32_t(p.n_vocab));
+
+    vocab v = make_vocab(p.n_vocab);
+    w.set_string("tokenizer.ggml.model", "llama");
+    w.set_string("tokenizer.ggml.pre", "default");
+    w.set_string_array("tokenizer.ggml.tokens", std::move(v.tokens));
+    w.set_f32_array("tokenizer.ggml.scores", std::move(v.scores));
+    w.set_i32_array("tokenizer.ggml.token_type", std::move(v.types));
+    w.set_u32("tokenizer.ggml.bos_token_id", 1);
+    w.set_u32("tokenizer.ggml.eos_token_id", 2);
+    w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+    w.set_bool("tokenizer.ggml.add_bos_token", true);
+    w.set_bool("tokenizer.ggml.add_eos_token", false);
+
+    const uint64_t seed = p.seed;
+    // A matrix [ne0, ne1] in GGUF order: ne0 is the input (fan-in) side, so std 1/sqrt(ne0)
+    // keeps each output near unit scale after an RMS norm.
+    auto matrix = [&](const std::string& name, int64_t ne0, int64_t ne1, float std) {
+        const dtype t = p.type;
+        const uint64_t s = tensor_seed(seed, name);
+        w.add_tensor(name, t, {ne0, ne1},
+                     [=](std::span<uint8_t> out) { generate(out, t, ne0 * ne1, s, 0.0f, std); });
+    };
+    auto norm = [&](const std::string& name, int64_t n) {
+        const uint64_t s = tensor_seed(seed, name);
+        w.add_tensor(name, dtype::f32, {n},
+                     [=](std::span<uint8_t> out) { generate(out, dtype::f32, n, s, 1.0f, 0.05f); });
+    };
+    const int64_t n_embd = p.n_embd, n_ff = p.n_ff, n_embd_kv = int64_t(p.n_head_kv) * head_dim;
+    const float std_embd = 1.0f / std::sqrt(float(n_embd)), std_ff = 1.0f / std::sqrt(float(n_ff));
+
+    matrix("token_embd.weight", n_embd, p.n_vocab, 0.02f);
+    for (int32_t il = 0; il < p.n_layer; ++il) {
+        const std::string b = fmt::format("blk.{}.", il);
+        norm(b + "attn_norm.weight", n_embd);
+        matrix(b + "attn_q.weight", n_embd, n_embd, std_embd);
+        matrix(b + "attn_k.weight", n_embd, n_embd_kv, std_embd);
+        matrix(b + "attn_v.weight", n_embd, n_embd_kv, std_embd);
+        matrix(b + "attn_output.weight", n_embd, n_embd, std_embd);
+        norm(b + "ffn_norm.weight", n_embd);
+        matrix(b + "ffn_gate.weight", n_embd, n_ff, std_embd);
+        matrix(b + "ffn_up.weight", n_embd, n_ff, std_embd);
+        matrix(b + "ffn_down.weight", n_ff, n_embd, std_ff);
+    }
+    norm("output_norm.weight", n_embd);
+    matrix("output.weight", n_embd, p.n_vocab, std_embd);
+    w.write(path);
+}
+
+} // namespace tandem

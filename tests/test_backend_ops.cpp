@@ -91,6 +91,19 @@ TEST_CASE("matmul vs reference on odd shapes") {
     }
 }
 
+TEST_CASE("matmul vs reference on shapes large enough to split across threads") {
+    for (int64_t n_tok : {1, 6}) {
+        const int64_t n_in = 1031, n_out = 301;
+        weight w{randn(size_t(n_out * n_in), 11), n_out, n_in};
+        const auto x = randn(size_t(n_tok * n_in), 12);
+        for_each_cpu_variant([&](const exec_ctx& ctx) {
+            std::vector<float> out(size_t(n_tok * n_out), NAN);
+            ops::matmul(ctx, out.data(), x.data(), n_tok, w);
+            return out;
+        }, tol_f32, "matmul large n_tok=" + std::to_string(n_tok));
+    }
+}
+
 TEST_CASE("rms_norm vs reference") {
     for (int64_t n : {1, 8, 15, 64, 130}) {
         for (int64_t n_tok : {1, 3, 17}) {

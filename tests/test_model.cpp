@@ -1,5 +1,6 @@
 // The engine's forward pass against the scalar reference forward, on the shared real models.
 #include "cpu/thread_pool.hpp"
+#include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/model.hpp"
 #include "runtime/reference_forward.hpp"
@@ -160,4 +161,56 @@ TEST_CASE("model config of the shared models") {
     loaded r = load("llama-2-tiny-random.gguf");
     CHECK(r.mdl->config().n_vocab == 32000);
     CHECK(r.mdl->config().head_dim == 4);
+}
+
+// Greedy golden ids on stories260K: pinned from the reference forward (the spec) when these
+// tests were written; the engine must reproduce them exactly, and so must the reference.
+TEST_CASE("greedy golden token ids on stories260K") {
+    struct golden {
+        const char* prompt;
+        std::vector<token_id> prompt_ids, ids;
+    };
+    const std::vector<golden> cases{
+        {"Once upon a time",
+         {1, 403, 407, 261, 378},
+         {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
+          410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394}},
+        {"Tom and Lily went to the park",
+         {1, 274, 287, 269, 317, 263, 377, 267, 265, 282, 295, 433},
+         {426, 342, 394, 261, 370, 268, 414, 444, 335, 261, 370, 268, 414, 444, 426, 342,
+          391, 266, 267, 337, 335, 312, 426, 342, 391, 266, 267, 337, 335, 265, 268, 414}},
+        {"The little bird",
+         {1, 291, 376, 268, 315, 418},
+         {417, 411, 286, 399, 262, 423, 295, 413, 426, 338, 381, 261, 370, 268, 315, 418,
+          395, 274, 424, 411, 316, 422, 426, 274, 424, 411, 316, 422, 286, 399, 393, 426}},
+    };
+    model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    cpu::thread_pool pool(2);
+    for (const auto& g : cases) {
+        INFO(g.prompt);
+        const auto prompt = b.tok->encode(g.prompt, /*add_special=*/true);
+        CHECK(prompt == g.prompt_ids);
+
+        // the spec
+        reference_forward ref(b.mdl->config(), b.mdl->weights(), 64);
+        std::vector<token_id> ref_ids;
+        const std::vector<float>* logits = nullptr;
+        for (size_t i = 0; i < prompt.size(); ++i) logits = &ref.forward(prompt[i], int32_t(i));
+        while (ref_ids.size() < g.ids.size()) {
+            ref_ids.push_back(token_id(std::max_element(logits->begin(), logits->end()) - logits->begin()));
+            logits = &ref.forward(ref_ids.back(), int32_t(prompt.size() + ref_ids.size() - 1));
+        }
+        CHECK(ref_ids == g.ids);
+
+        // the engine, through the generation loop, on every backend
+        for (backend be : {backend::ref, backend::cpu}) {
+            generate_params p;
+            p.n_predict = int32_t(g.ids.size());
+            p.sampling.temperature = 0;
+            p.prefill_chunk = 3; // several chunks, so chunked prefill is part of the golden path
+            const generate_result r = generate(exec_ctx{be, &pool}, *b.mdl, *b.tok, prompt, p);
+            CHECK(r.tokens == g.ids);
+            CHECK(r.text == b.tok->decode(g.ids, false, false));
+        }
+    }
 }

@@ -15,7 +15,8 @@ void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int
     const int n_kv = lay.n_head_kv;
     const int n_gqa = n_head / n_kv;
     const int ps = lay.page_size;
-    pool.parallel_for(n_tok * n_kv, 1, [&](int64_t b, int64_t e) {
+    const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2; // per job, roughly
+    pool.parallel_for(n_tok * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
         std::vector<float> m(static_cast<size_t>(n_gqa)), l(static_cast<size_t>(n_gqa)), s(static_cast<size_t>(ps));
         std::vector<float> acc(static_cast<size_t>(n_gqa) * hd);
         for (int64_t job = b; job < e; ++job) {

@@ -9,7 +9,7 @@
 namespace tandem::cpu {
 
 void rms_norm(thread_pool& pool, float* out, const float* x, const float* w, int64_t n_tok, int64_t n, float eps) {
-    pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1) {
+    pool.parallel_for(n_tok, thread_pool::grain_for(2 * n), [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
             const float* xt = x + t * n;
             float acc[8] = {};
@@ -31,7 +31,7 @@ void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, 
     // The frequencies depend only on the pair index: compute them once per call.
     std::vector<float> inv_freq(static_cast<size_t>(n_rot / 2));
     for (int i = 0; i < n_rot / 2; ++i) inv_freq[size_t(i)] = std::pow(freq_base, -2.0f * float(i) / float(n_rot));
-    pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1) {
+    pool.parallel_for(n_tok, thread_pool::grain_for(int64_t(n_head) * n_rot * 4), [&](int64_t t0, int64_t t1) {
         std::vector<float> cs(static_cast<size_t>(n_rot / 2)), sn(size_t(n_rot / 2));
         for (int64_t t = t0; t < t1; ++t) {
             const float p = float(positions[t]) * freq_scale;
@@ -55,13 +55,13 @@ void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, 
 }
 
 void swiglu(thread_pool& pool, float* out, const float* gate, const float* up, int64_t n) {
-    pool.parallel_for(n, 1024, [&](int64_t b, int64_t e) {
+    pool.parallel_for(n, thread_pool::grain_for(16, 1024), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     });
 }
 
 void add(thread_pool& pool, float* x, const float* y, int64_t n) {
-    pool.parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+    pool.parallel_for(n, thread_pool::grain_for(1, 4096), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) x[i] += y[i];
     });
 }

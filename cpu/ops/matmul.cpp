@@ -89,7 +89,7 @@ dots_fn pick_dots() {
 void matmul(thread_pool& pool, float* out, const float* x, int64_t n_tok, const float* w, int64_t n_out,
             int64_t n_in, const float* bias) {
     const dots_fn dots = pick_dots();
-    pool.parallel_for(n_out, row_chunk, [&](int64_t o_begin, int64_t o_end) {
+    pool.parallel_for(n_out, thread_pool::grain_for(n_in * n_tok, row_chunk), [&](int64_t o_begin, int64_t o_end) {
         float r[tok_block];
         for (int64_t o0 = o_begin; o0 < o_end; o0 += row_chunk) {
             const int64_t o1 = std::min(o_end, o0 + row_chunk);

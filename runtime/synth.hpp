@@ -1,0 +1,34 @@
+// Synthetic Llama-architecture GGUF models: seeded random weights and a made-up SentencePiece vocab.
+#pragma once
+
+#include "runtime/dtype.hpp"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace tandem {
+
+struct synth_params {
+    int32_t n_layer = 2;
+    int32_t n_embd = 64;
+    int32_t n_head = 4;
+    int32_t n_head_kv = 2;
+    int32_t n_ff = 160;
+    int32_t n_vocab = 512;       // >= 260: 3 specials + 256 byte tokens + at least one piece
+    int32_t n_ctx = 256;
+    dtype type = dtype::f32;     // of the matrices: f32, f16, bf16 or q8_0; norms stay F32
+    uint64_t seed = 1;
+    std::string name = "tandem-synth";
+};
+
+// "tiny" (2 layers, 64 dim, F32) or "tinyllama-1.1b" (TinyLlama 1.1B's shapes, Q8_0);
+// tandem::error for any other name.
+synth_params synth_preset(std::string_view preset);
+
+// Writes a GGUF that llama.cpp would load as a Llama model: its metadata keys, tokenizer
+// arrays and tensor names. The same params (seed included) give the same bytes. Tensors are
+// generated one at a time while writing, so memory stays at about the largest tensor.
+void synth_write(const synth_params& p, const std::string& path);
+
+} // namespace tandem
