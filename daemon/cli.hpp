@@ -1,0 +1,31 @@
+// The `tandem` tool's subcommand registry: each group of commands registers itself here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem::cli {
+
+// A registered subcommand and what runs when the user picked it. `run` returns the exit
+// code; a thrown exception becomes "tandem: error: <what>" and exit code 1.
+struct command {
+    CLI::App* sub;
+    std::function<int()> run;
+};
+
+using registry = std::vector<command>;
+
+// run, tokenize, detokenize, synth: offline, no daemon needed.
+void register_offline(CLI::App& app, registry& reg);
+
+// Helpers shared by command groups.
+std::string resolve_model(const std::string& flag); // -m, else $TANDEM_MODEL, else an error
+int default_threads();
+std::string read_stdin();
+void write_out(std::string_view s); // stdout, flushed at once so streams show token by token
+
+} // namespace tandem::cli

@@ -1,0 +1,206 @@
+// Offline subcommands of `tandem`: run, tokenize, detokenize, synth (no daemon needed).
+#include "daemon/cli.hpp"
+
+#include "cpu/thread_pool.hpp"
+#include "runtime/error.hpp"
+#include "runtime/generate.hpp"
+#include "runtime/gguf.hpp"
+#include "runtime/log.hpp"
+#include "runtime/synth.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <thread>
+
+namespace tandem::cli {
+
+std::string resolve_model(const std::string& flag) {
+    if (!flag.empty()) return flag;
+    if (const char* env = std::getenv("TANDEM_MODEL"); env && *env) return env;
+    throw error("no model given: pass -m MODEL or set TANDEM_MODEL");
+}
+
+int default_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
+
+std::string read_stdin() {
+    return {std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+}
+
+void write_out(std::string_view s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+}
+
+namespace {
+
+struct run_opts {
+    std::string model, prompt;
+    int32_t n_predict = 256;
+    float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
+    float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+    int32_t top_k = 40, repeat_last_n = 64, ctx = 0;
+    std::optional<uint64_t> seed;
+    std::vector<std::string> stop;
+    int threads = default_threads();
+    bool json = false, parse_special = false, ignore_eos = false;
+};
+
+int cmd_run(const run_opts& o) {
+    model_bundle b = load_model(resolve_model(o.model));
+    const std::string prompt = o.prompt == "-" ? read_stdin() : o.prompt;
+    std::vector<token_id> ids = b.tok->encode(prompt, /*add_special=*/true, o.parse_special);
+
+    generate_params p;
+    p.n_predict = o.n_predict;
+    p.n_ctx = o.ctx;
+    p.stop = o.stop;
+    p.ignore_eos = o.ignore_eos;
+    p.sampling.temperature = o.temp;
+    p.sampling.top_k = o.top_k;
+    p.sampling.top_p = o.top_p;
+    p.sampling.min_p = o.min_p;
+    p.sampling.repetition_penalty = o.repeat_penalty;
+    p.sampling.penalty_last_n = o.repeat_last_n;
+    p.sampling.presence_penalty = o.presence_penalty;
+    p.sampling.frequency_penalty = o.frequency_penalty;
+    p.sampling.seed = o.seed;
+
+    cpu::thread_pool pool(o.threads);
+    exec_ctx ctx{backend::cpu, &pool};
+    if (!o.json) write_out(prompt);
+    generate_result r = generate(ctx, *b.mdl, *b.tok, std::move(ids), p, [&](std::string_view text) {
+        if (!o.json) write_out(text);
+        return true;
+    });
+    if (o.json) {
+        nlohmann::json j{{"prompt_tokens", r.prompt_tokens}, {"tokens", r.tokens},
+                         {"text", r.text},                   {"finish_reason", r.finish_reason},
+                         {"prefill_tok_s", r.prefill_tok_s()}, {"decode_tok_s", r.decode_tok_s()}};
+        std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    } else {
+        write_out("\n");
+        logger("run")->info("{} prompt tokens at {:.1f} tok/s, {} generated at {:.1f} tok/s ({})",
+                            r.prompt_tokens.size(), r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(),
+                            r.finish_reason);
+    }
+    return 0;
+}
+
+// The vocabulary alone is enough: no weights are converted.
+tokenizer open_tokenizer(const std::string& model) {
+    gguf::file f = gguf::file::open(resolve_model(model));
+    return tokenizer::from_gguf(f);
+}
+
+int cmd_tokenize(const std::string& model, const std::string& text, bool add_special, bool parse_special) {
+    tokenizer tok = open_tokenizer(model);
+    const std::string input = text == "-" ? read_stdin() : text;
+    std::cout << nlohmann::json(tok.encode(input, add_special, parse_special)).dump() << "\n";
+    return 0;
+}
+
+int cmd_detokenize(const std::string& model, const std::vector<int64_t>& ids, bool render_special) {
+    tokenizer tok = open_tokenizer(model);
+    std::vector<token_id> v;
+    for (int64_t id : ids) {
+        TANDEM_CHECK(id >= 0 && id < tok.n_vocab(), "token id {} is outside the vocabulary [0, {})", id,
+                     tok.n_vocab());
+        v.push_back(token_id(id));
+    }
+    write_out(tok.decode(v, render_special));
+    write_out("\n");
+    return 0;
+}
+
+} // namespace
+
+void register_offline(CLI::App& app, registry& reg) {
+    auto ro = std::make_shared<run_opts>();
+    auto* run = app.add_subcommand("run", "generate text from a prompt, offline (no daemon)");
+    run->add_option("-m,--model", ro->model, "GGUF model (default: $TANDEM_MODEL)");
+    run->add_option("-p,--prompt", ro->prompt, "prompt text, or - for stdin")->required();
+    run->add_option("-n,--n-predict", ro->n_predict, "tokens to generate (-1: until EOS or full context)");
+    run->add_option("--temp", ro->temp, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));
+    run->add_option("--top-k", ro->top_k, "top-k (0: off)")->check(CLI::NonNegativeNumber);
+    run->add_option("--top-p", ro->top_p, "top-p (1: off)")->check(CLI::Range(0.0f, 1.0f));
+    run->add_option("--min-p", ro->min_p, "min-p (0: off)")->check(CLI::Range(0.0f, 1.0f));
+    run->add_option("--repeat-penalty", ro->repeat_penalty, "repetition penalty (1: off)")->check(CLI::Range(0.0f, 10.0f));
+    run->add_option("--repeat-last-n", ro->repeat_last_n, "tokens the penalties look back over (-1: all)");
+    run->add_option("--presence-penalty", ro->presence_penalty, "presence penalty")->check(CLI::Range(-2.0f, 2.0f));
+    run->add_option("--frequency-penalty", ro->frequency_penalty, "frequency penalty")->check(CLI::Range(-2.0f, 2.0f));
+    run->add_option("--seed", ro->seed, "sampling seed (same seed and request, same output)");
+    run->add_option("--stop", ro->stop, "stop string (repeatable)");
+    run->add_option("-c,--ctx", ro->ctx, "context size (default: the model's)")->check(CLI::NonNegativeNumber);
+    run->add_option("-t,--threads", ro->threads, "CPU threads")->check(CLI::PositiveNumber);
+    run->add_flag("--parse-special", ro->parse_special, "parse special-token text in the prompt");
+    run->add_flag("--ignore-eos", ro->ignore_eos, "keep generating past EOS");
+    run->add_flag("--json", ro->json, "print one JSON object instead of streaming text");
+    reg.push_back({run, [ro] { return cmd_run(*ro); }});
+
+    struct tokenize_opts {
+        std::string model, text;
+        bool add = false, parse = false;
+    };
+    auto tk = std::make_shared<tokenize_opts>();
+    auto* tkz = app.add_subcommand("tokenize", "print the token ids of a text as a JSON array");
+    tkz->add_option("-m,--model", tk->model, "GGUF model (default: $TANDEM_MODEL)");
+    tkz->add_option("text", tk->text, "text, or - for stdin")->required();
+    tkz->add_flag("--add-special", tk->add, "add BOS/EOS as the model's metadata asks");
+    tkz->add_flag("--parse-special", tk->parse, "parse special-token text");
+    reg.push_back({tkz, [tk] { return cmd_tokenize(tk->model, tk->text, tk->add, tk->parse); }});
+
+    struct detokenize_opts {
+        std::string model;
+        std::vector<int64_t> ids;
+        bool special = false;
+    };
+    auto dt = std::make_shared<detokenize_opts>();
+    auto* dtz = app.add_subcommand("detokenize", "print the text of token ids");
+    dtz->add_option("-m,--model", dt->model, "GGUF model (default: $TANDEM_MODEL)");
+    dtz->add_option("ids", dt->ids, "token ids")->required();
+    dtz->add_flag("--special", dt->special, "render control tokens such as <s>");
+    reg.push_back({dtz, [dt] { return cmd_detokenize(dt->model, dt->ids, dt->special); }});
+
+    struct synth_opts {
+        std::string out, preset = "tiny", type = "f32";
+        synth_params flags = synth_preset("tiny");
+        std::vector<std::pair<CLI::Option*, int32_t synth_params::*>> shape; // flag -> field
+        CLI::Option* seed = nullptr;
+    };
+    auto sy = std::make_shared<synth_opts>();
+    auto* syn = app.add_subcommand("synth", "write a Llama GGUF with seeded random weights");
+    syn->add_option("-o,--output", sy->out, "output file")->required();
+    syn->add_option("--preset", sy->preset, "tiny | tinyllama-1.1b")->check(CLI::IsMember({"tiny", "tinyllama-1.1b"}));
+    auto shape = [&](const char* name, int32_t synth_params::*field, const char* help, int lo, int hi) {
+        sy->shape.emplace_back(syn->add_option(name, sy->flags.*field, help)->check(CLI::Range(lo, hi)), field);
+    };
+    shape("--layers", &synth_params::n_layer, "layers", 1, 512);
+    shape("--dim", &synth_params::n_embd, "embedding size", 2, 65536);
+    shape("--heads", &synth_params::n_head, "attention heads", 1, 1024);
+    shape("--kv-heads", &synth_params::n_head_kv, "key/value heads", 1, 1024);
+    shape("--ff", &synth_params::n_ff, "feed-forward size", 1, 262144);
+    shape("--vocab", &synth_params::n_vocab, "vocabulary size", 300, 1 << 20);
+    shape("--ctx", &synth_params::n_ctx, "context length", 8, 1 << 20);
+    syn->add_option("--type", sy->type, "weight type")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+    sy->seed = syn->add_option("--seed", sy->flags.seed, "seed");
+    reg.push_back({syn, [sy] {
+        // The preset gives every shape; flags given on the command line override it.
+        synth_params p = synth_preset(sy->preset);
+        for (auto [opt, field] : sy->shape)
+            if (*opt) p.*field = sy->flags.*field;
+        if (*sy->seed) p.seed = sy->flags.seed;
+        p.type = sy->type == "f16" ? dtype::f16 : sy->type == "bf16" ? dtype::bf16
+               : sy->type == "q8_0" ? dtype::q8_0 : dtype::f32;
+        synth_write(p, sy->out);
+        return 0;
+    }});
+}
+
+} // namespace tandem::cli
