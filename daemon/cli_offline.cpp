@@ -169,7 +169,9 @@ void register_offline(CLI::App& app, registry& reg) {
     reg.push_back({dtz, [dt] { return cmd_detokenize(dt->model, dt->ids, dt->special); }});
 
     struct synth_opts {
-        std::string out, preset = "tiny", type = "f32";
+        std::string out, preset = "tiny", type = "f32", arch = "llama";
+        bool tied = false;
+        float rope_scale = 0;
         synth_params flags = synth_preset("tiny");
         std::vector<std::pair<CLI::Option*, int32_t synth_params::*>> shape; // flag -> field
         CLI::Option* seed = nullptr;
@@ -190,12 +192,18 @@ void register_offline(CLI::App& app, registry& reg) {
     shape("--ctx", &synth_params::n_ctx, "context length", 8, 1 << 20);
     syn->add_option("--type", sy->type, "weight type")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
     sy->seed = syn->add_option("--seed", sy->flags.seed, "seed");
+    syn->add_option("--arch", sy->arch, "llama | qwen2 (NeoX RoPE, Q/K/V biases)")->check(CLI::IsMember({"llama", "qwen2"}));
+    syn->add_flag("--tied", sy->tied, "no output.weight: tie the logits to the embedding");
+    syn->add_option("--rope-scale", sy->rope_scale, "linear RoPE scaling factor")->check(CLI::Range(1.0f, 1024.0f));
     reg.push_back({syn, [sy] {
         // The preset gives every shape; flags given on the command line override it.
         synth_params p = synth_preset(sy->preset);
         for (auto [opt, field] : sy->shape)
             if (*opt) p.*field = sy->flags.*field;
         if (*sy->seed) p.seed = sy->flags.seed;
+        p.arch = sy->arch;
+        p.tied_output = sy->tied;
+        p.rope_scale = sy->rope_scale;
         p.type = sy->type == "f16" ? dtype::f16 : sy->type == "bf16" ? dtype::bf16
                : sy->type == "q8_0" ? dtype::q8_0 : dtype::f32;
         synth_write(p, sy->out);

@@ -177,25 +177,34 @@ void synth_write(const synth_params& p, const std::string& path) {
     TANDEM_CHECK(head_dim % 2 == 0, "synth: head_dim {} must be even for RoPE", head_dim);
     TANDEM_CHECK(p.n_vocab >= 260, "synth: n_vocab {} < 260 (3 specials, 256 bytes, one piece)", p.n_vocab);
     const uint32_t file_type = file_type_of(p.type);
+    TANDEM_CHECK(p.arch == "llama" || p.arch == "qwen2", "synth: architecture '{}' is not llama or qwen2", p.arch);
+    TANDEM_CHECK(p.rope_scale == 0 || (p.rope_scale >= 1 && p.rope_scale <= 1024), "synth: rope scale {} out of range",
+                 p.rope_scale);
     if (p.type == dtype::q8_0)
         TANDEM_CHECK(p.n_embd % q8_0_block == 0 && p.n_ff % q8_0_block == 0,
                      "synth: Q8_0 needs n_embd and n_ff to be multiples of {}", q8_0_block);
 
     gguf::writer w;
-    w.set_string("general.architecture", "llama");
+    const bool qwen2 = p.arch == "qwen2";
+    const std::string a = p.arch + ".";
+    w.set_string("general.architecture", p.arch);
     w.set_string("general.name", p.name.empty() ? "tandem-synth" : p.name);
     w.set_u32("general.file_type", file_type);
     if (p.type == dtype::q8_0) w.set_u32("general.quantization_version", 2);
-    w.set_u32("llama.context_length", uint32_t(p.n_ctx));
-    w.set_u32("llama.embedding_length", uint32_t(p.n_embd));
-    w.set_u32("llama.block_count", uint32_t(p.n_layer));
-    w.set_u32("llama.feed_forward_length", uint32_t(p.n_ff));
-    w.set_u32("llama.attention.head_count", uint32_t(p.n_head));
-    w.set_u32("llama.attention.head_count_kv", uint32_t(p.n_head_kv));
-    w.set_u32("llama.rope.dimension_count", uint32_t(head_dim));
-    w.set_f32("llama.rope.freq_base", 10000.0f);
-    w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    w.set_u32("llama.vocab_size", uint32_t(p.n_vocab));
+    w.set_u32(a + "context_length", uint32_t(p.n_ctx));
+    w.set_u32(a + "embedding_length", uint32_t(p.n_embd));
+    w.set_u32(a + "block_count", uint32_t(p.n_layer));
+    w.set_u32(a + "feed_forward_length", uint32_t(p.n_ff));
+    w.set_u32(a + "attention.head_count", uint32_t(p.n_head));
+    w.set_u32(a + "attention.head_count_kv", uint32_t(p.n_head_kv));
+    w.set_u32(a + "rope.dimension_count", uint32_t(head_dim));
+    w.set_f32(a + "rope.freq_base", qwen2 ? 1000000.0f : 10000.0f);
+    if (p.rope_scale > 0) {
+        w.set_string(a + "rope.scaling.type", "linear");
+        w.set_f32(a + "rope.scaling.factor", p.rope_scale);
+    }
+    w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
+    w.set_u32(a + "vocab_size", uint32_t(p.n_vocab));
 
     vocab v = make_vocab(p.n_vocab);
     w.set_string("tokenizer.ggml.model", "llama");
@@ -223,6 +232,11 @@ void synth_write(const synth_params& p, const std::string& path) {
         w.add_tensor(name, dtype::f32, {n},
                      [=](std::span<uint8_t> out) { generate(out, dtype::f32, n, s, 1.0f, 0.05f); });
     };
+    auto bias = [&](const std::string& name, int64_t n) {
+        const uint64_t s = tensor_seed(seed, name);
+        w.add_tensor(name, dtype::f32, {n},
+                     [=](std::span<uint8_t> out) { generate(out, dtype::f32, n, s, 0.0f, 0.5f); });
+    };
     const int64_t n_embd = p.n_embd, n_ff = p.n_ff, n_embd_kv = int64_t(p.n_head_kv) * head_dim;
     const float std_embd = 1.0f / std::sqrt(float(n_embd)), std_ff = 1.0f / std::sqrt(float(n_ff));
 
@@ -234,13 +248,18 @@ void synth_write(const synth_params& p, const std::string& path) {
         matrix(b + "attn_k.weight", n_embd, n_embd_kv, std_embd);
         matrix(b + "attn_v.weight", n_embd, n_embd_kv, std_embd);
         matrix(b + "attn_output.weight", n_embd, n_embd, std_embd);
+        if (qwen2) {
+            bias(b + "attn_q.bias", n_embd);
+            bias(b + "attn_k.bias", n_embd_kv);
+            bias(b + "attn_v.bias", n_embd_kv);
+        }
         norm(b + "ffn_norm.weight", n_embd);
         matrix(b + "ffn_gate.weight", n_embd, n_ff, std_embd);
         matrix(b + "ffn_up.weight", n_embd, n_ff, std_embd);
         matrix(b + "ffn_down.weight", n_ff, n_embd, std_ff);
     }
     norm("output_norm.weight", n_embd);
-    matrix("output.weight", n_embd, p.n_vocab, std_embd);
+    if (!p.tied_output) matrix("output.weight", n_embd, p.n_vocab, std_embd);
     w.write(path);
 }
 

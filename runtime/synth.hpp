@@ -1,4 +1,4 @@
-// Synthetic Llama-architecture GGUF models: seeded random weights and a made-up SentencePiece vocab.
+// Synthetic Llama-family GGUF models: seeded random weights and a made-up SentencePiece vocab.
 #pragma once
 
 #include "runtime/dtype.hpp"
@@ -20,6 +20,9 @@ struct synth_params {
     dtype type = dtype::f32;     // of the matrices: f32, f16, bf16 or q8_0; norms stay F32
     uint64_t seed = 1;
     std::string name = "tandem-synth";
+    std::string arch = "llama";  // "llama", or "qwen2": NeoX RoPE, Q/K/V biases, freq base 1e6
+    bool tied_output = false;    // no output.weight: logits use token_embd
+    float rope_scale = 0;        // > 1: linear RoPE scaling by this factor
 };
 
 // "tiny" (2 layers, 64 dim, F32) or "tinyllama-1.1b" (TinyLlama 1.1B's shapes, Q8_0);

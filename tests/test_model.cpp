@@ -4,6 +4,7 @@
 #include "runtime/gguf.hpp"
 #include "runtime/model.hpp"
 #include "runtime/reference_forward.hpp"
+#include "runtime/synth.hpp"
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
@@ -21,12 +22,14 @@ struct loaded {
     std::unique_ptr<model> mdl;
 };
 
-loaded load(const std::string& name) {
-    gguf::file f = gguf::file::open(test::model_path(name));
+loaded load_path(const std::string& path) {
+    gguf::file f = gguf::file::open(path);
     model_config cfg = model_config::from_gguf(f);
     model_weights w = model_weights::load(f, cfg);
     return {std::make_unique<model>(std::move(cfg), std::move(w))};
 }
+
+loaded load(const std::string& name) { return load_path(test::model_path(name)); }
 
 std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
     std::mt19937 g(seed);
@@ -58,8 +61,8 @@ std::vector<std::vector<float>> reference_logits(const model& m, const std::vect
     return out;
 }
 
-void engine_matches_reference(const std::string& name) {
-    loaded l = load(name);
+void engine_matches_reference(const std::string& name, const std::string& path = "") {
+    loaded l = path.empty() ? load(name) : load_path(path);
     model& m = *l.mdl;
     const int32_t n_vocab = m.config().n_vocab;
     const auto toks = random_tokens(45, n_vocab, 42);
@@ -105,6 +108,29 @@ TEST_CASE("engine forward equals the reference forward: stories260K") { engine_m
 
 TEST_CASE("engine forward equals the reference forward: llama-2-tiny-random (F16, 32000 vocab)") {
     engine_matches_reference("llama-2-tiny-random.gguf");
+}
+
+TEST_CASE("engine forward equals the reference forward: Qwen2-style synth (NeoX RoPE, biases, tied, scaled)") {
+    test::scratch_dir dir("qwen2");
+    for (dtype type : {dtype::f32, dtype::bf16}) {
+        synth_params p = synth_preset("tiny");
+        p.arch = "qwen2";
+        p.tied_output = true;
+        p.rope_scale = 4;
+        p.type = type;
+        p.n_head = 8;
+        p.n_head_kv = 2; // GQA 4:1
+        const std::string path = dir.file(std::string(name_of(type)) + ".gguf");
+        synth_write(p, path);
+        loaded l = load_path(path);
+        const model_config& c = l.mdl->config();
+        CHECK(c.rope == rope_style::neox);
+        CHECK(c.qkv_bias);
+        CHECK(c.tied_output);
+        CHECK(c.rope_freq_scale == 0.25f);
+        CHECK(c.rope_freq_base == 1000000.0f);
+        engine_matches_reference("qwen2 synth " + std::string(name_of(type)), path);
+    }
 }
 
 TEST_CASE("a flat batch of sequences gives each sequence its solo logits") {
