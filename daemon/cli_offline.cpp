@@ -175,6 +175,7 @@ void register_offline(CLI::App& app, registry& reg) {
         synth_params flags = synth_preset("tiny");
         std::vector<std::pair<CLI::Option*, int32_t synth_params::*>> shape; // flag -> field
         CLI::Option* seed = nullptr;
+        CLI::Option* type_opt = nullptr;
     };
     auto sy = std::make_shared<synth_opts>();
     auto* syn = app.add_subcommand("synth", "write a Llama GGUF with seeded random weights");
@@ -190,7 +191,8 @@ void register_offline(CLI::App& app, registry& reg) {
     shape("--ff", &synth_params::n_ff, "feed-forward size", 1, 262144);
     shape("--vocab", &synth_params::n_vocab, "vocabulary size", 300, 1 << 20);
     shape("--ctx", &synth_params::n_ctx, "context length", 8, 1 << 20);
-    syn->add_option("--type", sy->type, "weight type")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+    sy->type_opt = syn->add_option("--type", sy->type, "weight type (default: the preset's)")
+                       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
     sy->seed = syn->add_option("--seed", sy->flags.seed, "seed");
     syn->add_option("--arch", sy->arch, "llama | qwen2 (NeoX RoPE, Q/K/V biases)")->check(CLI::IsMember({"llama", "qwen2"}));
     syn->add_flag("--tied", sy->tied, "no output.weight: tie the logits to the embedding");
@@ -204,8 +206,9 @@ void register_offline(CLI::App& app, registry& reg) {
         p.arch = sy->arch;
         p.tied_output = sy->tied;
         p.rope_scale = sy->rope_scale;
-        p.type = sy->type == "f16" ? dtype::f16 : sy->type == "bf16" ? dtype::bf16
-               : sy->type == "q8_0" ? dtype::q8_0 : dtype::f32;
+        if (*sy->type_opt)
+            p.type = sy->type == "f16" ? dtype::f16 : sy->type == "bf16" ? dtype::bf16
+                   : sy->type == "q8_0" ? dtype::q8_0 : dtype::f32;
         synth_write(p, sy->out);
         return 0;
     }});
