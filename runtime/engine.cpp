@@ -50,7 +50,7 @@ public:
         kv_ = std::make_unique<kv_cache>(mdl_.make_kv_layout(opts_.page_size), opts_.n_pages);
         n_pages_total_ = opts_.n_pages;
         log_ = logger("engine");
-        log_->info("engine: {} threads, context {}, {} KV pages of {} tokens, batch up to {}, {} tokens a step",
+        log_->info("{} threads, context {}, {} KV pages of {} tokens, batch up to {}, {} tokens a step",
                    pool_.n_threads(), opts_.n_ctx, opts_.n_pages, opts_.page_size, opts_.max_running,
                    opts_.step_tokens);
         thread_ = std::thread([this] { loop(); });
