@@ -299,7 +299,24 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
     }
 
     while (n_done < cs.size()) {
-        for (auto& [i, ev] : ch->take()) {
+        if (ch->peer_gone || write_failed || closed_) {
+            for (uint64_t rid : ids) ms.eng->cancel(rid);
+            for (const auto& c : cs)
+                if (!c.done) st_.met.finished("cancelled");
+            ch->finished = true;
+            current_.reset();
+            st_.met.request_done(route, 499); // nginx's "client closed request"
+            logger("server")->debug("client went away; generation {} cancelled", id);
+            co_return false;
+        }
+        // Wait only with the queue seen empty: a wake-up posted while we were writing is spent.
+        auto batch = ch->take();
+        if (batch.empty()) {
+            ch->timer.expires_at(clock_type::time_point::max());
+            co_await ch->timer.async_wait(redirect_error(use_awaitable, ec));
+            continue;
+        }
+        for (auto& [i, ev] : batch) {
             choice_state& c = cs[size_t(i)];
             if (!ev.done) {
                 if (c.n_generated == 0 && last_t[size_t(i)] == clock_type::time_point{})
@@ -324,17 +341,6 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
             st_.met.finished(ev.finish_reason);
             if (plan.stream) co_await send(sse(stream_chunk(id, ms.id, chat, i, c, ev.text, nullptr, ev.finish_reason)));
         }
-        if (n_done == cs.size()) break;
-        if (ch->peer_gone || write_failed || closed_) {
-            for (uint64_t rid : ids) ms.eng->cancel(rid);
-            ch->finished = true;
-            current_.reset();
-            st_.met.request_done(route, 499); // nginx's "client closed request"
-            logger("server")->debug("client went away; generation {} cancelled", id);
-            co_return false;
-        }
-        ch->timer.expires_at(clock_type::time_point::max());
-        co_await ch->timer.async_wait(redirect_error(use_awaitable, ec));
     }
     ch->finished = true;
     current_.reset();
