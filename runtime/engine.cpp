@@ -142,6 +142,7 @@ private:
                 }
             }
             publish();
+            send_done();
         }
         // Shutting down: whatever is left ends as cancelled.
         std::deque<std::unique_ptr<sequence>> rest;
@@ -156,6 +157,7 @@ private:
         running_.clear();
         waiting_.clear();
         publish();
+        send_done();
     }
 
     void publish() {
@@ -278,8 +280,15 @@ private:
         ev.n_generated = s.n_generated;
         ev.t = clock_type::now();
         ev.t_admitted = s.t_admitted;
-        if (s.kv) s.kv->clear(); // pages go back before the sink hears of it
-        s.sink(std::move(ev));
+        if (s.kv) s.kv->clear();
+        // Sent after the sequence has left and the stats are published, so a caller that
+        // sees the done event sees its pages free.
+        done_.emplace_back(std::move(s.sink), std::move(ev));
+    }
+
+    void send_done() {
+        for (auto& [sink, ev] : done_) sink(std::move(ev));
+        done_.clear();
     }
 
     model& mdl_;
@@ -304,6 +313,7 @@ private:
     std::vector<size_t> members_;                    // running_ index of each batch entry
     std::vector<float> logits_;                      // [batch, n_vocab]
     std::vector<float> raw_;                         // [n_vocab] logits before sampling
+    std::vector<std::pair<engine_sink, engine_event>> done_; // done events of this iteration
 
     std::atomic<int32_t> n_running_{0}, n_waiting_{0}, n_pages_used_{0};
     std::atomic<uint64_t> n_steps_{0}, n_prompt_tokens_{0}, n_generated_tokens_{0};
