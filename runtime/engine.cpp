@@ -132,6 +132,7 @@ private:
             if (stopping) break;
             if (!cancels.empty()) drop(cancels);
             admit();
+            publish(); // the batch as it runs this step
             if (!running_.empty()) {
                 try {
                     step();
@@ -169,6 +170,7 @@ private:
     void drop(const std::unordered_set<uint64_t>& ids) {
         auto gone = [&](std::unique_ptr<sequence>& s) {
             if (!ids.contains(s->id)) return false;
+            log_->debug("request {} cancelled after {} tokens", s->id, s->n_generated);
             finish(*s, "cancelled", {});
             return true;
         };
@@ -189,6 +191,7 @@ private:
             s.dec = std::make_unique<stream_decoder>(tok_);
             s.stops = std::make_unique<stop_matcher>(s.req.stop);
             s.t_admitted = clock_type::now();
+            log_->debug("request {} joins: {} prompt tokens, up to {} more", s.id, s.n_prompt, s.max_tokens);
             running_.push_back(std::move(waiting_.front()));
             waiting_.pop_front();
         }
