@@ -69,6 +69,17 @@ std::string new_id(bool chat) {
     return fmt::format("{}-{:x}{:06x}", chat ? "chatcmpl" : "cmpl", salt & 0xffffffffffull, ++n);
 }
 
+// A coroutine's escaped exception ends its session, never the io_context.
+void log_exception(std::exception_ptr e) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+        logger("server")->error("session ended by an exception: {}", ex.what());
+    } catch (...) {
+        logger("server")->error("session ended by an unknown exception");
+    }
+}
+
 double secs(clock_type::duration d) { return std::chrono::duration<double>(d).count(); }
 
 } // namespace
@@ -81,13 +92,7 @@ void session::start() {
     auto self = shared_from_this();
     asio::co_spawn(socket_.get_executor(), [self] { return self->watchdog(); }, asio::detached);
     asio::co_spawn(socket_.get_executor(), [self] { return self->run(); }, [self](std::exception_ptr e) {
-        if (e) {
-            try {
-                std::rethrow_exception(e);
-            } catch (const std::exception& ex) {
-                logger("server")->error("session ended by an exception: {}", ex.what());
-            }
-        }
+        if (e) log_exception(e);
         self->close();
         self->mgr_.remove(self);
     });

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <mutex>
 #include <filesystem>
 
 using namespace tandem;
@@ -396,23 +397,31 @@ TEST_CASE("SIGTERM drains in-flight requests, then tandemd exits 0; sd_notify me
     a.sun_family = AF_UNIX;
     std::strncpy(a.sun_path, notify_path.c_str(), sizeof(a.sun_path) - 1);
     REQUIRE(::bind(nfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    auto read_notify = [&](int timeout_ms) {
-        std::string all;
+    // read continuously, as systemd does: a full queue would block the daemon's sd_notify
+    std::mutex mu;
+    std::string notes;
+    std::atomic<bool> reading{true};
+    std::thread reader([&] {
         char buf[4096];
-        pollfd p{nfd, POLLIN, 0};
-        while (::poll(&p, 1, timeout_ms) == 1) {
+        while (reading) {
+            pollfd p{nfd, POLLIN, 0};
+            if (::poll(&p, 1, 50) != 1) continue;
             const ssize_t n = ::recv(nfd, buf, sizeof buf, 0);
-            if (n <= 0) break;
-            all.append(buf, size_t(n)).push_back('\n');
-            timeout_ms = 50;
+            if (n <= 0) continue;
+            std::lock_guard lock(mu);
+            notes.append(buf, size_t(n)).push_back('\n');
         }
-        return all;
+    });
+    auto read_notify = [&](int wait_ms) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+        std::lock_guard lock(mu);
+        return notes;
     };
 
     daemon_process d;
     d.start(scratch().file("drain.sock"), {}, {"NOTIFY_SOCKET=" + notify_path, "WATCHDOG_USEC=200000"});
     REQUIRE(d.wait_ready());
-    std::string msgs = read_notify(2000);
+    std::string msgs = read_notify(500);
     CHECK(msgs.find("READY=1") != std::string::npos);
     CHECK(msgs.find("STATUS=") != std::string::npos);
     CHECK(msgs.find("WATCHDOG=1") != std::string::npos);
@@ -437,6 +446,8 @@ TEST_CASE("SIGTERM drains in-flight requests, then tandemd exits 0; sd_notify me
     CHECK_FALSE(std::filesystem::exists(d.sock)); // the socket file is removed
     msgs = read_notify(500);
     CHECK(msgs.find("STOPPING=1") != std::string::npos);
+    reading = false;
+    reader.join();
     ::close(nfd);
 }
 
