@@ -65,7 +65,10 @@ public:
         if (pages_for(n_prompt + max_tokens) > n_pages_total_) return {submit_status::too_long, 0};
         std::lock_guard lock(mu_);
         if (stopping_) return {submit_status::stopped, 0};
-        if (int32_t(incoming_.size()) + n_waiting_.load() >= opts_.max_waiting) return {submit_status::queue_full, 0};
+        // free batch slots take requests at once; beyond them, up to max_waiting may queue
+        const int32_t free_slots = std::max(0, opts_.max_running - n_running_.load());
+        if (int32_t(incoming_.size()) + n_waiting_.load() >= opts_.max_waiting + free_slots)
+            return {submit_status::queue_full, 0};
         auto s = std::make_unique<sequence>();
         s->id = ++last_id_;
         s->n_prompt = n_prompt;

@@ -94,7 +94,7 @@ struct engine_options {
     int32_t page_size = 16;
     int32_t n_pages = 0;              // KV pool size; 0: enough for max_running full contexts
     int32_t max_running = 16;         // sequences in one batch
-    int32_t max_waiting = 64;         // queued requests beyond that; more are refused
+    int32_t max_waiting = 64;         // queued requests beyond a full batch; more are refused
     int32_t step_tokens = 512;        // token budget of one step (prefill is chunked to fit)
 };
 

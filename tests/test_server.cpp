@@ -485,3 +485,50 @@ TEST_CASE("a bad config or a missing model fails clearly") {
     d3.spawn({"--model", scratch().file("missing.gguf"), "--socket", scratch().file("missing.sock"), "--log", "off"});
     CHECK(d3.wait_exit(10) == 1);
 }
+
+TEST_CASE("limits: over capacity is 429 with Retry-After; socket mode; peers that are not allowed get 403") {
+    CHECK((std::filesystem::status(shared_socket()).permissions() & std::filesystem::perms::all) ==
+          std::filesystem::perms(0660));
+
+    daemon_process d;
+    d.start(scratch().file("limits.sock"),
+            {"--set", "max_running=1", "--set", "max_waiting=0", "--set", "socket_mode=0666"});
+    REQUIRE(d.wait_ready());
+    CHECK((std::filesystem::status(d.sock).permissions() & std::filesystem::perms::all) == std::filesystem::perms(0666));
+
+    // one long request holds the only batch slot
+    const int fd = connect_unix(d.sock);
+    send_all(fd, make_request("POST", "/v1/completions",
+                              json{{"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"ignore_eos", true},
+                                   {"stream", true}}.dump()));
+    for (int i = 0; i < 500 && metric(request(d.sock, "GET", "/metrics").body, "tandem_requests_running") != 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto busy = post(d.sock, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+    CHECK(busy.status == 429);
+    CHECK(busy.headers.count("retry-after") == 1);
+    CHECK(busy.j()["error"]["code"] == "server_busy");
+    ::close(fd);
+    for (int i = 0; i < 500 && metric(request(d.sock, "GET", "/metrics").body, "tandem_requests_running") != 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(post(d.sock, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}}).status == 200);
+
+    // SO_PEERCRED: a user that is neither root, the daemon's user, nor allowed gets 403
+    if (::geteuid() == 0) {
+        const pid_t child = ::fork();
+        if (child == 0) {
+            if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+            const int c = connect_unix(d.sock);
+            if (c < 0) ::_exit(4);
+            send_all(c, make_request("GET", "/health", ""));
+            const auto r = parse_response(read_until_eof(c, 5000));
+            ::_exit(r.status == 403 ? 0 : 1);
+        }
+        int st = 0;
+        ::waitpid(child, &st, 0);
+        CHECK(WIFEXITED(st));
+        CHECK(WEXITSTATUS(st) == 0);
+    } else {
+        MESSAGE("not root: the 403 check for another user is skipped");
+    }
+    CHECK(d.stop() == 0);
+}
