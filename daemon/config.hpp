@@ -19,7 +19,7 @@ struct config {
     int threads = 0;                   // 0 = all cores
     int32_t n_ctx = 0;                 // 0 = the model's training context
     int32_t page_size = 16;
-    int64_t kv_size_mb = 0;            // 0 = room for max_running full contexts
+    int64_t kv_size_mb = 0;            // 0 = room for max_running full contexts, at most 2 GiB
     int32_t max_running = 16;
     int32_t max_waiting = 64;
     int32_t max_connections = 256;

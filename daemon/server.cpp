@@ -135,10 +135,14 @@ void server::start_loading() {
             eo.max_running = cfg.max_running;
             eo.max_waiting = cfg.max_waiting;
             eo.step_tokens = cfg.step_tokens;
-            if (cfg.kv_size_mb > 0) {
-                const int64_t page_bytes = int64_t(ms->bundle.mdl->make_kv_layout(cfg.page_size).page_floats()) * 4;
-                eo.n_pages = int32_t(std::max<int64_t>(1, cfg.kv_size_mb * (int64_t(1) << 20) / page_bytes));
-            }
+            // Default pool: max_running full contexts but at most 2 GiB (the engine keeps at
+            // least one full context), so a big model does not take all memory by default.
+            const int64_t page_bytes = int64_t(ms->bundle.mdl->make_kv_layout(cfg.page_size).page_floats()) * 4;
+            const int64_t pages_per_ctx = (eo.n_ctx + cfg.page_size - 1) / cfg.page_size;
+            const int64_t budget = (cfg.kv_size_mb > 0 ? cfg.kv_size_mb : 2048) * (int64_t(1) << 20);
+            int64_t n_pages = std::max<int64_t>(1, budget / page_bytes);
+            if (cfg.kv_size_mb == 0) n_pages = std::min(n_pages, pages_per_ctx * cfg.max_running);
+            eo.n_pages = int32_t(std::min<int64_t>(n_pages, INT32_MAX));
             ms->n_ctx = eo.n_ctx;
             ms->threads = eo.n_threads;
             ms->max_prompt_tokens = cfg.max_prompt_tokens > 0 ? std::min(cfg.max_prompt_tokens, eo.n_ctx - 1) : eo.n_ctx - 1;

@@ -12,6 +12,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/http/chunk_encode.hpp>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
@@ -147,7 +148,9 @@ asio::awaitable<bool> session::write_reply(const reply& r, bool keep_alive) {
     res.body() = r.body;
     res.prepare_payload();
     error_code ec;
+    set_deadline(st_.cfg.request_timeout_s); // a client that stops reading is dropped
     co_await http::async_write(socket_, res, redirect_error(use_awaitable, ec));
+    set_deadline(0);
     co_return !ec;
 }
 
@@ -175,7 +178,15 @@ asio::awaitable<void> session::run() {
         parser.body_limit(uint64_t(st_.cfg.max_body_bytes));
         set_deadline(st_.cfg.request_timeout_s);
         error_code ec;
-        co_await http::async_read(socket_, buffer_, parser, redirect_error(use_awaitable, ec));
+        co_await http::async_read_header(socket_, buffer_, parser, redirect_error(use_awaitable, ec));
+        if (!ec && !parser.is_done()) {
+            // curl sends Expect: 100-continue for big bodies and waits a second without it
+            if (boost::beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+                static constexpr std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
+                co_await asio::async_write(socket_, asio::buffer(cont), redirect_error(use_awaitable, ec));
+            }
+            if (!ec) co_await http::async_read(socket_, buffer_, parser, redirect_error(use_awaitable, ec));
+        }
         set_deadline(0);
         if (closed_) break;
         if (ec) {
@@ -286,7 +297,9 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
 
     auto send = [&](const std::string& data) -> asio::awaitable<void> {
         if (write_failed || closed_) co_return;
+        set_deadline(st_.cfg.request_timeout_s); // a client that stops reading is dropped (and cancelled)
         co_await asio::async_write(socket_, http::make_chunk(asio::buffer(data)), redirect_error(use_awaitable, ec));
+        set_deadline(0);
         if (ec) write_failed = true;
     };
     auto sse = [](const json& j) { return "data: " + dump(j) + "\n\n"; };

@@ -47,6 +47,8 @@ public:
         opts_.step_tokens = std::max(opts_.step_tokens, opts_.max_running + 1);
         const int32_t pages_per_ctx = (opts_.n_ctx + opts_.page_size - 1) / opts_.page_size;
         if (opts_.n_pages <= 0) opts_.n_pages = pages_per_ctx * opts_.max_running;
+        // at least one full context, so any request the context allows can run
+        opts_.n_pages = std::max(opts_.n_pages, pages_per_ctx);
         kv_ = std::make_unique<kv_cache>(mdl_.make_kv_layout(opts_.page_size), opts_.n_pages);
         n_pages_total_ = opts_.n_pages;
         log_ = logger("engine");

@@ -104,11 +104,12 @@ TEST_CASE("engine: cancel stops a request and frees its pages; limits come back 
     o.n_threads = 1;
     o.max_running = 1;
     o.max_waiting = 1;
-    o.n_pages = 100; // 1600 tokens
+    o.n_ctx = 512;
+    o.n_pages = 40; // 640 tokens
     auto eng = make_local_engine(*b.mdl, *b.tok, o);
 
     collector long_run, queued, refused;
-    const submit_result a = eng->submit(greedy("Once upon a time", 1500), long_run.sink());
+    const submit_result a = eng->submit(greedy("Once upon a time", 400), long_run.sink());
     REQUIRE(a.status == submit_status::ok);
     for (int i = 0; i < 1000 && eng->stats().n_running == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     // one waits (the batch holds one), the next is over capacity
@@ -116,20 +117,18 @@ TEST_CASE("engine: cancel stops a request and frees its pages; limits come back 
     CHECK(eng->submit(greedy("The dog", 4), refused.sink()).status == submit_status::queue_full);
     // a request that can never fit the context or the pool
     engine_request huge = greedy("x", 1);
-    huge.prompt.assign(size_t(b.mdl->config().n_ctx_train), 1);
+    huge.prompt.assign(512, 1); // the whole context: no room for a token
     CHECK(eng->submit(huge, refused.sink()).status == submit_status::too_long);
-    engine_request big = greedy("x", 1800); // fits the context, not the pool
-    CHECK(eng->submit(big, refused.sink()).status == submit_status::too_long);
 
     eng->cancel(a.id);
     REQUIRE(long_run.wait());
     CHECK(long_run.finish == "cancelled");
-    CHECK(long_run.n_generated < 1500);
+    CHECK(long_run.n_generated < 400);
     REQUIRE(queued.wait()); // it ran once the first left
     CHECK(queued.finish == "length");
     const engine_stats s = eng->stats();
     CHECK(s.n_pages_used == 0);
-    CHECK(s.n_pages_total == 100);
+    CHECK(s.n_pages_total == 40);
     eng->cancel(12345); // unknown: ignored
     eng->stop();
     CHECK(eng->submit(greedy("x", 1), refused.sink()).status == submit_status::stopped);

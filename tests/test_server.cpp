@@ -389,6 +389,26 @@ TEST_CASE("keep-alive: several requests on one connection") {
     CHECK(n == 3);
 }
 
+TEST_CASE("Expect: 100-continue gets an interim 100 before the body is sent") {
+    const auto& s = shared_socket();
+    const int fd = connect_unix(s);
+    REQUIRE(fd >= 0);
+    const std::string body = json{{"content", "Once upon a time"}}.dump();
+    send_all(fd, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                 "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+    char buf[256];
+    pollfd p{fd, POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 5000) == 1);
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    CHECK(std::string(buf, size_t(n)).rfind("HTTP/1.1 100 Continue\r\n\r\n", 0) == 0);
+    send_all(fd, body);
+    const auto r = parse_response(read_until_eof(fd, 5000));
+    ::close(fd);
+    CHECK(r.status == 200);
+    CHECK(r.j()["count"].get<int>() > 0);
+}
+
 TEST_CASE("SIGTERM drains in-flight requests, then tandemd exits 0; sd_notify messages") {
     // a test NOTIFY_SOCKET: a datagram socket we read
     const std::string notify_path = scratch().file("notify.sock");
