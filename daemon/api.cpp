@@ -296,6 +296,8 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     return plan;
 }
 
+#undef TRY
+
 json add_logprobs(choice_state& c, const engine_event& ev, bool chat, const tokenizer& tok) {
     const std::string piece = tok.piece(ev.id);
     auto bytes_of = [](const std::string& s) {

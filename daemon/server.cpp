@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 
 namespace tandem::daemon {
@@ -45,7 +46,8 @@ bool someone_listens(const std::string& path) {
 } // namespace
 
 server::server(config cfg)
-    : policy_(make_peer_policy(cfg)), signals_(io_, SIGTERM, SIGINT), drain_timer_(io_), watchdog_timer_(io_) {
+    : policy_(make_peer_policy(cfg)), signals_(io_, SIGTERM, SIGINT), drain_timer_(io_), watchdog_timer_(io_),
+      status_timer_(io_) {
     st_.cfg = std::move(cfg);
 }
 
@@ -198,6 +200,23 @@ asio::awaitable<void> server::watchdog_loop() {
     }
 }
 
+// STATUS= for `systemctl status`: load every few seconds once serving.
+asio::awaitable<void> server::status_loop() {
+    std::string last;
+    while (!finished_) {
+        status_timer_.expires_after(std::chrono::seconds(5));
+        error_code ec;
+        co_await status_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        if (finished_ || st_.stopping || !st_.ms) continue;
+        const engine_stats es = st_.ms->eng->stats();
+        const auto tot = st_.met.totals();
+        std::string s = fmt::format("serving {}: {} running, {} waiting, KV {}/{} pages, {} requests", st_.ms->id,
+                                    es.n_running, es.n_waiting, es.n_pages_used, es.n_pages_total, tot.n_requests);
+        if (s != last) systemd::notify_status(s);
+        last = std::move(s);
+    }
+}
+
 void server::on_signal(int signo) {
     if (finished_) return;
     if (st_.stopping) { // a second signal: stop now
@@ -238,6 +257,7 @@ void server::finish() {
     signals_.cancel(ec);
     drain_timer_.cancel();
     watchdog_timer_.cancel();
+    status_timer_.cancel();
     for (auto& acc : acceptors_) acc->close(ec);
     io_.stop();
 }
@@ -250,6 +270,7 @@ int server::run() {
         if (!ec) on_signal(s);
     });
     if (systemd::watchdog_interval().count() > 0) asio::co_spawn(io_, watchdog_loop(), asio::detached);
+    if (std::getenv("NOTIFY_SOCKET")) asio::co_spawn(io_, status_loop(), asio::detached);
     start_loading();
     io_.run();
 

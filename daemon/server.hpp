@@ -43,6 +43,7 @@ private:
     void start_loading();
     asio::awaitable<void> accept_loop(acceptor_type& acc);
     asio::awaitable<void> watchdog_loop();
+    asio::awaitable<void> status_loop();
     void on_signal(int signo);
     void begin_drain();
     void finish();
@@ -55,6 +56,7 @@ private:
     session_manager sessions_;
     asio::steady_timer drain_timer_;
     asio::steady_timer watchdog_timer_;
+    asio::steady_timer status_timer_;
     std::thread loader_;
     std::string socket_path_;      // the file we created (removed on exit); "" under activation
     int exit_code_ = 0;

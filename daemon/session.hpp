@@ -27,7 +27,7 @@ class session : public std::enable_shared_from_this<session> {
 public:
     using socket_type = asio::generic::stream_protocol::socket;
 
-    // `reject_status` non-zero: answer every request with that error (403, 503) and close.
+    // Peers the policy refuses get 403, and connections over max_connections 503, then close.
     session(socket_type socket, daemon_state& st, session_manager& mgr, const peer_policy& policy);
 
     void start();
