@@ -10,6 +10,9 @@
 #include <mutex>
 #include <filesystem>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 using namespace tandem;
 using namespace tandem::test;
 
@@ -506,14 +509,28 @@ TEST_CASE("a bad config or a missing model fails clearly") {
     CHECK(d3.wait_exit(10) == 1);
 }
 
-TEST_CASE("limits: over capacity is 429 with Retry-After; socket mode; peers that are not allowed get 403") {
+TEST_CASE("limits: over capacity is 429 with Retry-After; socket mode; TCP listener; peers that are not allowed get 403") {
     CHECK((std::filesystem::status(shared_socket()).permissions() & std::filesystem::perms::all) ==
           std::filesystem::perms(0660));
 
+    const int port = 20000 + int(::getpid() % 20000);
     daemon_process d;
-    d.start(scratch().file("limits.sock"),
-            {"--set", "max_running=1", "--set", "max_waiting=0", "--set", "socket_mode=0666"});
+    d.start(scratch().file("limits.sock"), {"--set", "max_running=1", "--set", "max_waiting=0", "--set",
+                                            "socket_mode=0666", "--listen-tcp", "127.0.0.1:" + std::to_string(port)});
     REQUIRE(d.wait_ready());
+
+    // the optional loopback TCP listener serves the same API
+    {
+        const int t = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in in{};
+        in.sin_family = AF_INET;
+        in.sin_port = htons(uint16_t(port));
+        in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::connect(t, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
+        send_all(t, make_request("GET", "/health", ""));
+        CHECK(parse_response(read_until_eof(t, 5000)).status == 200);
+        ::close(t);
+    }
     CHECK((std::filesystem::status(d.sock).permissions() & std::filesystem::perms::all) == std::filesystem::perms(0666));
 
     // one long request holds the only batch slot
