@@ -124,6 +124,9 @@ void server::start_loading() {
         std::unique_ptr<model_state> ms;
         std::string err;
         try {
+            // Tests stretch the load to observe the loading state; nothing else sets this.
+            if (const char* d = std::getenv("TANDEMD_TEST_LOAD_DELAY_MS"); d && *d)
+                std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
             ms = std::make_unique<model_state>();
             ms->bundle = load_model(cfg.model);
             ms->path = cfg.model;

@@ -474,6 +474,44 @@ TEST_CASE("SIGTERM drains in-flight requests, then tandemd exits 0; sd_notify me
     ::close(nfd);
 }
 
+TEST_CASE("while the model loads: /health and generation answer 503 with Retry-After, READY=1 comes after") {
+    const std::string notify_path = scratch().file("notify-load.sock");
+    const int nfd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, notify_path.c_str(), sizeof(a.sun_path) - 1);
+    REQUIRE(::bind(nfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    daemon_process d;
+    d.start(scratch().file("loading.sock"), {}, {"NOTIFY_SOCKET=" + notify_path, "TANDEMD_TEST_LOAD_DELAY_MS=1500"});
+    http_response h;
+    for (int i = 0; i < 200 && h.status == 0; ++i) { // the socket is up before the model
+        h = request(d.sock, "GET", "/health");
+        if (h.status == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(h.status == 503);
+    CHECK(h.j()["status"] == "loading");
+    CHECK(h.headers.count("retry-after") == 1);
+    auto c = post(d.sock, "/v1/completions", {{"prompt", "x"}});
+    CHECK(c.status == 503);
+    CHECK(c.j()["error"]["code"] == "model_loading");
+    CHECK(c.headers.count("retry-after") == 1);
+    char buf[512];
+    std::string notes;
+    for (ssize_t n; (n = ::recv(nfd, buf, sizeof buf, MSG_DONTWAIT)) > 0;) notes.append(buf, size_t(n));
+    CHECK(notes.find("READY=1") == std::string::npos);
+    REQUIRE(d.wait_ready());
+    pollfd p{nfd, POLLIN, 0};
+    std::string ready;
+    while (ready.find("READY=1") == std::string::npos && ::poll(&p, 1, 2000) == 1) {
+        const ssize_t n = ::recv(nfd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        ready.append(buf, size_t(n));
+    }
+    CHECK(ready.find("READY=1") != std::string::npos);
+    CHECK(d.stop() == 0);
+    ::close(nfd);
+}
+
 TEST_CASE("socket activation through systemd-socket-activate") {
     if (std::system("command -v systemd-socket-activate >/dev/null 2>&1") != 0) {
         MESSAGE("systemd-socket-activate not installed: skipped");
