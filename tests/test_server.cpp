@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <latch>
 #include <mutex>
 #include <filesystem>
 
@@ -218,10 +219,16 @@ TEST_CASE("16 concurrent streams all complete, each equal to its solo output at 
     std::vector<std::thread> threads;
     std::vector<int> status(n);
     std::vector<bool> complete(n);
+    std::latch all_connected(n); // send together, so they overlap even on a busy machine
     for (int i = 0; i < n; ++i)
         threads.emplace_back([&, i] {
-            auto r = post(s, "/v1/completions",
-                          {{"prompt", starts[i]}, {"max_tokens", 48}, {"temperature", 0}, {"stream", true}});
+            const int fd = connect_unix(s);
+            all_connected.arrive_and_wait();
+            send_all(fd, make_request("POST", "/v1/completions",
+                                      json{{"prompt", starts[i]}, {"max_tokens", 48}, {"temperature", 0},
+                                           {"stream", true}}.dump()));
+            const auto r = parse_response(read_until_eof(fd));
+            ::close(fd);
             status[size_t(i)] = r.status;
             bool done = false, ok = false;
             auto ev = sse_events(r.body, &done, &ok);
