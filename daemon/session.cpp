@@ -220,11 +220,14 @@ asio::awaitable<void> session::run() {
         const std::string target(req.target());
         const std::string method(req.method_string());
         bool ok = true;
+        const auto t0 = clock_type::now();
         if (auto r = handle_simple(method, target, req.body(), st_)) {
             st_.met.request_done(route_label(target), r->status);
             ok = co_await write_reply(*r, keep);
+            log->debug("{} {} -> {} in {:.1f} ms", method, target, r->status, 1e3 * secs(clock_type::now() - t0));
         } else {
             ok = co_await generate(req, route_label(target) == "/v1/chat/completions", keep);
+            log->debug("{} {} done in {:.1f} ms", method, target, 1e3 * secs(clock_type::now() - t0));
         }
         busy_ = false;
         if (!ok || !keep || stop_after_reply_ || st_.stopping) break;

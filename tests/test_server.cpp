@@ -110,6 +110,23 @@ TEST_CASE("completions at temperature 0 equal the offline loop; usage counts tok
     CHECK(st.j()["choices"][0]["finish_reason"] == "stop");
 }
 
+TEST_CASE("seeded sampling is reproducible; choice i of n uses seed + i") {
+    const auto& s = shared_socket();
+    const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 30}, {"temperature", 0.9}, {"top_k", 40}};
+    json a = base, b = base, two = base;
+    a["seed"] = 42;
+    b["seed"] = 43;
+    two["seed"] = 42;
+    two["n"] = 2;
+    const auto ra = post(s, "/v1/completions", a), ra2 = post(s, "/v1/completions", a);
+    const auto rb = post(s, "/v1/completions", b), rtwo = post(s, "/v1/completions", two);
+    REQUIRE(ra.status == 200);
+    REQUIRE(rtwo.status == 200);
+    CHECK(ra.j()["choices"][0]["text"] == ra2.j()["choices"][0]["text"]);
+    CHECK(rtwo.j()["choices"][0]["text"] == ra.j()["choices"][0]["text"]);
+    CHECK(rtwo.j()["choices"][1]["text"] == rb.j()["choices"][0]["text"]);
+}
+
 TEST_CASE("chat completions render the template; tokenize, detokenize, apply-template") {
     const auto& s = shared_socket();
     const json messages = json::array({{{"role", "system"}, {"content", "You tell stories."}},
