@@ -202,7 +202,8 @@ asio::awaitable<void> session::run() {
             } else {
                 e = {400, "malformed HTTP request: " + ec.message()};
             }
-            st_.met.request_done("other", e.status);
+            st_.met.request_done(parser.is_header_done() ? route_label(std::string(parser.get().target())) : "other",
+                                 e.status);
             co_await write_reply(reply::of(e), false);
             // Let the client read the reply: stop sending, then discard what it still sends for a moment.
             socket_.shutdown(asio::socket_base::shutdown_send, ec);
