@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: every suite on a Release build (CUDA compiled where nvcc exists, its
-# tests skip without a GPU), then the core suites under ASan+UBSan, plus a libFuzzer smoke
+# tests skip without a GPU), then the core and daemon suites under ASan+UBSan, plus a libFuzzer smoke
 # run of the GGUF parser when clang is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +21,4 @@ fi
 cmake -S . -B build-asan -G Ninja "${san[@]}" >/dev/null
 cmake --build build-asan -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ctest --test-dir build-asan --output-on-failure -L 'core|fuzz'
+ctest --test-dir build-asan --output-on-failure -L 'core|fuzz|daemon'

@@ -1,0 +1,563 @@
+// Request validation and response JSON of the OpenAI-compatible API (no exceptions: every
+// client mistake is an api_error value).
+#include "daemon/api.hpp"
+
+#include "runtime/tokenizer.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <ctime>
+#include <limits>
+
+namespace tandem::daemon {
+namespace {
+
+api_error bad(std::string msg, std::string param = {}) {
+    api_error e;
+    e.message = std::move(msg);
+    e.param = std::move(param);
+    return e;
+}
+
+// Optional fields: absent or null leave `out` as it is.
+std::optional<api_error> read_number(const json& j, const char* key, double lo, double hi, double& out) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    if (!it->is_number()) return bad(fmt::format("'{}' must be a number", key), key);
+    const double v = it->get<double>();
+    if (!(v >= lo && v <= hi)) return bad(fmt::format("'{}' must be between {} and {}", key, lo, hi), key);
+    out = v;
+    return std::nullopt;
+}
+
+std::optional<api_error> read_int(const json& j, const char* key, int64_t lo, int64_t hi, int64_t& out) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    if (!it->is_number_integer()) return bad(fmt::format("'{}' must be an integer", key), key);
+    if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(hi))
+        return bad(fmt::format("'{}' must be between {} and {}", key, lo, hi), key);
+    const int64_t v = it->get<int64_t>();
+    if (v < lo || v > hi) return bad(fmt::format("'{}' must be between {} and {}", key, lo, hi), key);
+    out = v;
+    return std::nullopt;
+}
+
+std::optional<api_error> read_bool(const json& j, const char* key, bool& out) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    if (!it->is_boolean()) return bad(fmt::format("'{}' must be a boolean", key), key);
+    out = it->get<bool>();
+    return std::nullopt;
+}
+
+bool all_ints(const json& a) {
+    for (const auto& x : a)
+        if (!x.is_number_integer()) return false;
+    return true;
+}
+
+// The prompts of a completions request as token ids (string, [string], [int], [[int]]).
+std::variant<std::vector<std::vector<token_id>>, api_error> read_prompts(const json& body, const tokenizer& tok) {
+    auto it = body.find("prompt");
+    if (it == body.end() || it->is_null()) return bad("'prompt' is required", "prompt");
+    std::vector<std::vector<token_id>> out;
+    auto ids = [&](const json& a) -> std::optional<api_error> {
+        std::vector<token_id> v;
+        for (const auto& x : a) {
+            const int64_t id = x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT32_MAX) ? -1 : x.get<int64_t>();
+            if (id < 0 || id >= tok.n_vocab())
+                return bad(fmt::format("token id {} is out of range (vocabulary of {})", x.dump(), tok.n_vocab()),
+                           "prompt");
+            v.push_back(token_id(id));
+        }
+        if (v.empty()) return bad("a token prompt must not be empty", "prompt");
+        out.push_back(std::move(v));
+        return std::nullopt;
+    };
+    if (it->is_string()) {
+        out.push_back(tok.encode(it->get<std::string>(), true, false));
+    } else if (it->is_array() && !it->empty() && all_ints(*it)) {
+        if (auto e = ids(*it)) return *e;
+    } else if (it->is_array() && !it->empty()) {
+        for (const auto& p : *it) {
+            if (p.is_string()) out.push_back(tok.encode(p.get<std::string>(), true, false));
+            else if (p.is_array() && all_ints(p)) {
+                if (auto e = ids(p)) return *e;
+            } else
+                return bad("'prompt' must be a string, an array of strings, or token ids", "prompt");
+        }
+    } else {
+        return bad("'prompt' must be a string, an array of strings, or token ids", "prompt");
+    }
+    for (auto& p : out)
+        if (p.empty()) p.push_back(tok.bos() >= 0 ? tok.bos() : 0); // "" with no BOS still needs a token
+    return out;
+}
+
+std::optional<api_error> read_messages(const json& body, std::vector<chat_message>& out) {
+    auto it = body.find("messages");
+    if (it == body.end() || it->is_null()) return bad("'messages' is required", "messages");
+    if (!it->is_array() || it->empty()) return bad("'messages' must be a non-empty array", "messages");
+    for (size_t i = 0; i < it->size(); ++i) {
+        const json& m = (*it)[i];
+        const std::string p = fmt::format("messages[{}]", i);
+        if (!m.is_object()) return bad(p + " must be an object", p);
+        auto r = m.find("role");
+        if (r == m.end() || !r->is_string()) return bad(p + ".role must be a string", p + ".role");
+        const std::string role = r->get<std::string>();
+        if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+            return bad(fmt::format("{}.role '{}' is not supported (system, user, assistant)", p, role), p + ".role");
+        chat_message cm{role == "developer" ? "system" : role, {}};
+        auto c = m.find("content");
+        if (c == m.end() || c->is_null()) {
+            if (role != "assistant") return bad(p + ".content is required", p + ".content");
+        } else if (c->is_string()) {
+            cm.content = c->get<std::string>();
+        } else if (c->is_array()) { // content parts: text only
+            for (const auto& part : *c) {
+                if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+                    !part["text"].is_string())
+                    return bad(p + ".content parts must be {\"type\": \"text\", \"text\": ...}", p + ".content");
+                cm.content += part["text"].get<std::string>();
+            }
+        } else {
+            return bad(p + ".content must be a string or an array of text parts", p + ".content");
+        }
+        out.push_back(std::move(cm));
+    }
+    return std::nullopt;
+}
+
+std::optional<api_error> read_stop(const json& body, std::vector<std::string>& out) {
+    auto it = body.find("stop");
+    if (it == body.end() || it->is_null()) return std::nullopt;
+    if (it->is_string()) {
+        out.push_back(it->get<std::string>());
+        return std::nullopt;
+    }
+    if (!it->is_array() || it->size() > 16) return bad("'stop' must be a string or an array of up to 16 strings", "stop");
+    for (const auto& s : *it) {
+        if (!s.is_string()) return bad("'stop' must be a string or an array of up to 16 strings", "stop");
+        out.push_back(s.get<std::string>());
+    }
+    return std::nullopt;
+}
+
+std::optional<api_error> read_logit_bias(const json& body, int32_t n_vocab,
+                                         std::vector<std::pair<token_id, float>>& out) {
+    auto it = body.find("logit_bias");
+    if (it == body.end() || it->is_null()) return std::nullopt;
+    if (!it->is_object()) return bad("'logit_bias' must be an object of token id -> bias", "logit_bias");
+    for (const auto& [k, v] : it->items()) {
+        char* end = nullptr;
+        const long id = std::strtol(k.c_str(), &end, 10);
+        if (k.empty() || *end != '\0' || id < 0 || id >= n_vocab)
+            return bad(fmt::format("logit_bias key '{}' is not a token id of this model", k), "logit_bias");
+        if (!v.is_number() || !(v.get<double>() >= -100 && v.get<double>() <= 100))
+            return bad("logit_bias values must be numbers from -100 to 100", "logit_bias");
+        const double b = v.get<double>();
+        // OpenAI: -100 bans the token, 100 forces it
+        out.emplace_back(token_id(id), b <= -100 ? -std::numeric_limits<float>::infinity() : float(b));
+    }
+    return std::nullopt;
+}
+
+#define TRY(expr)                                                                                  \
+    if (auto e_ = (expr)) return *e_
+
+} // namespace
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string error_body(const api_error& e) {
+    json j = {{"error",
+               {{"message", e.message},
+                {"type", e.type},
+                {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+                {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+    return dump(j);
+}
+
+reply reply::of(const api_error& e) { return {e.status, "application/json", error_body(e), e.retry_after_s}; }
+reply reply::of_json(const json& j, int status) { return {status, "application/json", dump(j), 0}; }
+
+std::variant<generation_plan, api_error> parse_generation(const json& body, bool chat, const model_state& ms,
+                                                          const config& cfg) {
+    if (!body.is_object()) return bad("the request body must be a JSON object");
+    const tokenizer& tok = *ms.bundle.tok;
+    generation_plan plan;
+    plan.chat = chat;
+
+    if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+        if (!it->is_string()) return bad("'model' must be a string", "model");
+        if (it->get<std::string>() != ms.id) {
+            api_error e = bad(fmt::format("The model '{}' does not exist; this daemon serves '{}'",
+                                          it->get<std::string>(), ms.id),
+                              "model");
+            e.status = 404;
+            e.code = "model_not_found";
+            return e;
+        }
+    }
+    for (const char* unsupported : {"suffix", "tools", "functions"})
+        if (auto it = body.find(unsupported); it != body.end() && !it->is_null() && !(it->is_array() && it->empty()))
+            return bad(fmt::format("'{}' is not supported", unsupported), unsupported);
+    bool echo = false;
+    TRY(read_bool(body, "echo", echo));
+    if (echo) return bad("'echo' is not supported", "echo");
+
+    TRY(read_bool(body, "stream", plan.stream));
+    if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+        if (!it->is_object()) return bad("'stream_options' must be an object", "stream_options");
+        TRY(read_bool(*it, "include_usage", plan.include_usage));
+    }
+
+    // prompts
+    std::vector<std::vector<token_id>> prompts;
+    std::vector<std::string> stops;
+    if (chat) {
+        std::vector<chat_message> messages;
+        TRY(read_messages(body, messages));
+        const std::string text = ms.tmpl.render(messages, true);
+        prompts.push_back(tok.encode(text, false, true));
+        stops = ms.tmpl.stop_strings();
+    } else {
+        auto p = read_prompts(body, tok);
+        if (auto* e = std::get_if<api_error>(&p)) return *e;
+        prompts = std::move(std::get<0>(p));
+    }
+    for (const auto& p : prompts)
+        if (int32_t(p.size()) > ms.max_prompt_tokens) {
+            api_error e = bad(fmt::format("the prompt has {} tokens; this daemon accepts at most {} (context {})",
+                                          p.size(), ms.max_prompt_tokens, ms.n_ctx),
+                              chat ? "messages" : "prompt");
+            e.code = "context_length_exceeded";
+            return e;
+        }
+
+    // sampling and limits
+    engine_request base;
+    int64_t max_tokens = chat ? ms.max_tokens_limit : 16; // OpenAI's defaults: 16, chat until the end
+    TRY(read_int(body, "max_tokens", 1, ms.max_tokens_limit, max_tokens));
+    if (chat) TRY(read_int(body, "max_completion_tokens", 1, ms.max_tokens_limit, max_tokens));
+    base.max_tokens = int32_t(max_tokens);
+    double temperature = 1, top_p = 1, min_p = 0, rep = 1, presence = 0, frequency = 0;
+    int64_t top_k = 0, seed = 0, n = 1;
+    TRY(read_number(body, "temperature", 0, 2, temperature));
+    TRY(read_number(body, "top_p", 0, 1, top_p));
+    TRY(read_number(body, "min_p", 0, 1, min_p));
+    TRY(read_number(body, "repetition_penalty", 0.01, 10, rep));
+    TRY(read_number(body, "presence_penalty", -2, 2, presence));
+    TRY(read_number(body, "frequency_penalty", -2, 2, frequency));
+    TRY(read_int(body, "top_k", -1, tok.n_vocab(), top_k));
+    TRY(read_int(body, "n", 1, cfg.max_n, n));
+    bool has_seed = body.contains("seed") && !body["seed"].is_null();
+    TRY(read_int(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed));
+    TRY(read_bool(body, "ignore_eos", base.ignore_eos));
+    TRY(read_stop(body, base.stop));
+    TRY(read_logit_bias(body, tok.n_vocab(), base.sampling.logit_bias));
+    if (auto it = body.find("best_of"); it != body.end() && !it->is_null() && *it != json(n))
+        return bad("'best_of' other than n is not supported", "best_of");
+
+    // logprobs: completions take an int (0..20), chat a bool plus top_logprobs
+    if (chat) {
+        int64_t top = 0;
+        TRY(read_bool(body, "logprobs", plan.logprobs));
+        TRY(read_int(body, "top_logprobs", 0, 20, top));
+        if (body.contains("top_logprobs") && !body["top_logprobs"].is_null() && !plan.logprobs)
+            return bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+        base.n_top_logprobs = plan.logprobs ? int32_t(top) : -1;
+    } else {
+        int64_t lp = -1;
+        TRY(read_int(body, "logprobs", 0, 20, lp));
+        plan.logprobs = lp >= 0;
+        base.n_top_logprobs = int32_t(lp);
+    }
+
+    base.sampling.temperature = float(temperature);
+    base.sampling.top_p = float(top_p);
+    base.sampling.min_p = float(min_p);
+    base.sampling.top_k = int32_t(top_k);
+    base.sampling.repetition_penalty = float(rep);
+    base.sampling.presence_penalty = float(presence);
+    base.sampling.frequency_penalty = float(frequency);
+    for (const auto& s : stops) base.stop.push_back(s);
+
+    for (const auto& p : prompts) {
+        for (int64_t i = 0; i < n; ++i) {
+            engine_request r = base;
+            r.prompt = p;
+            if (has_seed) r.sampling.seed = uint64_t(seed) + uint64_t(i); // choice i: seed + i
+            plan.choices.push_back(std::move(r));
+            plan.counts_prompt.push_back(i == 0);
+        }
+    }
+    return plan;
+}
+
+#undef TRY
+
+json add_logprobs(choice_state& c, const engine_event& ev, bool chat, const tokenizer& tok) {
+    const std::string piece = tok.piece(ev.id);
+    auto bytes_of = [](const std::string& s) {
+        json b = json::array();
+        for (unsigned char ch : s) b.push_back(int(ch));
+        return b;
+    };
+    if (chat) {
+        json top = json::array();
+        for (const auto& t : ev.top) {
+            const std::string p = tok.piece(t.id);
+            top.push_back({{"token", p}, {"logprob", t.logprob}, {"bytes", bytes_of(p)}});
+        }
+        json entry = {{"token", piece}, {"logprob", ev.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}};
+        c.logprobs_content.push_back(entry);
+        return json{{"content", json::array({entry})}};
+    }
+    json top = json::object();
+    for (const auto& t : ev.top) top[tok.piece(t.id)] = t.logprob;
+    c.lp_tokens.push_back(piece);
+    c.lp_token_logprobs.push_back(ev.logprob);
+    c.lp_top.push_back(ev.top.empty() ? json(nullptr) : top);
+    c.lp_offsets.push_back(c.text.size());
+    return json{{"tokens", json::array({piece})},
+                {"token_logprobs", json::array({ev.logprob})},
+                {"top_logprobs", json::array({c.lp_top.back()})},
+                {"text_offset", json::array({c.text.size()})}};
+}
+
+json stream_chunk(const std::string& id, const std::string& model, bool chat, int index, choice_state& c,
+                  const std::string& text, const json& logprobs, const std::string& finish_reason) {
+    json choice = {{"index", index},
+                   {"logprobs", logprobs},
+                   {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+    if (chat) {
+        json delta = json::object();
+        if (!c.sent_role) {
+            delta["role"] = "assistant";
+            c.sent_role = true;
+        }
+        if (!text.empty() || finish_reason.empty()) delta["content"] = text;
+        choice["delta"] = delta;
+    } else {
+        choice["text"] = text;
+    }
+    return json{{"id", id},
+                {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", int64_t(std::time(nullptr))},
+                {"model", model},
+                {"choices", json::array({choice})}};
+}
+
+json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan) {
+    int64_t prompt = 0, completion = 0;
+    for (size_t i = 0; i < cs.size(); ++i) {
+        if (plan.counts_prompt[i]) prompt += cs[i].n_prompt;
+        completion += cs[i].n_generated;
+    }
+    return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+json final_response(const std::string& id, const std::string& model, const generation_plan& plan,
+                    const std::vector<choice_state>& cs) {
+    json choices = json::array();
+    for (size_t i = 0; i < cs.size(); ++i) {
+        const choice_state& c = cs[i];
+        json lp = nullptr;
+        if (plan.logprobs) {
+            if (plan.chat)
+                lp = json{{"content", c.logprobs_content}};
+            else
+                lp = json{{"tokens", c.lp_tokens},
+                          {"token_logprobs", c.lp_token_logprobs},
+                          {"top_logprobs", c.lp_top},
+                          {"text_offset", c.lp_offsets}};
+        }
+        json ch = {{"index", i}, {"logprobs", lp}, {"finish_reason", c.finish_reason}};
+        if (plan.chat)
+            ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+        else
+            ch["text"] = c.text;
+        choices.push_back(ch);
+    }
+    return json{{"id", id},
+                {"object", plan.chat ? "chat.completion" : "text_completion"},
+                {"created", int64_t(std::time(nullptr))},
+                {"model", model},
+                {"choices", choices},
+                {"usage", usage_json(cs, plan)}};
+}
+
+std::string route_label(const std::string& target) {
+    static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+                                  "/tokenize", "/detokenize", "/v1/tandem/apply-template", "/v1/tandem/status"};
+    const std::string path = target.substr(0, target.find('?'));
+    for (const char* k : known)
+        if (path == k) return k;
+    if (path.starts_with("/v1/models/")) return "/v1/models";
+    return "other";
+}
+
+namespace {
+
+api_error loading_error() {
+    api_error e;
+    e.status = 503;
+    e.type = "server_error";
+    e.code = "model_loading";
+    e.message = "the model is still loading; try again shortly";
+    e.retry_after_s = 2;
+    return e;
+}
+
+json model_card(const model_state& ms, const daemon_state& st) {
+    const auto& c = ms.bundle.mdl->config();
+    return json{{"id", ms.id},
+                {"object", "model"},
+                {"created", int64_t(std::time(nullptr)) -
+                                int64_t(std::chrono::duration_cast<std::chrono::seconds>(
+                                            std::chrono::steady_clock::now() - st.started)
+                                            .count())},
+                {"owned_by", "tandem"},
+                {"meta",
+                 {{"path", ms.path},
+                  {"arch", c.arch},
+                  {"n_ctx", ms.n_ctx},
+                  {"n_ctx_train", c.n_ctx_train},
+                  {"n_vocab", c.n_vocab},
+                  {"n_layer", c.n_layer},
+                  {"n_embd", c.n_embd},
+                  {"chat_template", std::string(name_of(ms.tmpl.family()))}}}};
+}
+
+std::variant<json, api_error> parse_body(const std::string& body) {
+    json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return bad("the request body is not valid JSON (or not UTF-8)");
+    if (!j.is_object()) return bad("the request body must be a JSON object");
+    return j;
+}
+
+} // namespace
+
+std::optional<reply> handle_simple(const std::string& method, const std::string& target, const std::string& body,
+                                   daemon_state& st) {
+    const std::string path = target.substr(0, target.find('?'));
+    auto only = [&](const char* m) -> std::optional<reply> {
+        if (method == m) return std::nullopt;
+        api_error e = bad(fmt::format("{} {} is not allowed; use {}", method, path, m));
+        e.status = 405;
+        return reply::of(e);
+    };
+    const model_state* ms = st.ms.get();
+
+    if (path == "/health") {
+        if (auto r = only("GET")) return r;
+        if (st.stopping) return reply{503, "application/json", R"({"status":"stopping"})", 5};
+        if (!ms) return reply{503, "application/json", R"({"status":"loading"})", 2};
+        return reply{200, "application/json", R"({"status":"ok"})", 0};
+    }
+    if (path == "/metrics") {
+        if (auto r = only("GET")) return r;
+        engine_stats es;
+        if (ms) es = ms->eng->stats();
+        return reply{200, "text/plain; version=0.0.4; charset=utf-8", st.met.render(ms ? &es : nullptr), 0};
+    }
+    if (path == "/v1/models" || path.starts_with("/v1/models/")) {
+        if (auto r = only("GET")) return r;
+        if (!ms) return reply::of(loading_error());
+        if (path == "/v1/models") return reply::of_json({{"object", "list"}, {"data", json::array({model_card(*ms, st)})}});
+        if (path.substr(11) == ms->id) return reply::of_json(model_card(*ms, st));
+        api_error e = bad(fmt::format("The model '{}' does not exist", path.substr(11)), "model");
+        e.status = 404;
+        e.code = "model_not_found";
+        return reply::of(e);
+    }
+    if (path == "/v1/tandem/status") {
+        if (auto r = only("GET")) return r;
+        const auto tot = st.met.totals();
+        json j = {{"status", st.stopping ? "stopping" : ms ? "ready" : "loading"},
+                  {"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - st.started).count()},
+                  {"requests_total", tot.n_requests},
+                  {"prompt_tokens_total", tot.n_prompt_tokens},
+                  {"completion_tokens_total", tot.n_completion_tokens}};
+        if (ms) {
+            const engine_stats es = ms->eng->stats();
+            j["model"] = model_card(*ms, st);
+            j["placement"] = {{"policy", st.cfg.placement}, {"prefill", "cpu"}, {"decode", "cpu"}};
+            j["threads"] = ms->threads;
+            j["running"] = es.n_running;
+            j["waiting"] = es.n_waiting;
+            j["kv_pages_used"] = es.n_pages_used;
+            j["kv_pages_total"] = es.n_pages_total;
+            j["kv_page_size"] = es.page_size;
+            j["limits"] = {{"max_running", st.cfg.max_running},
+                           {"max_waiting", st.cfg.max_waiting},
+                           {"max_prompt_tokens", ms->max_prompt_tokens},
+                           {"max_tokens", ms->max_tokens_limit},
+                           {"max_body_bytes", st.cfg.max_body_bytes}};
+        }
+        return reply::of_json(j);
+    }
+    if (path == "/tokenize" || path == "/detokenize" || path == "/v1/tandem/apply-template") {
+        if (auto r = only("POST")) return r;
+        if (!ms) return reply::of(loading_error());
+        auto parsed = parse_body(body);
+        if (auto* e = std::get_if<api_error>(&parsed)) return reply::of(*e);
+        const json& j = std::get<json>(parsed);
+        const tokenizer& tok = *ms->bundle.tok;
+        if (path == "/tokenize") {
+            auto it = j.find("content");
+            if (it == j.end()) it = j.find("text");
+            if (it == j.end() || !it->is_string()) return reply::of(bad("'content' must be a string", "content"));
+            bool add_special = true, parse_special = false;
+            if (auto e = read_bool(j, "add_special", add_special)) return reply::of(*e);
+            if (auto e = read_bool(j, "parse_special", parse_special)) return reply::of(*e);
+            const auto ids = tok.encode(it->get<std::string>(), add_special, parse_special);
+            return reply::of_json({{"tokens", ids}, {"count", ids.size()}});
+        }
+        if (path == "/detokenize") {
+            auto it = j.find("tokens");
+            if (it == j.end() || !it->is_array() || !all_ints(*it))
+                return reply::of(bad("'tokens' must be an array of token ids", "tokens"));
+            std::vector<token_id> ids;
+            for (const auto& x : *it) {
+                const int64_t id = x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT32_MAX) ? -1 : x.get<int64_t>();
+                if (id < 0 || id >= tok.n_vocab())
+                    return reply::of(bad(fmt::format("token id {} is out of range", x.dump()), "tokens"));
+                ids.push_back(token_id(id));
+            }
+            return reply::of_json({{"content", tok.decode(ids)}});
+        }
+        std::vector<chat_message> messages;
+        if (auto e = read_messages(j, messages)) return reply::of(*e);
+        bool add_gen = true;
+        if (auto e = read_bool(j, "add_generation_prompt", add_gen)) return reply::of(*e);
+        const std::string text = ms->tmpl.render(messages, add_gen);
+        return reply::of_json({{"prompt", text},
+                               {"tokens", tok.encode(text, false, true)},
+                               {"template", std::string(name_of(ms->tmpl.family()))},
+                               {"stop", ms->tmpl.stop_strings()}});
+    }
+    if (path == "/v1/completions" || path == "/v1/chat/completions") {
+        if (auto r = only("POST")) return r;
+        if (st.stopping) {
+            api_error e = loading_error();
+            e.message = "the daemon is shutting down";
+            e.code = "shutting_down";
+            e.retry_after_s = 5;
+            return reply::of(e);
+        }
+        if (!ms) return reply::of(loading_error());
+        return std::nullopt; // the session streams it
+    }
+    api_error e = bad(fmt::format("no route {} {}", method, path));
+    e.status = 404;
+    e.code = "unknown_url";
+    return reply::of(e);
+}
+
+// Parses the body of a generation request; exposed to the session through this helper.
+std::variant<json, api_error> parse_generation_body(const std::string& body) { return parse_body(body); }
+
+} // namespace tandem::daemon

@@ -1,0 +1,93 @@
+// The HTTP API's JSON side: request validation into engine requests, responses, errors.
+#pragma once
+
+#include "daemon/state.hpp"
+#include "runtime/engine.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace tandem::daemon {
+
+using json = nlohmann::json;
+
+// An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with its status.
+struct api_error {
+    int status = 400;
+    std::string message;
+    std::string type = "invalid_request_error";
+    std::string param;
+    std::string code;
+    int retry_after_s = 0;            // > 0: a Retry-After header
+};
+
+std::string error_body(const api_error& e);
+
+// JSON text that never throws on invalid UTF-8 (replaced by U+FFFD).
+std::string dump(const json& j);
+
+// A plain reply: status, content type and body, plus an optional Retry-After.
+struct reply {
+    int status = 200;
+    std::string content_type = "application/json";
+    std::string body;
+    int retry_after_s = 0;
+
+    static reply of(const api_error& e);
+    static reply of_json(const json& j, int status = 200);
+};
+
+// A validated /v1/completions or /v1/chat/completions request: one engine request per choice.
+struct generation_plan {
+    bool chat = false;
+    bool stream = false;
+    bool include_usage = false;       // stream_options.include_usage
+    bool logprobs = false;
+    std::vector<engine_request> choices;
+    std::vector<bool> counts_prompt;  // the first choice of each prompt (for usage)
+};
+
+std::variant<generation_plan, api_error> parse_generation(const json& body, bool chat, const model_state& ms,
+                                                          const config& cfg);
+
+// Collects one choice's events into the response fields.
+struct choice_state {
+    std::string text;
+    std::string finish_reason;
+    int32_t n_prompt = 0;
+    int32_t n_generated = 0;
+    bool done = false;
+    bool sent_role = false;           // chat streaming: the first delta carries the role
+    json logprobs_content = json::array();                // chat format
+    json lp_tokens = json::array(), lp_token_logprobs = json::array(), lp_top = json::array(),
+         lp_offsets = json::array();                       // completions format
+};
+
+// Adds one token event's logprobs to `c` and returns them in the request's format (for a
+// streaming chunk).
+json add_logprobs(choice_state& c, const engine_event& ev, bool chat, const tokenizer& tok);
+
+// A streaming chunk for choice `index` with `text` (and `logprobs`, or null).
+json stream_chunk(const std::string& id, const std::string& model, bool chat, int index, choice_state& c,
+                  const std::string& text, const json& logprobs, const std::string& finish_reason);
+json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan);
+json final_response(const std::string& id, const std::string& model, const generation_plan& plan,
+                    const std::vector<choice_state>& cs);
+
+// Everything but the generation routes: health, models, metrics, status, tokenize,
+// detokenize, apply-template, and the errors for unknown routes and wrong methods.
+// nullopt means "a generation route": the session drives it.
+std::optional<reply> handle_simple(const std::string& method, const std::string& target, const std::string& body,
+                                   daemon_state& st);
+
+// The JSON object of a request body, or a 400.
+std::variant<json, api_error> parse_generation_body(const std::string& body);
+
+// The route name used in metrics labels (unknown targets collapse to "other").
+std::string route_label(const std::string& target);
+
+} // namespace tandem::daemon

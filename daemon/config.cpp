@@ -1,0 +1,155 @@
+// Parsing of tandemd.conf (`key = value` lines, `#` comments) and of --set overrides.
+#include "daemon/config.hpp"
+
+#include "runtime/error.hpp"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+
+namespace tandem::daemon {
+namespace {
+
+std::string trim(const std::string& s) {
+    const auto b = s.find_first_not_of(" \t\r");
+    if (b == std::string::npos) return {};
+    const auto e = s.find_last_not_of(" \t\r");
+    return s.substr(b, e - b + 1);
+}
+
+template <class T>
+std::optional<std::string> parse_int(const std::string& v, T& out, T lo, T hi, int base = 10) {
+    T x{};
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x, base);
+    if (ec != std::errc() || p != v.data() + v.size() || x < lo || x > hi)
+        return "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+    out = x;
+    return std::nullopt;
+}
+
+std::optional<std::string> parse_seconds(const std::string& v, double& out) {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(x > 0) || x > 86400) return "expected seconds, more than 0";
+    out = x;
+    return std::nullopt;
+}
+
+std::vector<std::string> split_list(const std::string& v) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (char c : v + ",") {
+        if (c == ',' || c == ' ' || c == '\t') {
+            if (!cur.empty()) out.push_back(cur);
+            cur.clear();
+        } else {
+            cur.push_back(c);
+        }
+    }
+    return out;
+}
+
+using setter = std::function<std::optional<std::string>(config&, const std::string&)>;
+
+const std::vector<std::pair<std::string, setter>>& setters() {
+    static const std::vector<std::pair<std::string, setter>> s = {
+        {"model", [](config& c, const std::string& v) { c.model = v; return std::optional<std::string>(); }},
+        {"model_id", [](config& c, const std::string& v) { c.model_id = v; return std::optional<std::string>(); }},
+        {"socket", [](config& c, const std::string& v) { c.socket = v; return std::optional<std::string>(); }},
+        {"socket_group",
+         [](config& c, const std::string& v) { c.socket_group = v; return std::optional<std::string>(); }},
+        {"socket_mode", [](config& c, const std::string& v) { return parse_int<uint32_t>(v, c.socket_mode, 0, 0777, 8); }},
+        {"listen_tcp", [](config& c, const std::string& v) { c.listen_tcp = v; return std::optional<std::string>(); }},
+        {"placement",
+         [](config& c, const std::string& v) -> std::optional<std::string> {
+             if (v != "auto" && v != "cpu") return "expected auto or cpu (GPU placement comes with the worker split)";
+             c.placement = v;
+             return std::nullopt;
+         }},
+        {"threads", [](config& c, const std::string& v) { return parse_int(v, c.threads, 0, 1024); }},
+        {"n_ctx", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.n_ctx, 0, 1 << 20); }},
+        {"page_size", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.page_size, 1, 1024); }},
+        {"kv_size_mb", [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.kv_size_mb, 0, 1 << 24); }},
+        {"max_running", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_running, 1, 4096); }},
+        {"max_waiting", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_waiting, 0, 1 << 20); }},
+        {"max_connections",
+         [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_connections, 1, 1 << 20); }},
+        {"step_tokens", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.step_tokens, 1, 1 << 20); }},
+        {"max_body_bytes",
+         [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.max_body_bytes, 1024, int64_t(1) << 32); }},
+        {"max_prompt_tokens",
+         [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_prompt_tokens, 0, 1 << 24); }},
+        {"max_tokens_limit",
+         [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_tokens_limit, 0, 1 << 24); }},
+        {"max_n", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_n, 1, 128); }},
+        {"request_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.request_timeout_s); }},
+        {"drain_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.drain_timeout_s); }},
+        {"allowed_users",
+         [](config& c, const std::string& v) { c.allowed_users = split_list(v); return std::optional<std::string>(); }},
+        {"allowed_groups",
+         [](config& c, const std::string& v) { c.allowed_groups = split_list(v); return std::optional<std::string>(); }},
+        {"log_level",
+         [](config& c, const std::string& v) -> std::optional<std::string> {
+             static const char* levels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+             for (const char* l : levels)
+                 if (v == l) {
+                     c.log_level = v;
+                     return std::nullopt;
+                 }
+             return "expected trace, debug, info, warn, error, critical or off";
+         }},
+    };
+    return s;
+}
+
+} // namespace
+
+std::optional<std::string> config::set(const std::string& key, const std::string& value) {
+    for (const auto& [k, fn] : setters())
+        if (k == key) return fn(*this, value);
+    return "unknown key";
+}
+
+void config::load_file(const std::string& path) {
+    std::ifstream in(path);
+    TANDEM_CHECK(in, "{}: cannot open the config file", path);
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+        if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+        line = trim(line);
+        if (line.empty()) continue;
+        const auto eq = line.find('=');
+        TANDEM_CHECK(eq != std::string::npos, "{}:{}: expected `key = value`", path, n);
+        const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+        if (auto err = set(key, value)) fail("{}:{}: {}: {}", path, n, key, *err);
+    }
+}
+
+void config::validate() const {
+    TANDEM_CHECK(!model.empty(), "no model: pass --model PATH or set `model` in the config file");
+    if (!listen_tcp.empty()) {
+        const auto colon = listen_tcp.rfind(':');
+        TANDEM_CHECK(colon != std::string::npos, "listen_tcp: expected HOST:PORT, got {}", listen_tcp);
+        const std::string host = listen_tcp.substr(0, colon);
+        TANDEM_CHECK(host == "127.0.0.1" || host == "::1" || host == "[::1]" || host == "localhost",
+                     "listen_tcp: only a loopback address is allowed (127.0.0.1 or ::1), got {}", host);
+    }
+}
+
+std::string default_socket_path() {
+    if (::geteuid() == 0) return "/run/tandem/tandem.sock";
+    if (const char* d = std::getenv("XDG_RUNTIME_DIR"); d && *d) return std::string(d) + "/tandem/tandem.sock";
+    return "/tmp/tandem-" + std::to_string(::geteuid()) + "/tandem.sock";
+}
+
+std::vector<std::string> config_keys() {
+    std::vector<std::string> out;
+    for (const auto& [k, fn] : setters()) out.push_back(k);
+    return out;
+}
+
+} // namespace tandem::daemon

@@ -1,0 +1,51 @@
+// tandemd's configuration: defaults, `key = value` files, and overrides from flags.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tandem::daemon {
+
+struct config {
+    std::string model;                 // GGUF path (required)
+    std::string model_id;              // the id /v1/models reports; "" = the file's stem
+    std::string socket;                // "" = the default for this user (see default_socket_path)
+    std::string socket_group;          // "" = the daemon's group
+    uint32_t socket_mode = 0660;
+    std::string listen_tcp;            // "" = off; else "127.0.0.1:PORT" (loopback only)
+    std::string placement = "auto";    // auto | cpu (gpu arrives with the worker split)
+    int threads = 0;                   // 0 = all cores
+    int32_t n_ctx = 0;                 // 0 = the model's training context
+    int32_t page_size = 16;
+    int64_t kv_size_mb = 0;            // 0 = room for max_running full contexts, at most 2 GiB
+    int32_t max_running = 16;
+    int32_t max_waiting = 64;
+    int32_t max_connections = 256;
+    int32_t step_tokens = 512;
+    int64_t max_body_bytes = 1 << 20;
+    int32_t max_prompt_tokens = 0;     // 0 = the context less one
+    int32_t max_tokens_limit = 0;      // 0 = the context
+    int32_t max_n = 8;
+    double request_timeout_s = 30;     // to read one whole request (idle keep-alive included)
+    double drain_timeout_s = 30;
+    std::vector<std::string> allowed_users;  // names or uids
+    std::vector<std::string> allowed_groups; // names or gids
+    std::string log_level = "info";
+
+    // Sets one key from its text; an error message, or nullopt when it was fine.
+    std::optional<std::string> set(const std::string& key, const std::string& value);
+    // Reads `path`; throws tandem::error naming the file and line of a bad entry.
+    void load_file(const std::string& path);
+    // Checks ranges across keys; throws tandem::error.
+    void validate() const;
+};
+
+// $XDG_RUNTIME_DIR/tandem/tandem.sock for a user, /run/tandem/tandem.sock for root.
+std::string default_socket_path();
+
+// The documented keys, in order, for --help-config.
+std::vector<std::string> config_keys();
+
+} // namespace tandem::daemon

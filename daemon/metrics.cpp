@@ -1,0 +1,121 @@
+// Prometheus text exposition (format 0.0.4) of the daemon's metrics.
+#include "daemon/metrics.hpp"
+
+#include <fmt/format.h>
+
+namespace tandem::daemon {
+
+histogram::histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void histogram::observe(double s) {
+    size_t i = 0;
+    while (i < bounds_.size() && s > bounds_[i]) ++i;
+    ++counts_[i];
+    sum_ += s;
+    ++n_;
+}
+
+void histogram::render(std::string& out, const std::string& name) const {
+    uint64_t cum = 0;
+    for (size_t i = 0; i < bounds_.size(); ++i) {
+        cum += counts_[i];
+        out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
+    }
+    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, n_, name, sum_, name, n_);
+}
+
+metrics::metrics()
+    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+      itl_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}),
+      queue_({0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60}) {}
+
+void metrics::request_done(const std::string& route, int status) {
+    std::lock_guard lock(mu_);
+    ++requests_[{route, status}];
+}
+
+void metrics::tokens(int64_t n_prompt, int64_t n_completion) {
+    std::lock_guard lock(mu_);
+    n_prompt_ += uint64_t(n_prompt);
+    n_completion_ += uint64_t(n_completion);
+}
+
+void metrics::finished(const std::string& reason) {
+    std::lock_guard lock(mu_);
+    ++finished_[reason];
+}
+
+void metrics::ttft(double s) {
+    std::lock_guard lock(mu_);
+    ttft_.observe(s);
+}
+
+void metrics::inter_token(double s) {
+    std::lock_guard lock(mu_);
+    itl_.observe(s);
+}
+
+void metrics::queue_time(double s) {
+    std::lock_guard lock(mu_);
+    queue_.observe(s);
+}
+
+metrics::summary metrics::totals() const {
+    std::lock_guard lock(mu_);
+    summary s;
+    for (const auto& [k, n] : requests_) s.n_requests += n;
+    s.n_prompt_tokens = n_prompt_;
+    s.n_completion_tokens = n_completion_;
+    return s;
+}
+
+std::string metrics::render(const engine_stats* e) const {
+    std::lock_guard lock(mu_);
+    std::string out;
+    out += "# HELP tandem_requests_total HTTP requests answered, by route and status.\n"
+           "# TYPE tandem_requests_total counter\n";
+    for (const auto& [k, n] : requests_)
+        out += fmt::format("tandem_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", k.first, k.second, n);
+    out += "# HELP tandem_generations_finished_total Generations (choices) ended, by finish reason.\n"
+           "# TYPE tandem_generations_finished_total counter\n";
+    for (const auto& [k, n] : finished_) out += fmt::format("tandem_generations_finished_total{{reason=\"{}\"}} {}\n", k, n);
+    out += fmt::format("# HELP tandem_prompt_tokens_total Prompt tokens of answered requests.\n"
+                       "# TYPE tandem_prompt_tokens_total counter\ntandem_prompt_tokens_total {}\n"
+                       "# HELP tandem_generation_tokens_total Tokens generated for answered requests.\n"
+                       "# TYPE tandem_generation_tokens_total counter\ntandem_generation_tokens_total {}\n",
+                       n_prompt_, n_completion_);
+    out += "# HELP tandem_time_to_first_token_seconds From request received to first token.\n"
+           "# TYPE tandem_time_to_first_token_seconds histogram\n";
+    ttft_.render(out, "tandem_time_to_first_token_seconds");
+    out += "# HELP tandem_inter_token_latency_seconds Between consecutive tokens of one generation.\n"
+           "# TYPE tandem_inter_token_latency_seconds histogram\n";
+    itl_.render(out, "tandem_inter_token_latency_seconds");
+    out += "# HELP tandem_queue_time_seconds From request received to joining the batch.\n"
+           "# TYPE tandem_queue_time_seconds histogram\n";
+    queue_.render(out, "tandem_queue_time_seconds");
+    if (e) {
+        out += fmt::format(
+            "# HELP tandem_requests_running Sequences in the running batch.\n"
+            "# TYPE tandem_requests_running gauge\ntandem_requests_running {}\n"
+            "# HELP tandem_requests_waiting Sequences queued for the batch.\n"
+            "# TYPE tandem_requests_waiting gauge\ntandem_requests_waiting {}\n"
+            "# HELP tandem_kv_pages_used KV cache pages in use.\n"
+            "# TYPE tandem_kv_pages_used gauge\ntandem_kv_pages_used {}\n"
+            "# HELP tandem_kv_pages_total KV cache pages in the pool.\n"
+            "# TYPE tandem_kv_pages_total gauge\ntandem_kv_pages_total {}\n"
+            "# HELP tandem_engine_steps_total Engine steps (one batched forward each).\n"
+            "# TYPE tandem_engine_steps_total counter\ntandem_engine_steps_total {}\n"
+            "# HELP tandem_engine_prompt_tokens_total Prompt tokens computed by the engine.\n"
+            "# TYPE tandem_engine_prompt_tokens_total counter\ntandem_engine_prompt_tokens_total {}\n"
+            "# HELP tandem_engine_generated_tokens_total Tokens sampled by the engine (cancelled work included).\n"
+            "# TYPE tandem_engine_generated_tokens_total counter\ntandem_engine_generated_tokens_total {}\n"
+            "# HELP tandem_prefix_cache_hits_total Prompt tokens reused from a prefix cache. Prefix caching is "
+            "not implemented yet, so this is always 0.\n"
+            "# TYPE tandem_prefix_cache_hits_total counter\ntandem_prefix_cache_hits_total {}\n",
+            e->n_running, e->n_waiting, e->n_pages_used, e->n_pages_total, e->n_steps, e->n_prompt_tokens,
+            e->n_generated_tokens, e->n_prefix_hits);
+    }
+    return out;
+}
+
+} // namespace tandem::daemon

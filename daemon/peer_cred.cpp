@@ -1,0 +1,88 @@
+// Peer credential checks with SO_PEERCRED, getpwuid_r and getgrouplist.
+#include "daemon/peer_cred.hpp"
+
+#include "runtime/error.hpp"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <vector>
+
+namespace tandem::daemon {
+namespace {
+
+bool parse_id(const std::string& s, unsigned& out) {
+    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+    return ec == std::errc() && p == s.data() + s.size();
+}
+
+uid_t resolve_user(const std::string& s) {
+    unsigned id = 0;
+    if (parse_id(s, id)) return uid_t(id);
+    std::vector<char> buf(16384);
+    passwd pw{}, *res = nullptr;
+    if (getpwnam_r(s.c_str(), &pw, buf.data(), buf.size(), &res) != 0 || !res) fail("allowed_users: no user '{}'", s);
+    return pw.pw_uid;
+}
+
+} // namespace
+
+gid_t resolve_group(const std::string& s) {
+    unsigned id = 0;
+    if (parse_id(s, id)) return gid_t(id);
+    std::vector<char> buf(65536);
+    group gr{}, *res = nullptr;
+    if (getgrnam_r(s.c_str(), &gr, buf.data(), buf.size(), &res) != 0 || !res) fail("no group '{}'", s);
+    return gr.gr_gid;
+}
+
+peer_policy make_peer_policy(const config& cfg) {
+    peer_policy p;
+    p.uids.insert(0);
+    p.uids.insert(::geteuid());
+    for (const auto& u : cfg.allowed_users) p.uids.insert(resolve_user(u));
+    for (const auto& g : cfg.allowed_groups) p.gids.insert(resolve_group(g));
+    if (!cfg.socket_group.empty()) p.gids.insert(resolve_group(cfg.socket_group));
+    return p;
+}
+
+peer_check check_peer(int fd, const peer_policy& policy) {
+    peer_check r;
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return r;
+    if (addr.ss_family != AF_UNIX) {
+        r.allowed = true;
+        return r;
+    }
+    ucred cred{};
+    socklen_t clen = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) return r;
+    r.has_creds = true;
+    r.uid = cred.uid;
+    r.pid = cred.pid;
+    if (policy.uids.contains(cred.uid) || policy.gids.contains(cred.gid)) {
+        r.allowed = true;
+        return r;
+    }
+    if (policy.gids.empty()) return r;
+    // supplementary groups of the peer's user
+    std::vector<char> buf(16384);
+    passwd pw{}, *res = nullptr;
+    if (getpwuid_r(cred.uid, &pw, buf.data(), buf.size(), &res) != 0 || !res) return r;
+    int n = 64;
+    std::vector<gid_t> groups(static_cast<size_t>(n), 0);
+    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) < 0) {
+        groups.resize(size_t(n));
+        if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) < 0) return r;
+    }
+    groups.resize(size_t(n));
+    for (gid_t g : groups)
+        if (policy.gids.contains(g)) r.allowed = true;
+    return r;
+}
+
+} // namespace tandem::daemon

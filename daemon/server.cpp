@@ -1,0 +1,291 @@
+// The server's life: listen (or take systemd's sockets), load the model in the background,
+// accept sessions, drain on SIGTERM, clean up.
+#include "daemon/server.hpp"
+
+#include "cpu/thread_pool.hpp"
+#include "daemon/session.hpp"
+#include "daemon/systemd.hpp"
+#include "runtime/error.hpp"
+#include "runtime/gguf.hpp"
+#include "runtime/log.hpp"
+#include "runtime/model.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+
+namespace tandem::daemon {
+
+using boost::system::error_code;
+namespace fs = std::filesystem;
+
+namespace {
+
+// True when something accepts connections at `path` (another daemon is running).
+bool someone_listens(const std::string& path) {
+    error_code ec;
+    asio::io_context io;
+    asio::local::stream_protocol::socket s(io);
+    s.connect(asio::local::stream_protocol::endpoint(path), ec);
+    return !ec;
+}
+
+} // namespace
+
+server::server(config cfg)
+    : policy_(make_peer_policy(cfg)), signals_(io_, SIGTERM, SIGINT), drain_timer_(io_), watchdog_timer_(io_),
+      status_timer_(io_) {
+    st_.cfg = std::move(cfg);
+}
+
+server::~server() {
+    if (loader_.joinable()) loader_.join();
+}
+
+void server::listen() {
+    auto log = logger("server");
+    const std::vector<int> fds = systemd::listen_fds();
+    for (int fd : fds) {
+        sockaddr_storage addr{};
+        socklen_t len = sizeof addr;
+        TANDEM_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0, "fd {}: getsockname failed", fd);
+        auto acc = std::make_unique<acceptor_type>(io_);
+        acc->assign(asio::generic::stream_protocol(addr.ss_family, SOCK_STREAM), fd);
+        acceptors_.push_back(std::move(acc));
+        log->info("listening on the socket systemd passed (fd {})", fd);
+    }
+    if (fds.empty()) {
+        const std::string path = st_.cfg.socket.empty() ? default_socket_path() : st_.cfg.socket;
+        TANDEM_CHECK(path.size() < sizeof(sockaddr_un::sun_path), "socket path too long: {}", path);
+        const fs::path dir = fs::path(path).parent_path();
+        std::error_code fec;
+        if (!dir.empty() && !fs::exists(dir)) {
+            fs::create_directories(dir, fec);
+            TANDEM_CHECK(!fec, "cannot create {}: {}", dir.string(), fec.message());
+            ::chmod(dir.c_str(), ::geteuid() == 0 ? 0755 : 0700);
+        }
+        if (fs::exists(fs::symlink_status(path))) {
+            TANDEM_CHECK(fs::is_socket(fs::symlink_status(path)), "{} exists and is not a socket", path);
+            TANDEM_CHECK(!someone_listens(path), "another daemon is already listening on {}", path);
+            fs::remove(path, fec);
+        }
+        auto acc = std::make_unique<acceptor_type>(io_);
+        const asio::generic::stream_protocol::endpoint ep{asio::local::stream_protocol::endpoint(path)};
+        acc->open(ep.protocol());
+        const mode_t old = ::umask(0177); // nobody else may connect before the chmod below
+        error_code ec;
+        acc->bind(ep, ec);
+        ::umask(old);
+        TANDEM_CHECK(!ec, "cannot bind {}: {}", path, ec.message());
+        socket_path_ = path;
+        if (!st_.cfg.socket_group.empty())
+            TANDEM_CHECK(::chown(path.c_str(), uid_t(-1), resolve_group(st_.cfg.socket_group)) == 0,
+                         "cannot give {} to group {}", path, st_.cfg.socket_group);
+        TANDEM_CHECK(::chmod(path.c_str(), mode_t(st_.cfg.socket_mode)) == 0, "cannot chmod {}", path);
+        acc->listen(asio::socket_base::max_listen_connections);
+        acceptors_.push_back(std::move(acc));
+        log->info("listening on {}", path);
+    }
+    if (!st_.cfg.listen_tcp.empty()) {
+        const auto colon = st_.cfg.listen_tcp.rfind(':');
+        std::string host = st_.cfg.listen_tcp.substr(0, colon);
+        if (host == "localhost") host = "127.0.0.1";
+        if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+        const int port = std::stoi(st_.cfg.listen_tcp.substr(colon + 1));
+        const asio::ip::tcp::endpoint tep(asio::ip::make_address(host), uint16_t(port));
+        TANDEM_CHECK(tep.address().is_loopback(), "listen_tcp must be a loopback address");
+        const asio::generic::stream_protocol::endpoint ep{tep};
+        auto acc = std::make_unique<acceptor_type>(io_);
+        acc->open(ep.protocol());
+        acc->set_option(asio::socket_base::reuse_address(true));
+        acc->bind(ep);
+        acc->listen();
+        acceptors_.push_back(std::move(acc));
+        log->info("listening on tcp {}", st_.cfg.listen_tcp);
+    }
+}
+
+void server::start_loading() {
+    systemd::notify_status("loading " + st_.cfg.model);
+    loader_ = std::thread([this, cfg = st_.cfg] {
+        std::unique_ptr<model_state> ms;
+        std::string err;
+        try {
+            // Tests stretch the load to observe the loading state; nothing else sets this.
+            if (const char* d = std::getenv("TANDEMD_TEST_LOAD_DELAY_MS"); d && *d)
+                std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
+            ms = std::make_unique<model_state>();
+            ms->bundle = load_model(cfg.model);
+            ms->path = cfg.model;
+            ms->tmpl = chat_template::from_gguf(*ms->bundle.file, *ms->bundle.tok);
+            ms->id = cfg.model_id.empty() ? fs::path(cfg.model).stem().string() : cfg.model_id;
+            const model_config& mc = ms->bundle.mdl->config();
+            engine_options eo;
+            eo.n_threads = cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+            eo.n_ctx = cfg.n_ctx > 0 ? std::min(cfg.n_ctx, mc.n_ctx_train) : mc.n_ctx_train;
+            eo.page_size = cfg.page_size;
+            eo.max_running = cfg.max_running;
+            eo.max_waiting = cfg.max_waiting;
+            eo.step_tokens = cfg.step_tokens;
+            // Default pool: max_running full contexts but at most 2 GiB (the engine keeps at
+            // least one full context), so a big model does not take all memory by default.
+            const int64_t page_bytes = int64_t(ms->bundle.mdl->make_kv_layout(cfg.page_size).page_floats()) * 4;
+            const int64_t pages_per_ctx = (eo.n_ctx + cfg.page_size - 1) / cfg.page_size;
+            const int64_t budget = (cfg.kv_size_mb > 0 ? cfg.kv_size_mb : 2048) * (int64_t(1) << 20);
+            int64_t n_pages = std::max<int64_t>(1, budget / page_bytes);
+            if (cfg.kv_size_mb == 0) n_pages = std::min(n_pages, pages_per_ctx * cfg.max_running);
+            eo.n_pages = int32_t(std::min<int64_t>(n_pages, INT32_MAX));
+            ms->n_ctx = eo.n_ctx;
+            ms->threads = eo.n_threads;
+            ms->max_prompt_tokens = cfg.max_prompt_tokens > 0 ? std::min(cfg.max_prompt_tokens, eo.n_ctx - 1) : eo.n_ctx - 1;
+            ms->max_tokens_limit = cfg.max_tokens_limit > 0 ? std::min(cfg.max_tokens_limit, eo.n_ctx) : eo.n_ctx;
+            ms->eng = make_local_engine(*ms->bundle.mdl, *ms->bundle.tok, eo);
+        } catch (const std::exception& e) {
+            err = e.what();
+            ms.reset();
+        }
+        asio::post(io_, [this, ms = std::move(ms), err]() mutable {
+            auto log = logger("server");
+            if (!ms) {
+                log->error("cannot load the model: {}", err);
+                systemd::notify_status("failed: " + err);
+                exit_code_ = 1;
+                sessions_.stop_all();
+                finish();
+                return;
+            }
+            st_.ms = std::move(ms);
+            const std::string status =
+                fmt::format("serving {} ({} threads, context {})", st_.ms->id, st_.ms->threads, st_.ms->n_ctx);
+            log->info("ready: {}", status);
+            systemd::notify_ready(status);
+        });
+    });
+}
+
+asio::awaitable<void> server::accept_loop(acceptor_type& acc) {
+    for (;;) {
+        error_code ec;
+        auto sock = co_await acc.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) {
+            if (!acc.is_open() || ec == asio::error::operation_aborted) co_return;
+            logger("server")->warn("accept failed: {}", ec.message());
+            // e.g. out of file descriptors: back off instead of spinning
+            asio::steady_timer t(io_, std::chrono::milliseconds(100));
+            co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+            continue;
+        }
+        if (st_.stopping) continue; // closed by going out of scope
+        sessions_.start(std::make_shared<session>(std::move(sock), st_, sessions_, policy_));
+    }
+}
+
+asio::awaitable<void> server::watchdog_loop() {
+    const auto interval = systemd::watchdog_interval();
+    while (!finished_) {
+        systemd::notify_watchdog();
+        watchdog_timer_.expires_after(interval);
+        error_code ec;
+        co_await watchdog_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+}
+
+// STATUS= for `systemctl status`: load every few seconds once serving.
+asio::awaitable<void> server::status_loop() {
+    std::string last;
+    while (!finished_) {
+        status_timer_.expires_after(std::chrono::seconds(5));
+        error_code ec;
+        co_await status_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        if (finished_ || st_.stopping || !st_.ms) continue;
+        const engine_stats es = st_.ms->eng->stats();
+        const auto tot = st_.met.totals();
+        std::string s = fmt::format("serving {}: {} running, {} waiting, KV {}/{} pages, {} requests", st_.ms->id,
+                                    es.n_running, es.n_waiting, es.n_pages_used, es.n_pages_total, tot.n_requests);
+        if (s != last) systemd::notify_status(s);
+        last = std::move(s);
+    }
+}
+
+void server::on_signal(int signo) {
+    if (finished_) return;
+    if (st_.stopping) { // a second signal: stop now
+        logger("server")->info("signal {} again: cancelling what is left", signo);
+        sessions_.stop_all();
+        finish();
+        return;
+    }
+    logger("server")->info("signal {}: draining in-flight requests", signo);
+    begin_drain();
+    signals_.async_wait([this](const error_code& ec, int s) {
+        if (!ec) on_signal(s);
+    });
+}
+
+void server::begin_drain() {
+    st_.stopping = true;
+    systemd::notify_stopping();
+    for (auto& acc : acceptors_) {
+        error_code ec;
+        acc->close(ec);
+    }
+    drain_timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(st_.cfg.drain_timeout_s)));
+    drain_timer_.async_wait([this](const error_code& ec) {
+        if (ec) return;
+        logger("server")->warn("drain timed out after {} s: cancelling what is left", st_.cfg.drain_timeout_s);
+        sessions_.stop_all();
+        finish();
+    });
+    sessions_.drain([this] { finish(); });
+}
+
+void server::finish() {
+    if (finished_) return;
+    finished_ = true;
+    error_code ec;
+    signals_.cancel(ec);
+    drain_timer_.cancel();
+    watchdog_timer_.cancel();
+    status_timer_.cancel();
+    for (auto& acc : acceptors_) acc->close(ec);
+    io_.stop();
+}
+
+int server::run() {
+    std::signal(SIGPIPE, SIG_IGN);
+    listen();
+    for (auto& acc : acceptors_) asio::co_spawn(io_, accept_loop(*acc), asio::detached);
+    signals_.async_wait([this](const error_code& ec, int s) {
+        if (!ec) on_signal(s);
+    });
+    if (systemd::watchdog_interval().count() > 0) asio::co_spawn(io_, watchdog_loop(), asio::detached);
+    if (std::getenv("NOTIFY_SOCKET")) asio::co_spawn(io_, status_loop(), asio::detached);
+    start_loading();
+    io_.run();
+
+    // The engine goes first: its last events are posted to io_, which must still exist.
+    if (st_.ms) st_.ms->eng->stop();
+    if (loader_.joinable()) loader_.join();
+    if (!socket_path_.empty()) {
+        std::error_code fec;
+        fs::remove(socket_path_, fec);
+    }
+    logger("server")->info("stopped");
+    return exit_code_;
+}
+
+} // namespace tandem::daemon

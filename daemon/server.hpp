@@ -1,0 +1,66 @@
+// tandemd's server: owns the io_context, signals, listeners, the session manager, and the
+// model loader; shaped like Asio's HTTP server example.
+#pragma once
+
+#include "runtime/prelude.hpp"
+
+#include "daemon/peer_cred.hpp"
+#include "daemon/session_manager.hpp"
+#include "daemon/state.hpp"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/basic_socket_acceptor.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tandem::daemon {
+
+namespace asio = boost::asio;
+
+class server {
+public:
+    explicit server(config cfg);
+    ~server();
+    server(const server&) = delete;
+    server& operator=(const server&) = delete;
+
+    // Listens, loads the model in the background, serves until SIGTERM/SIGINT has drained
+    // the in-flight requests. Returns the exit code (0 after a clean drain, 1 when the
+    // model failed to load). Throws tandem::error when it cannot listen.
+    int run();
+
+private:
+    using acceptor_type = asio::basic_socket_acceptor<asio::generic::stream_protocol>;
+
+    void listen();
+    void start_loading();
+    asio::awaitable<void> accept_loop(acceptor_type& acc);
+    asio::awaitable<void> watchdog_loop();
+    asio::awaitable<void> status_loop();
+    void on_signal(int signo);
+    void begin_drain();
+    void finish();
+
+    daemon_state st_;
+    peer_policy policy_;
+    asio::io_context io_{1};
+    asio::signal_set signals_;
+    std::vector<std::unique_ptr<acceptor_type>> acceptors_;
+    session_manager sessions_;
+    asio::steady_timer drain_timer_;
+    asio::steady_timer watchdog_timer_;
+    asio::steady_timer status_timer_;
+    std::thread loader_;
+    std::string socket_path_;      // the file we created (removed on exit); "" under activation
+    int exit_code_ = 0;
+    bool finished_ = false;
+};
+
+} // namespace tandem::daemon

@@ -1,0 +1,399 @@
+// A connection's coroutine: request loop with a read deadline, plain replies, and
+// generations whose engine events arrive through a channel posted from the engine thread.
+#include "daemon/session.hpp"
+
+#include "daemon/api.hpp"
+#include "daemon/session_manager.hpp"
+#include "runtime/log.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/chunk_encode.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <deque>
+#include <mutex>
+
+namespace tandem::daemon {
+
+using boost::system::error_code;
+using asio::redirect_error;
+using asio::use_awaitable;
+using clock_type = std::chrono::steady_clock;
+
+// Engine events of one generation on their way from the engine thread to the session.
+struct generation_channel {
+    explicit generation_channel(asio::any_io_executor ex) : exec(ex), timer(ex, clock_type::time_point::max()) {}
+
+    // Engine thread: queue the event, wake the session on its own thread.
+    void push(int index, engine_event&& ev) {
+        {
+            std::lock_guard lock(mu);
+            q.emplace_back(index, std::move(ev));
+        }
+        asio::post(exec, [self = this_ptr.lock()] {
+            if (self) self->timer.cancel();
+        });
+    }
+    std::deque<std::pair<int, engine_event>> take() {
+        std::lock_guard lock(mu);
+        return std::exchange(q, {});
+    }
+
+    asio::any_io_executor exec;
+    asio::steady_timer timer;      // waited on by the session; cancelled to wake it
+    std::weak_ptr<generation_channel> this_ptr;
+    std::mutex mu;
+    std::deque<std::pair<int, engine_event>> q; // guarded by mu
+    bool peer_gone = false;        // io thread only
+    bool finished = false;         // io thread only
+};
+
+namespace {
+
+std::string new_id(bool chat) {
+    static std::atomic<uint64_t> n{0};
+    static const uint64_t salt = uint64_t(clock_type::now().time_since_epoch().count());
+    return fmt::format("{}-{:x}{:06x}", chat ? "chatcmpl" : "cmpl", salt & 0xffffffffffull, ++n);
+}
+
+// A coroutine's escaped exception ends its session, never the io_context.
+void log_exception(std::exception_ptr e) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+        logger("server")->error("session ended by an exception: {}", ex.what());
+    } catch (...) {
+        logger("server")->error("session ended by an unknown exception");
+    }
+}
+
+double secs(clock_type::duration d) { return std::chrono::duration<double>(d).count(); }
+
+} // namespace
+
+session::session(socket_type socket, daemon_state& st, session_manager& mgr, const peer_policy& policy)
+    : socket_(std::move(socket)), st_(st), mgr_(mgr), policy_(policy),
+      deadline_(socket_.get_executor(), clock_type::time_point::max()) {}
+
+void session::start() {
+    auto self = shared_from_this();
+    asio::co_spawn(socket_.get_executor(), [self] { return self->watchdog(); }, asio::detached);
+    asio::co_spawn(socket_.get_executor(), [self] { return self->run(); }, [self](std::exception_ptr e) {
+        if (e) log_exception(e);
+        self->close();
+        self->mgr_.remove(self);
+    });
+}
+
+void session::stop() { close(); }
+
+void session::stop_when_idle() {
+    if (!busy_)
+        close();
+    else
+        stop_after_reply_ = true;
+}
+
+void session::close() {
+    if (closed_) return;
+    closed_ = true;
+    error_code ec;
+    socket_.shutdown(asio::socket_base::shutdown_both, ec);
+    socket_.close(ec);
+    deadline_.cancel();
+    if (current_) current_->timer.cancel();
+}
+
+void session::set_deadline(double seconds) {
+    if (seconds > 0)
+        deadline_.expires_after(std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds)));
+    else
+        deadline_.expires_at(clock_type::time_point::max());
+}
+
+asio::awaitable<void> session::watchdog() {
+    auto self = shared_from_this();
+    while (!closed_) {
+        error_code ec;
+        co_await deadline_.async_wait(redirect_error(use_awaitable, ec));
+        if (closed_) break;
+        if (deadline_.expiry() <= clock_type::now()) {
+            logger("server")->debug("request not received in time; closing the connection");
+            close();
+            break;
+        }
+    }
+}
+
+asio::awaitable<bool> session::write_reply(const reply& r, bool keep_alive) {
+    http::response<http::string_body> res{static_cast<http::status>(r.status), 11};
+    res.set(http::field::server, "tandemd");
+    res.set(http::field::content_type, r.content_type);
+    if (r.retry_after_s > 0) res.set(http::field::retry_after, std::to_string(r.retry_after_s));
+    res.keep_alive(keep_alive);
+    res.body() = r.body;
+    res.prepare_payload();
+    error_code ec;
+    set_deadline(st_.cfg.request_timeout_s); // a client that stops reading is dropped
+    co_await http::async_write(socket_, res, redirect_error(use_awaitable, ec));
+    set_deadline(0);
+    co_return !ec;
+}
+
+asio::awaitable<void> session::run() {
+    auto self = shared_from_this();
+    auto log = logger("server");
+    const peer_check pc = check_peer(socket_.native_handle(), policy_);
+    if (!pc.allowed) {
+        log->warn("refused a connection from uid {} (pid {}): not an allowed user or group", pc.uid, pc.pid);
+        api_error e{403, "this user is not allowed to use tandemd (see allowed_users/allowed_groups)",
+                    "permission_error"};
+        co_await write_reply(reply::of(e), false);
+        st_.met.request_done("refused", 403);
+        co_return;
+    }
+    if (int64_t(mgr_.size()) > int64_t(st_.cfg.max_connections)) {
+        api_error e{503, "too many connections; try again shortly", "server_error", "", "too_many_connections", 1};
+        co_await write_reply(reply::of(e), false);
+        st_.met.request_done("refused", 503);
+        co_return;
+    }
+    while (!closed_) {
+        http::request_parser<http::string_body> parser;
+        parser.header_limit(16 * 1024);
+        parser.body_limit(uint64_t(st_.cfg.max_body_bytes));
+        set_deadline(st_.cfg.request_timeout_s);
+        error_code ec;
+        co_await http::async_read_header(socket_, buffer_, parser, redirect_error(use_awaitable, ec));
+        if (!ec && !parser.is_done()) {
+            // curl sends Expect: 100-continue for big bodies and waits a second without it
+            if (boost::beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+                static constexpr std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
+                co_await asio::async_write(socket_, asio::buffer(cont), redirect_error(use_awaitable, ec));
+            }
+            if (!ec) co_await http::async_read(socket_, buffer_, parser, redirect_error(use_awaitable, ec));
+        }
+        set_deadline(0);
+        if (closed_) break;
+        if (ec) {
+            if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
+                ec == asio::error::operation_aborted)
+                break;
+            api_error e;
+            if (ec == http::error::body_limit) {
+                e = {413, fmt::format("the request body is larger than {} bytes", st_.cfg.max_body_bytes),
+                     "invalid_request_error", "", "request_too_large"};
+            } else if (ec == http::error::header_limit) {
+                e = {431, "the request headers are too large"};
+            } else {
+                e = {400, "malformed HTTP request: " + ec.message()};
+            }
+            st_.met.request_done(parser.is_header_done() ? route_label(std::string(parser.get().target())) : "other",
+                                 e.status);
+            co_await write_reply(reply::of(e), false);
+            // Let the client read the reply: stop sending, then discard what it still sends for a moment.
+            socket_.shutdown(asio::socket_base::shutdown_send, ec);
+            set_deadline(2);
+            std::array<char, 8192> sink;
+            for (int i = 0; i < 4096 && !closed_; ++i) {
+                co_await socket_.async_read_some(asio::buffer(sink), redirect_error(use_awaitable, ec));
+                if (ec) break;
+            }
+            break;
+        }
+        busy_ = true;
+        http::request<http::string_body> req = parser.release();
+        const bool keep = req.keep_alive() && !st_.stopping && !stop_after_reply_;
+        const std::string target(req.target());
+        const std::string method(req.method_string());
+        bool ok = true;
+        const auto t0 = clock_type::now();
+        if (auto r = handle_simple(method, target, req.body(), st_)) {
+            st_.met.request_done(route_label(target), r->status);
+            ok = co_await write_reply(*r, keep);
+            log->debug("{} {} -> {} in {:.1f} ms", method, target, r->status, 1e3 * secs(clock_type::now() - t0));
+        } else {
+            ok = co_await generate(req, route_label(target) == "/v1/chat/completions", keep);
+            log->debug("{} {} done in {:.1f} ms", method, target, 1e3 * secs(clock_type::now() - t0));
+        }
+        busy_ = false;
+        if (!ok || !keep || stop_after_reply_ || st_.stopping) break;
+    }
+    close();
+}
+
+asio::awaitable<void> session::watch_peer(std::shared_ptr<generation_channel> ch) {
+    auto self = shared_from_this();
+    error_code ec;
+    co_await socket_.async_wait(asio::socket_base::wait_read, redirect_error(use_awaitable, ec));
+    if (ch->finished || closed_) co_return;
+    bool gone = bool(ec);
+    if (!ec) {
+        char b;
+        const ssize_t n = ::recv(socket_.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+    if (gone) { // the client hung up: cancel now, not when the next write fails
+        ch->peer_gone = true;
+        ch->timer.cancel();
+    }
+}
+
+asio::awaitable<bool> session::generate(const http::request<http::string_body>& req, bool chat, bool keep_alive) {
+    auto self = shared_from_this();
+    const auto t_received = clock_type::now();
+    const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
+    auto fail_with = [&](const api_error& e) -> asio::awaitable<bool> {
+        st_.met.request_done(route, e.status);
+        co_return co_await write_reply(reply::of(e), keep_alive);
+    };
+    auto body = parse_generation_body(req.body());
+    if (auto* e = std::get_if<api_error>(&body)) co_return co_await fail_with(*e);
+    model_state& ms = *st_.ms;
+    auto parsed = parse_generation(std::get<json>(body), chat, ms, st_.cfg);
+    if (auto* e = std::get_if<api_error>(&parsed)) co_return co_await fail_with(*e);
+    const generation_plan& plan = std::get<generation_plan>(parsed);
+
+    auto ch = std::make_shared<generation_channel>(socket_.get_executor());
+    ch->this_ptr = ch;
+    std::vector<uint64_t> ids;
+    for (size_t i = 0; i < plan.choices.size(); ++i) {
+        const submit_result r = ms.eng->submit(plan.choices[i], [ch, i](engine_event&& ev) { ch->push(int(i), std::move(ev)); });
+        if (r.status == submit_status::ok) {
+            ids.push_back(r.id);
+            continue;
+        }
+        for (uint64_t id : ids) ms.eng->cancel(id);
+        ch->finished = true;
+        api_error e;
+        if (r.status == submit_status::queue_full)
+            e = {429, "the daemon is at capacity; try again shortly", "server_error", "", "server_busy", 1};
+        else if (r.status == submit_status::too_long)
+            e = {400, "the prompt and max_tokens do not fit in the context or the KV cache", "invalid_request_error",
+                 "max_tokens", "context_length_exceeded"};
+        else
+            e = {503, "the daemon is shutting down", "server_error", "", "shutting_down", 5};
+        co_return co_await fail_with(e);
+    }
+    current_ = ch;
+    asio::co_spawn(socket_.get_executor(), watch_peer(ch), asio::detached);
+
+    const std::string id = new_id(chat);
+    std::vector<choice_state> cs(plan.choices.size());
+    std::vector<clock_type::time_point> last_t(plan.choices.size());
+    size_t n_done = 0;
+    bool write_failed = false;
+    error_code ec;
+
+    auto send = [&](const std::string& data) -> asio::awaitable<void> {
+        if (write_failed || closed_) co_return;
+        set_deadline(st_.cfg.request_timeout_s); // a client that stops reading is dropped (and cancelled)
+        co_await asio::async_write(socket_, http::make_chunk(asio::buffer(data)), redirect_error(use_awaitable, ec));
+        set_deadline(0);
+        if (ec) write_failed = true;
+    };
+    auto sse = [](const json& j) { return "data: " + dump(j) + "\n\n"; };
+
+    http::response<http::empty_body> head{http::status::ok, 11};
+    http::response_serializer<http::empty_body> sr{head};
+    if (plan.stream) {
+        head.set(http::field::server, "tandemd");
+        head.set(http::field::content_type, "text/event-stream");
+        head.set(http::field::cache_control, "no-cache");
+        head.keep_alive(keep_alive);
+        head.chunked(true);
+        co_await http::async_write_header(socket_, sr, redirect_error(use_awaitable, ec));
+        if (ec) write_failed = true;
+    }
+
+    while (n_done < cs.size()) {
+        if (ch->peer_gone || write_failed || closed_) {
+            for (uint64_t rid : ids) ms.eng->cancel(rid);
+            for (const auto& c : cs)
+                if (!c.done) st_.met.finished("cancelled");
+            ch->finished = true;
+            current_.reset();
+            st_.met.request_done(route, 499); // nginx's "client closed request"
+            logger("server")->debug("client went away; generation {} cancelled", id);
+            co_return false;
+        }
+        // Wait only with the queue seen empty: a wake-up posted while we were writing is spent.
+        auto batch = ch->take();
+        if (batch.empty()) {
+            ch->timer.expires_at(clock_type::time_point::max());
+            co_await ch->timer.async_wait(redirect_error(use_awaitable, ec));
+            continue;
+        }
+        for (auto& [i, ev] : batch) {
+            choice_state& c = cs[size_t(i)];
+            if (!ev.done) {
+                if (c.n_generated == 0 && last_t[size_t(i)] == clock_type::time_point{})
+                    st_.met.ttft(secs(ev.t - t_received));
+                else
+                    st_.met.inter_token(secs(ev.t - last_t[size_t(i)]));
+                last_t[size_t(i)] = ev.t;
+                json lp = nullptr;
+                if (plan.logprobs) lp = add_logprobs(c, ev, chat, *ms.bundle.tok);
+                c.text += ev.text;
+                if (plan.stream && (!ev.text.empty() || plan.logprobs))
+                    co_await send(sse(stream_chunk(id, ms.id, chat, i, c, ev.text, lp, "")));
+                continue;
+            }
+            c.text += ev.text;
+            c.finish_reason = ev.finish_reason;
+            c.n_prompt = ev.n_prompt;
+            c.n_generated = ev.n_generated;
+            c.done = true;
+            ++n_done;
+            if (ev.t_admitted != clock_type::time_point{}) st_.met.queue_time(secs(ev.t_admitted - t_received));
+            st_.met.finished(ev.finish_reason);
+            if (plan.stream) co_await send(sse(stream_chunk(id, ms.id, chat, i, c, ev.text, nullptr, ev.finish_reason)));
+        }
+    }
+    ch->finished = true;
+    current_.reset();
+
+    const json usage = usage_json(cs, plan);
+    st_.met.tokens(usage["prompt_tokens"].get<int64_t>(), usage["completion_tokens"].get<int64_t>());
+    bool failed = false;
+    for (const auto& c : cs) failed |= c.finish_reason == "error";
+    if (failed && !plan.stream) {
+        api_error e{500, "the engine failed while generating (see the daemon's log)", "server_error"};
+        st_.met.request_done(route, 500);
+        co_return co_await write_reply(reply::of(e), false);
+    }
+    st_.met.request_done(route, 200);
+    if (!plan.stream) co_return co_await write_reply(reply::of_json(final_response(id, ms.id, plan, cs)), keep_alive);
+
+    if (plan.include_usage) {
+        json last = {{"id", id},
+                     {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                     {"created", int64_t(std::time(nullptr))},
+                     {"model", ms.id},
+                     {"choices", json::array()},
+                     {"usage", usage}};
+        co_await send(sse(last));
+    }
+    co_await send("data: [DONE]\n\n");
+    if (!write_failed && !closed_) {
+        co_await asio::async_write(socket_, http::make_chunk_last(), redirect_error(use_awaitable, ec));
+        if (ec) write_failed = true;
+    }
+    co_return !write_failed;
+}
+
+} // namespace tandem::daemon

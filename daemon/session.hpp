@@ -1,0 +1,58 @@
+// One client connection: reads HTTP/1.1 requests, answers them, streams generations.
+#pragma once
+
+#include "runtime/prelude.hpp"
+
+#include "daemon/peer_cred.hpp"
+#include "daemon/state.hpp"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/string_body.hpp>
+
+#include <memory>
+
+namespace tandem::daemon {
+
+namespace asio = boost::asio;
+namespace http = boost::beast::http;
+
+class session_manager;
+struct generation_channel;
+
+class session : public std::enable_shared_from_this<session> {
+public:
+    using socket_type = asio::generic::stream_protocol::socket;
+
+    // Peers the policy refuses get 403, and connections over max_connections 503, then close.
+    session(socket_type socket, daemon_state& st, session_manager& mgr, const peer_policy& policy);
+
+    void start();
+    void stop();             // closes now; a running generation is cancelled
+    void stop_when_idle();   // closes now when between requests, else after this response
+
+private:
+    asio::awaitable<void> run();
+    asio::awaitable<void> watchdog();
+    asio::awaitable<void> watch_peer(std::shared_ptr<generation_channel> ch);
+    asio::awaitable<bool> write_reply(const struct reply& r, bool keep_alive);
+    asio::awaitable<bool> generate(const http::request<http::string_body>& req, bool chat, bool keep_alive);
+    void set_deadline(double seconds); // <= 0: none
+    void close();
+
+    socket_type socket_;
+    daemon_state& st_;
+    session_manager& mgr_;
+    const peer_policy& policy_;
+    asio::steady_timer deadline_;
+    boost::beast::flat_buffer buffer_;
+    bool busy_ = false;
+    bool stop_after_reply_ = false;
+    bool closed_ = false;
+    std::shared_ptr<generation_channel> current_; // the running generation, if any
+};
+
+} // namespace tandem::daemon

@@ -1,0 +1,39 @@
+// What every session shares: configuration, metrics, and the model once it is loaded.
+#pragma once
+
+#include "daemon/config.hpp"
+#include "daemon/metrics.hpp"
+#include "runtime/chat_template.hpp"
+#include "runtime/engine.hpp"
+#include "runtime/generate.hpp"
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace tandem::daemon {
+
+// The loaded model: set once on the io thread, then read-only there.
+struct model_state {
+    model_bundle bundle;
+    chat_template tmpl;
+    std::unique_ptr<engine> eng;
+    std::string id;                  // what /v1/models reports
+    std::string path;
+    int32_t n_ctx = 0;
+    int32_t max_prompt_tokens = 0;
+    int32_t max_tokens_limit = 0;
+    int threads = 0;
+};
+
+// Owned by the server; sessions hold a reference. Touched on the io thread only (metrics
+// and the engine are thread-safe themselves).
+struct daemon_state {
+    config cfg;
+    metrics met;
+    std::unique_ptr<model_state> ms; // null while loading
+    bool stopping = false;
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+};
+
+} // namespace tandem::daemon

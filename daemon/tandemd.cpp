@@ -1,0 +1,62 @@
+// `tandemd`: the Tandem daemon. Flags override the config file; see docs/config.md.
+#include "daemon/config.hpp"
+#include "daemon/server.hpp"
+#include "runtime/log.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+int main(int argc, char** argv) {
+    using namespace tandem;
+    CLI::App app{"tandemd: the Tandem LLM inference daemon (OpenAI-compatible HTTP over a Unix socket)"};
+    std::string config_file, model, socket, listen_tcp, log_level;
+    int threads = -1;
+    std::vector<std::string> sets;
+    bool list_keys = false;
+    app.add_option("--config", config_file, "config file of `key = value` lines (docs/config.md)");
+    app.add_option("-m,--model", model, "GGUF model file");
+    app.add_option("--socket", socket, "Unix socket path (default $XDG_RUNTIME_DIR/tandem/tandem.sock, or /run/tandem/tandem.sock as root)");
+    app.add_option("-t,--threads", threads, "compute threads (default: all cores)");
+    app.add_option("--listen-tcp", listen_tcp, "also listen on a loopback TCP address, e.g. 127.0.0.1:8080");
+    app.add_option("--log", log_level, "log level: trace, debug, info, warn, error, off (or TANDEM_LOG)");
+    app.add_option("--set", sets, "KEY=VALUE for any config key (repeatable)");
+    app.add_flag("--list-keys", list_keys, "print the config keys and exit");
+    CLI11_PARSE(app, argc, argv);
+
+    if (list_keys) {
+        for (const auto& k : daemon::config_keys()) std::printf("%s\n", k.c_str());
+        return 0;
+    }
+    daemon::config cfg;
+    try {
+        if (!config_file.empty()) cfg.load_file(config_file);
+        auto put = [&](const std::string& k, const std::string& v) {
+            if (auto err = cfg.set(k, v)) throw error(fmt::format("--{}: {}", k, *err));
+        };
+        if (!model.empty()) put("model", model);
+        if (!socket.empty()) put("socket", socket);
+        if (threads >= 0) put("threads", std::to_string(threads));
+        if (!listen_tcp.empty()) put("listen_tcp", listen_tcp);
+        if (!log_level.empty()) put("log_level", log_level);
+        for (const auto& s : sets) {
+            const auto eq = s.find('=');
+            if (eq == std::string::npos) throw error(fmt::format("--set {}: expected KEY=VALUE", s));
+            if (auto err = cfg.set(s.substr(0, eq), s.substr(eq + 1)))
+                throw error(fmt::format("--set {}: {}", s.substr(0, eq), *err));
+        }
+        cfg.validate();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "tandemd: error: %s\n", e.what());
+        return 2;
+    }
+    init_logging(cfg.log_level);
+    try {
+        daemon::server srv(std::move(cfg));
+        return srv.run();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "tandemd: error: %s\n", e.what());
+        return 1;
+    }
+}

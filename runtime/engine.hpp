@@ -1,0 +1,109 @@
+// The engine service: requests in, token events out; continuous batching behind an interface.
+#pragma once
+
+#include "runtime/sampler.hpp"
+#include "runtime/tokenizer.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+class model;
+
+using steady_time = std::chrono::steady_clock::time_point;
+
+// One generation: everything the engine needs, already validated by the front end.
+struct engine_request {
+    std::vector<token_id> prompt;     // non-empty
+    int32_t max_tokens = 16;          // >= 1; cut to what the context still holds
+    sampling_params sampling;
+    std::vector<std::string> stop;    // stop strings (not part of the output)
+    bool ignore_eos = false;
+    int32_t n_top_logprobs = -1;      // -1: no logprobs; 0: the chosen token's; n: and the top n
+};
+
+// What the engine reports about one request, in order: zero or more token events, then
+// exactly one event with done set.
+struct engine_event {
+    bool done = false;
+    token_id id = -1;                 // the generated token (token events)
+    std::string text;                 // text released now: complete UTF-8, stop strings cut
+    float logprob = 0;                // when logprobs were asked for
+    std::vector<token_logprob> top;   // the top n alternatives, highest first
+    steady_time t{};                  // when it was produced
+    // done events only:
+    std::string finish_reason;        // "stop", "length", "cancelled"
+    int32_t n_prompt = 0;
+    int32_t n_generated = 0;          // sampled tokens, a final EOS included
+    steady_time t_admitted{};         // when the request joined the batch (zero if it never did)
+};
+
+// Called on an engine thread, in order, for one request; it must be quick and not throw
+// (the daemon posts the event to its io_context).
+using engine_sink = std::function<void(engine_event&&)>;
+
+enum class submit_status {
+    ok,
+    queue_full,   // over capacity: try again later
+    too_long,     // the prompt does not fit in the context or the KV pool, ever
+    stopped,      // the engine is shutting down
+};
+
+struct submit_result {
+    submit_status status = submit_status::ok;
+    uint64_t id = 0;                  // valid when ok
+};
+
+struct engine_stats {
+    int32_t n_running = 0;
+    int32_t n_waiting = 0;
+    int32_t n_pages_used = 0;
+    int32_t n_pages_total = 0;
+    int32_t page_size = 0;
+    int32_t n_ctx = 0;
+    uint64_t n_steps = 0;
+    uint64_t n_prompt_tokens = 0;     // prompt tokens computed
+    uint64_t n_generated_tokens = 0;  // tokens sampled
+    uint64_t n_prefix_hits = 0;       // prompt tokens reused from the prefix cache (none yet)
+};
+
+// The interface the daemon uses. The in-process engine below is one implementation; the
+// prefill/decode worker split is meant to be another behind the same calls.
+class engine {
+public:
+    virtual ~engine() = default;
+    // Queues a request; its events go to `sink`. A rejection is a value, never an exception.
+    virtual submit_result submit(engine_request req, engine_sink sink) = 0;
+    // Stops a request at the next step boundary and frees its pages; its sink then gets a
+    // done event with "cancelled" (unless it had already finished). Unknown ids are ignored.
+    virtual void cancel(uint64_t id) = 0;
+    virtual engine_stats stats() const = 0;
+    // Cancels everything still queued or running and joins the engine's threads.
+    virtual void stop() = 0;
+};
+
+struct engine_options {
+    int n_threads = 1;
+    int32_t n_ctx = 0;                // 0: the model's training context
+    int32_t page_size = 16;
+    int32_t n_pages = 0;              // KV pool size; 0: enough for max_running full contexts
+    int32_t max_running = 16;         // sequences in one batch
+    int32_t max_waiting = 64;         // queued requests beyond a full batch; more are refused
+    int32_t step_tokens = 512;        // token budget of one step (prefill is chunked to fit)
+};
+
+// Continuous batching on one engine thread: requests join between steps, each step runs
+// every running sequence's next tokens as one flat batch through model::forward, finished
+// or cancelled ones leave at once and free their pages. A request's pages for its prompt
+// and max_tokens are reserved when it joins, so it never stalls half-way; one that does
+// not fit now waits in order. Greedy outputs equal the solo outputs because every token's
+// row is computed the same way whatever else is in the batch.
+std::unique_ptr<engine> make_local_engine(model& mdl, const tokenizer& tok, const engine_options& opts);
+
+} // namespace tandem

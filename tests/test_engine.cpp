@@ -1,0 +1,147 @@
+// The engine service: continuous batching equals solo runs, cancellation frees pages, limits are values.
+#include "cpu/thread_pool.hpp"
+#include "runtime/engine.hpp"
+#include "runtime/generate.hpp"
+#include "runtime/gguf.hpp"
+#include "test_util.hpp"
+
+#include <doctest/doctest.h>
+
+#include <condition_variable>
+#include <mutex>
+
+using namespace tandem;
+
+namespace {
+
+model_bundle& stories() {
+    static model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    return b;
+}
+
+// Collects one request's events; wait() blocks until its done event.
+struct collector {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<token_id> ids;
+    std::string text;
+    std::string finish;
+    int32_t n_generated = -1;
+    bool done = false;
+
+    engine_sink sink() {
+        return [this](engine_event&& ev) {
+            std::lock_guard lock(mu);
+            text += ev.text;
+            if (!ev.done) {
+                ids.push_back(ev.id);
+                return;
+            }
+            finish = ev.finish_reason;
+            n_generated = ev.n_generated;
+            done = true;
+            cv.notify_all();
+        };
+    }
+    bool wait(double seconds = 60) {
+        std::unique_lock lock(mu);
+        return cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; });
+    }
+};
+
+engine_request greedy(const std::string& prompt, int32_t n, bool ignore_eos = true) {
+    engine_request r;
+    r.prompt = stories().tok->encode(prompt, true, false);
+    r.max_tokens = n;
+    r.sampling.temperature = 0;
+    r.ignore_eos = ignore_eos;
+    return r;
+}
+
+} // namespace
+
+TEST_CASE("engine: requests joining and leaving a running batch each equal their solo output") {
+    model_bundle& b = stories();
+    const std::vector<std::string> prompts = {"Once upon a time", "The cat sat", "One day, Tom", "Lily and Ben",
+                                              "A bird", "The sun was hot and"};
+    const std::vector<int32_t> lens = {60, 17, 33, 80, 5, 41};
+    // solo: the offline loop
+    cpu::thread_pool pool(1);
+    std::vector<std::string> solo;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        generate_params p;
+        p.n_predict = lens[i];
+        p.sampling.temperature = 0;
+        p.ignore_eos = true;
+        solo.push_back(generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, greedy(prompts[i], 1).prompt, p).text);
+    }
+    engine_options o;
+    o.n_threads = 1;
+    o.max_running = 4;    // fewer than requests: some wait, then join as others leave
+    o.step_tokens = 8;    // prompts are prefilled in chunks alongside decodes
+    auto eng = make_local_engine(*b.mdl, *b.tok, o);
+    std::vector<collector> cs(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        REQUIRE(eng->submit(greedy(prompts[i], lens[i]), cs[i].sink()).status == submit_status::ok);
+        if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(5)); // later ones join mid-run
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        REQUIRE(cs[i].wait());
+        CHECK(cs[i].finish == "length");
+        CHECK(cs[i].n_generated == lens[i]);
+        CHECK_MESSAGE(cs[i].text == solo[i], "request ", i);
+    }
+    const engine_stats s = eng->stats();
+    CHECK(s.n_running == 0);
+    CHECK(s.n_pages_used == 0);
+    CHECK(s.n_prefix_hits == 0);
+    eng->stop();
+}
+
+TEST_CASE("engine: cancel stops a request and frees its pages; limits come back as values") {
+    model_bundle& b = stories();
+    engine_options o;
+    o.n_threads = 1;
+    o.max_running = 1;
+    o.max_waiting = 1;
+    o.n_ctx = 512;
+    o.n_pages = 40; // 640 tokens
+    auto eng = make_local_engine(*b.mdl, *b.tok, o);
+
+    collector long_run, queued, refused;
+    const submit_result a = eng->submit(greedy("Once upon a time", 400), long_run.sink());
+    REQUIRE(a.status == submit_status::ok);
+    for (int i = 0; i < 1000 && eng->stats().n_running == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // one waits (the batch holds one), the next is over capacity
+    REQUIRE(eng->submit(greedy("The cat", 4), queued.sink()).status == submit_status::ok);
+    CHECK(eng->submit(greedy("The dog", 4), refused.sink()).status == submit_status::queue_full);
+    // a request that can never fit the context or the pool
+    engine_request huge = greedy("x", 1);
+    huge.prompt.assign(512, 1); // the whole context: no room for a token
+    CHECK(eng->submit(huge, refused.sink()).status == submit_status::too_long);
+
+    eng->cancel(a.id);
+    REQUIRE(long_run.wait());
+    CHECK(long_run.finish == "cancelled");
+    CHECK(long_run.n_generated < 400);
+    REQUIRE(queued.wait()); // it ran once the first left
+    CHECK(queued.finish == "length");
+    const engine_stats s = eng->stats();
+    CHECK(s.n_pages_used == 0);
+    CHECK(s.n_pages_total == 40);
+    eng->cancel(12345); // unknown: ignored
+    eng->stop();
+    CHECK(eng->submit(greedy("x", 1), refused.sink()).status == submit_status::stopped);
+}
+
+TEST_CASE("engine: stop cancels what is queued or running") {
+    model_bundle& b = stories();
+    engine_options o;
+    o.n_threads = 1;
+    auto eng = make_local_engine(*b.mdl, *b.tok, o);
+    collector c;
+    REQUIRE(eng->submit(greedy("Once upon a time", 2000), c.sink()).status == submit_status::ok);
+    eng->stop();
+    REQUIRE(c.wait(1));
+    CHECK(c.finish == "cancelled");
+}

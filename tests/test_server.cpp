@@ -1,0 +1,633 @@
+// tandemd end to end: the real daemon on a scratch socket with stories260K, driven over HTTP.
+#include "cpu/thread_pool.hpp"
+#include "daemon_client.hpp"
+#include "runtime/generate.hpp"
+#include "runtime/gguf.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <latch>
+#include <mutex>
+#include <filesystem>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+scratch_dir& scratch() {
+    static scratch_dir d("server");
+    return d;
+}
+
+// One daemon shared by the tests that do not stop it: short read timeout, small body limit.
+const std::string& shared_socket() {
+    static daemon_process d;
+    static const bool started = [] {
+        d.start(scratch().file("shared.sock"),
+                {"--set", "request_timeout_s=1", "--set", "max_body_bytes=65536", "--set", "max_running=16"});
+        return d.wait_ready();
+    }();
+    REQUIRE(started);
+    return d.sock;
+}
+
+// The offline loop's greedy text for a completions prompt: what the daemon must reproduce.
+std::string offline_text(const std::string& prompt, int n, bool ignore_eos = false) {
+    static model_bundle b = load_model(model_path("stories260K.gguf"));
+    static cpu::thread_pool pool(1);
+    generate_params p;
+    p.n_predict = n;
+    p.sampling.temperature = 0;
+    p.ignore_eos = ignore_eos;
+    return generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(prompt, true, false), p).text;
+}
+
+std::string stream_text(const std::vector<json>& events, bool chat, int index = 0) {
+    std::string s;
+    for (const auto& e : events)
+        for (const auto& c : e["choices"])
+            if (c["index"] == index) {
+                if (chat && c["delta"].contains("content")) s += c["delta"]["content"].get<std::string>();
+                if (!chat) s += c["text"].get<std::string>();
+            }
+    return s;
+}
+
+} // namespace
+
+TEST_CASE("health, models, metrics, status") {
+    const auto& s = shared_socket();
+    auto h = request(s, "GET", "/health");
+    CHECK(h.status == 200);
+    CHECK(h.j()["status"] == "ok");
+    auto m = request(s, "GET", "/v1/models");
+    REQUIRE(m.status == 200);
+    CHECK(m.j()["data"][0]["id"] == "stories260K");
+    CHECK(request(s, "GET", "/v1/models/stories260K").status == 200);
+    CHECK(request(s, "GET", "/v1/models/other").status == 404);
+    auto st = request(s, "GET", "/v1/tandem/status");
+    REQUIRE(st.status == 200);
+    CHECK(st.j()["status"] == "ready");
+    CHECK(st.j()["kv_pages_total"].get<int>() > 0);
+    auto met = request(s, "GET", "/metrics");
+    REQUIRE(met.status == 200);
+    CHECK(met.headers["content-type"].find("text/plain") == 0);
+    for (const char* name : {"tandem_requests_running", "tandem_requests_waiting", "tandem_kv_pages_used",
+                             "tandem_kv_pages_total", "tandem_prefix_cache_hits_total", "tandem_prompt_tokens_total",
+                             "tandem_generation_tokens_total", "tandem_time_to_first_token_seconds_count",
+                             "tandem_inter_token_latency_seconds_count", "tandem_queue_time_seconds_count"})
+        CHECK_MESSAGE(metric(met.body, name) >= 0, name);
+    CHECK(metric(met.body, "tandem_prefix_cache_hits_total") == 0);
+}
+
+TEST_CASE("completions at temperature 0 equal the offline loop; usage counts tokens") {
+    const auto& s = shared_socket();
+    auto r = post(s, "/v1/completions", {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 40},
+                                         {"temperature", 0}, {"unknown_field", {1, 2}}});
+    REQUIRE(r.status == 200);
+    const json j = r.j();
+    CHECK(j["object"] == "text_completion");
+    CHECK(j["choices"][0]["text"] == offline_text("Once upon a time", 40));
+    CHECK(j["choices"][0]["finish_reason"] == "length");
+    CHECK(j["usage"]["completion_tokens"] == 40);
+    CHECK(j["usage"]["prompt_tokens"].get<int>() > 0);
+    CHECK(j["usage"]["total_tokens"] == j["usage"]["prompt_tokens"].get<int>() + 40);
+
+    // stop strings cut the text; n gives several choices
+    auto st = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0},
+                                          {"stop", "Lily"}, {"n", 2}});
+    REQUIRE(st.status == 200);
+    const std::string full = offline_text("Once upon a time", 40);
+    REQUIRE(full.find("Lily") != std::string::npos);
+    CHECK(st.j()["choices"].size() == 2);
+    CHECK(st.j()["choices"][0]["text"] == full.substr(0, full.find("Lily")));
+    CHECK(st.j()["choices"][1]["text"] == full.substr(0, full.find("Lily")));
+    CHECK(st.j()["choices"][0]["finish_reason"] == "stop");
+}
+
+TEST_CASE("seeded sampling is reproducible; choice i of n uses seed + i") {
+    const auto& s = shared_socket();
+    const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 30}, {"temperature", 0.9}, {"top_k", 40}};
+    json a = base, b = base, two = base;
+    a["seed"] = 42;
+    b["seed"] = 43;
+    two["seed"] = 42;
+    two["n"] = 2;
+    const auto ra = post(s, "/v1/completions", a), ra2 = post(s, "/v1/completions", a);
+    const auto rb = post(s, "/v1/completions", b), rtwo = post(s, "/v1/completions", two);
+    REQUIRE(ra.status == 200);
+    REQUIRE(rtwo.status == 200);
+    CHECK(ra.j()["choices"][0]["text"] == ra2.j()["choices"][0]["text"]);
+    CHECK(rtwo.j()["choices"][0]["text"] == ra.j()["choices"][0]["text"]);
+    CHECK(rtwo.j()["choices"][1]["text"] == rb.j()["choices"][0]["text"]);
+}
+
+TEST_CASE("chat completions render the template; tokenize, detokenize, apply-template") {
+    const auto& s = shared_socket();
+    const json messages = json::array({{{"role", "system"}, {"content", "You tell stories."}},
+                                       {{"role", "user"}, {"content", "Tell me about a cat."}}});
+    auto t = post(s, "/v1/tandem/apply-template", {{"messages", messages}});
+    REQUIRE(t.status == 200);
+    CHECK(t.j()["prompt"].get<std::string>().find("Tell me about a cat.") != std::string::npos);
+    const json ids = t.j()["tokens"];
+
+    auto chat = post(s, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 30}, {"temperature", 0}});
+    REQUIRE(chat.status == 200);
+    const json cj = chat.j();
+    CHECK(cj["object"] == "chat.completion");
+    CHECK(cj["choices"][0]["message"]["role"] == "assistant");
+    CHECK(cj["usage"]["prompt_tokens"] == ids.size());
+    // the same tokens as a completions prompt give the same text (plain template: no stop hit)
+    auto comp = post(s, "/v1/completions", {{"prompt", ids}, {"max_tokens", 30}, {"temperature", 0},
+                                            {"stop", t.j()["stop"]}});
+    REQUIRE(comp.status == 200);
+    CHECK(comp.j()["choices"][0]["text"] == cj["choices"][0]["message"]["content"]);
+
+    auto tok = post(s, "/tokenize", {{"content", "Once upon a time"}});
+    REQUIRE(tok.status == 200);
+    auto de = post(s, "/detokenize", {{"tokens", tok.j()["tokens"]}});
+    REQUIRE(de.status == 200);
+    CHECK(de.j()["content"] == "Once upon a time");
+}
+
+TEST_CASE("streaming: SSE chunks then [DONE], same text as the plain reply, usage when asked") {
+    const auto& s = shared_socket();
+    auto r = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 30}, {"temperature", 0},
+                                         {"stream", true}, {"stream_options", {{"include_usage", true}}}});
+    REQUIRE(r.status == 200);
+    CHECK(r.headers["content-type"] == "text/event-stream");
+    bool done = false, ok = false;
+    auto ev = sse_events(r.body, &done, &ok);
+    CHECK(done);
+    CHECK(ok);
+    REQUIRE(ev.size() >= 3);
+    CHECK(stream_text(ev, false) == offline_text("Once upon a time", 30));
+    CHECK(ev.back()["choices"].empty());
+    CHECK(ev.back()["usage"]["completion_tokens"] == 30);
+    CHECK(ev[ev.size() - 2]["choices"][0]["finish_reason"] == "length");
+    for (size_t i = 0; i + 2 < ev.size(); ++i) CHECK(ev[i]["choices"][0]["finish_reason"].is_null());
+
+    auto c = post(s, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                              {"max_tokens", 20}, {"temperature", 0}, {"stream", true}});
+    REQUIRE(c.status == 200);
+    auto cev = sse_events(c.body, &done, &ok);
+    CHECK(done);
+    CHECK(ok);
+    REQUIRE(!cev.empty());
+    CHECK(cev[0]["object"] == "chat.completion.chunk");
+    CHECK(cev[0]["choices"][0]["delta"]["role"] == "assistant");
+    auto plain = post(s, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                                  {"max_tokens", 20}, {"temperature", 0}});
+    CHECK(stream_text(cev, true) == plain.j()["choices"][0]["message"]["content"]);
+}
+
+TEST_CASE("logprobs: completions (int) and chat (bool + top_logprobs)") {
+    const auto& s = shared_socket();
+    auto r = post(s, "/v1/completions",
+                  {{"prompt", "Once upon a time"}, {"max_tokens", 10}, {"temperature", 0}, {"logprobs", 3}});
+    REQUIRE(r.status == 200);
+    const json lp = r.j()["choices"][0]["logprobs"];
+    REQUIRE(lp["tokens"].size() == 10);
+    CHECK(lp["token_logprobs"].size() == 10);
+    CHECK(lp["text_offset"].size() == 10);
+    std::string joined;
+    for (size_t i = 0; i < 10; ++i) {
+        const double chosen = lp["token_logprobs"][i];
+        CHECK(chosen <= 0);
+        REQUIRE(lp["top_logprobs"][i].size() == 3);
+        double best = -1e30;
+        for (const auto& [k, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+        CHECK(chosen == doctest::Approx(best)); // greedy picks the most likely
+        joined += lp["tokens"][i].get<std::string>();
+    }
+    CHECK(joined == r.j()["choices"][0]["text"]);
+
+    auto c = post(s, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                              {"max_tokens", 5}, {"temperature", 0}, {"logprobs", true},
+                                              {"top_logprobs", 2}});
+    REQUIRE(c.status == 200);
+    const json content = c.j()["choices"][0]["logprobs"]["content"];
+    REQUIRE(content.size() == 5);
+    CHECK(content[0]["top_logprobs"].size() == 2);
+    CHECK(content[0].contains("bytes"));
+    CHECK(post(s, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                           {"top_logprobs", 2}})
+              .status == 400);
+}
+
+TEST_CASE("16 concurrent streams all complete, each equal to its solo output at temperature 0") {
+    const auto& s = shared_socket();
+    const char* starts[] = {"Once upon a time", "The cat", "One day", "Tom and Sue", "A little bird", "The sun",
+                            "Lily saw", "There was a", "Ben had a", "In the park", "The dog", "Mom said",
+                            "A big red", "They went", "She was", "He liked"};
+    const int n = 16;
+    std::vector<std::string> solo(n), together(n);
+    for (int i = 0; i < n; ++i) {
+        auto r = post(s, "/v1/completions", {{"prompt", starts[i]}, {"max_tokens", 48}, {"temperature", 0}});
+        REQUIRE(r.status == 200);
+        solo[size_t(i)] = r.j()["choices"][0]["text"];
+    }
+    const double steps0 = metric(request(s, "GET", "/metrics").body, "tandem_engine_steps_total");
+    std::vector<std::thread> threads;
+    std::vector<int> status(n);
+    std::vector<bool> complete(n);
+    std::latch all_connected(n); // send together, so they overlap even on a busy machine
+    for (int i = 0; i < n; ++i)
+        threads.emplace_back([&, i] {
+            const int fd = connect_unix(s);
+            all_connected.arrive_and_wait();
+            send_all(fd, make_request("POST", "/v1/completions",
+                                      json{{"prompt", starts[i]}, {"max_tokens", 48}, {"temperature", 0},
+                                           {"stream", true}}.dump()));
+            const auto r = parse_response(read_until_eof(fd));
+            ::close(fd);
+            status[size_t(i)] = r.status;
+            bool done = false, ok = false;
+            auto ev = sse_events(r.body, &done, &ok);
+            complete[size_t(i)] = done && ok;
+            together[size_t(i)] = stream_text(ev, false);
+        });
+    for (auto& t : threads) t.join();
+    const double steps1 = metric(request(s, "GET", "/metrics").body, "tandem_engine_steps_total");
+    int n_tokens = 0;
+    for (int i = 0; i < n; ++i) {
+        CHECK(status[size_t(i)] == 200);
+        CHECK(complete[size_t(i)]);
+        CHECK_MESSAGE(together[size_t(i)] == solo[size_t(i)], "stream ", i);
+        n_tokens += 48;
+    }
+    // batched: far fewer steps than tokens
+    CHECK(steps1 - steps0 < n_tokens / 2);
+}
+
+TEST_CASE("a client that disconnects cancels its request: compute stops and pages are freed") {
+    const auto& s = shared_socket();
+    const int fd = connect_unix(s);
+    REQUIRE(fd >= 0);
+    const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"ignore_eos", true}, {"n", 4},
+                       {"temperature", 0}, {"stream", true}};
+    send_all(fd, make_request("POST", "/v1/completions", body.dump()));
+    const auto cancelled = [&] {
+        return metric(request(s, "GET", "/metrics").body, "tandem_generations_finished_total{reason=\"cancelled\"}");
+    };
+    const double cancelled0 = std::max(0.0, cancelled());
+    std::string got;
+    char buf[4096];
+    while (got.find("data: ") == std::string::npos) { // tokens are flowing
+        pollfd p{fd, POLLIN, 0};
+        REQUIRE(::poll(&p, 1, 10000) == 1);
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        REQUIRE(n > 0);
+        got.append(buf, size_t(n));
+    }
+    ::close(fd);
+
+    // the session notices at once and cancels all 4 choices; the engine drops them at the next step
+    for (int i = 0; i < 500 && cancelled() < cancelled0 + 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(cancelled() == cancelled0 + 4);
+    auto m = request(s, "GET", "/metrics").body;
+    for (int i = 0; i < 200 && (metric(m, "tandem_requests_running") != 0 || metric(m, "tandem_kv_pages_used") != 0); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        m = request(s, "GET", "/metrics").body;
+    }
+    CHECK(metric(m, "tandem_requests_running") == 0);
+    CHECK(metric(m, "tandem_kv_pages_used") == 0);
+    const double gen0 = metric(m, "tandem_engine_generated_tokens_total");
+    CHECK(gen0 < 4000); // far from the 8000 asked for
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const double gen1 = metric(request(s, "GET", "/metrics").body, "tandem_engine_generated_tokens_total");
+    CHECK(gen1 == gen0); // nothing is computed for it any more
+
+    // a plain (non-streaming) request is cancelled too, as soon as the client hangs up
+    const int fd2 = connect_unix(s);
+    send_all(fd2, make_request("POST", "/v1/completions", json{{"prompt", "The cat"}, {"max_tokens", 2000},
+                                                               {"ignore_eos", true}, {"n", 4}}.dump()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::close(fd2);
+    for (int i = 0; i < 200 && metric(request(s, "GET", "/metrics").body, "tandem_requests_running") != 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    m = request(s, "GET", "/metrics").body;
+    CHECK(metric(m, "tandem_requests_running") == 0);
+    CHECK(metric(m, "tandem_kv_pages_used") == 0);
+    CHECK(cancelled() == cancelled0 + 8);
+}
+
+TEST_CASE("malformed input gets the right error while the daemon keeps serving") {
+    const auto& s = shared_socket();
+    auto expect = [&](const std::string& target, const std::string& body, int status, const char* what) {
+        auto r = request(s, "POST", target, body);
+        CHECK_MESSAGE(r.status == status, what, ": ", r.body);
+        if (r.status >= 400) {
+            const json j = r.j();
+            CHECK_MESSAGE((j.contains("error") && j["error"].contains("message") && j["error"].contains("type")),
+                          what);
+        }
+    };
+    expect("/v1/completions", "{\"prompt\": \"x\", ", 400, "truncated JSON");
+    expect("/v1/completions", "not json", 400, "not JSON");
+    expect("/v1/completions", "[1,2]", 400, "not an object");
+    expect("/v1/completions", R"({"max_tokens": 5})", 400, "no prompt");
+    expect("/v1/completions", R"({"prompt": 5})", 400, "prompt of the wrong type");
+    expect("/v1/completions", R"({"prompt": [1, 99999]})", 400, "token id out of range");
+    expect("/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "temperature a string");
+    expect("/v1/completions", R"({"prompt": "x", "temperature": 7})", 400, "temperature out of range");
+    expect("/v1/completions", R"({"prompt": "x", "max_tokens": "10"})", 400, "max_tokens a string");
+    expect("/v1/completions", R"({"prompt": "x", "max_tokens": -1})", 400, "negative max_tokens");
+    expect("/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "zero max_tokens");
+    expect("/v1/completions", R"({"prompt": "x", "max_tokens": 1e30})", 400, "huge float max_tokens");
+    expect("/v1/completions", R"({"prompt": "x", "max_tokens": 99999999999999999999})", 400, "huge max_tokens");
+    expect("/v1/completions", R"({"prompt": "x", "max_tokens": 1000000})", 400, "max_tokens over the limit");
+    expect("/v1/completions", R"({"prompt": "x", "stream": "yes"})", 400, "stream a string");
+    expect("/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "stop of numbers");
+    expect("/v1/completions", R"({"prompt": "x", "logit_bias": {"abc": 1}})", 400, "logit_bias key");
+    expect("/v1/completions", R"({"prompt": "x", "n": 1000})", 400, "n too large");
+    expect("/v1/completions", R"({"prompt": "x", "logprobs": 50})", 400, "logprobs too large");
+    expect("/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "unknown model");
+    expect("/v1/completions", "{\"prompt\": \"\xff\xfe bad utf-8\"}", 400, "invalid UTF-8");
+    expect("/v1/chat/completions", R"({"messages": "hi"})", 400, "messages a string");
+    expect("/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400, "unknown role");
+    expect("/v1/chat/completions", R"({"messages": [{"role": "user", "content": 5}]})", 400, "content a number");
+    expect("/v1/nope", "{}", 404, "unknown route");
+    expect("/tokenize", R"({"content": 5})", 400, "tokenize content a number");
+    expect("/detokenize", R"({"tokens": [-1]})", 400, "detokenize bad id");
+    CHECK(request(s, "GET", "/v1/completions").status == 405);
+
+    // oversized body: 413 before the body is read
+    auto big = request(s, "POST", "/v1/completions",
+                       json{{"prompt", std::string(100000, 'a')}}.dump());
+    CHECK(big.status == 413);
+    CHECK(big.j()["error"]["code"] == "request_too_large");
+
+    // garbage instead of HTTP
+    {
+        const int fd = connect_unix(s);
+        send_all(fd, "\x01\x02 nonsense\r\n\r\n");
+        const auto r = parse_response(read_until_eof(fd, 5000));
+        ::close(fd);
+        CHECK(r.status == 400);
+    }
+
+    // slowloris: a request that never completes is dropped after request_timeout_s (1 s here)
+    {
+        const int fd = connect_unix(s);
+        send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le");
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::string rest = read_until_eof(fd, 10000);
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ::close(fd);
+        CHECK(rest.empty());
+        CHECK(waited < 5);
+        CHECK(waited > 0.5);
+    }
+    // and a stalled body too
+    {
+        const int fd = connect_unix(s);
+        send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro");
+        const auto t0 = std::chrono::steady_clock::now();
+        read_until_eof(fd, 10000);
+        ::close(fd);
+        CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 5);
+    }
+
+    // still serving
+    CHECK(request(s, "GET", "/health").status == 200);
+    auto ok = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 5}, {"temperature", 0}});
+    CHECK(ok.status == 200);
+    CHECK(ok.j()["choices"][0]["text"] == offline_text("Once upon a time", 5));
+}
+
+TEST_CASE("keep-alive: several requests on one connection") {
+    const auto& s = shared_socket();
+    const int fd = connect_unix(s);
+    REQUIRE(fd >= 0);
+    std::string reqs = make_request("GET", "/health", "", false) +
+                       make_request("POST", "/tokenize", R"({"content":"hi"})", false) +
+                       make_request("GET", "/health", "", true);
+    send_all(fd, reqs);
+    const std::string raw = read_until_eof(fd, 5000);
+    ::close(fd);
+    size_t n = 0;
+    for (size_t pos = 0; (pos = raw.find("HTTP/1.1 200", pos)) != std::string::npos; ++pos) ++n;
+    CHECK(n == 3);
+}
+
+TEST_CASE("Expect: 100-continue gets an interim 100 before the body is sent") {
+    const auto& s = shared_socket();
+    const int fd = connect_unix(s);
+    REQUIRE(fd >= 0);
+    const std::string body = json{{"content", "Once upon a time"}}.dump();
+    send_all(fd, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                 "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+    char buf[256];
+    pollfd p{fd, POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 5000) == 1);
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    CHECK(std::string(buf, size_t(n)).rfind("HTTP/1.1 100 Continue\r\n\r\n", 0) == 0);
+    send_all(fd, body);
+    const auto r = parse_response(read_until_eof(fd, 5000));
+    ::close(fd);
+    CHECK(r.status == 200);
+    CHECK(r.j()["count"].get<int>() > 0);
+}
+
+TEST_CASE("SIGTERM drains in-flight requests, then tandemd exits 0; sd_notify messages") {
+    // a test NOTIFY_SOCKET: a datagram socket we read
+    const std::string notify_path = scratch().file("notify.sock");
+    const int nfd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, notify_path.c_str(), sizeof(a.sun_path) - 1);
+    REQUIRE(::bind(nfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    // read continuously, as systemd does: a full queue would block the daemon's sd_notify
+    std::mutex mu;
+    std::string notes;
+    std::atomic<bool> reading{true};
+    std::thread reader([&] {
+        char buf[4096];
+        while (reading) {
+            pollfd p{nfd, POLLIN, 0};
+            if (::poll(&p, 1, 50) != 1) continue;
+            const ssize_t n = ::recv(nfd, buf, sizeof buf, 0);
+            if (n <= 0) continue;
+            std::lock_guard lock(mu);
+            notes.append(buf, size_t(n)).push_back('\n');
+        }
+    });
+    auto read_notify = [&](int wait_ms) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+        std::lock_guard lock(mu);
+        return notes;
+    };
+
+    daemon_process d;
+    d.start(scratch().file("drain.sock"), {}, {"NOTIFY_SOCKET=" + notify_path, "WATCHDOG_USEC=200000"});
+    REQUIRE(d.wait_ready());
+    std::string msgs = read_notify(500);
+    CHECK(msgs.find("READY=1") != std::string::npos);
+    CHECK(msgs.find("STATUS=") != std::string::npos);
+    CHECK(msgs.find("WATCHDOG=1") != std::string::npos);
+
+    // a long streaming request is in flight when SIGTERM comes
+    const int fd = connect_unix(d.sock);
+    const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 600}, {"ignore_eos", true}, {"n", 2},
+                       {"temperature", 0}, {"stream", true}};
+    send_all(fd, make_request("POST", "/v1/completions", body.dump()));
+    pollfd p{fd, POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 10000) == 1);
+    ::kill(d.pid, SIGTERM);
+    const auto r = parse_response(read_until_eof(fd));
+    ::close(fd);
+    REQUIRE(r.status == 200);
+    bool done = false, ok = false;
+    auto ev = sse_events(r.body, &done, &ok);
+    CHECK(done);
+    CHECK(ok);
+    CHECK(stream_text(ev, false, 0) == offline_text("Once upon a time", 600, true));
+    CHECK(d.wait_exit(30) == 0);
+    CHECK_FALSE(std::filesystem::exists(d.sock)); // the socket file is removed
+    msgs = read_notify(500);
+    CHECK(msgs.find("STOPPING=1") != std::string::npos);
+    reading = false;
+    reader.join();
+    ::close(nfd);
+}
+
+TEST_CASE("while the model loads: /health and generation answer 503 with Retry-After, READY=1 comes after") {
+    const std::string notify_path = scratch().file("notify-load.sock");
+    const int nfd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, notify_path.c_str(), sizeof(a.sun_path) - 1);
+    REQUIRE(::bind(nfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    daemon_process d;
+    d.start(scratch().file("loading.sock"), {}, {"NOTIFY_SOCKET=" + notify_path, "TANDEMD_TEST_LOAD_DELAY_MS=1500"});
+    http_response h;
+    for (int i = 0; i < 200 && h.status == 0; ++i) { // the socket is up before the model
+        h = request(d.sock, "GET", "/health");
+        if (h.status == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(h.status == 503);
+    CHECK(h.j()["status"] == "loading");
+    CHECK(h.headers.count("retry-after") == 1);
+    auto c = post(d.sock, "/v1/completions", {{"prompt", "x"}});
+    CHECK(c.status == 503);
+    CHECK(c.j()["error"]["code"] == "model_loading");
+    CHECK(c.headers.count("retry-after") == 1);
+    char buf[512];
+    std::string notes;
+    for (ssize_t n; (n = ::recv(nfd, buf, sizeof buf, MSG_DONTWAIT)) > 0;) notes.append(buf, size_t(n));
+    CHECK(notes.find("READY=1") == std::string::npos);
+    REQUIRE(d.wait_ready());
+    pollfd p{nfd, POLLIN, 0};
+    std::string ready;
+    while (ready.find("READY=1") == std::string::npos && ::poll(&p, 1, 2000) == 1) {
+        const ssize_t n = ::recv(nfd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        ready.append(buf, size_t(n));
+    }
+    CHECK(ready.find("READY=1") != std::string::npos);
+    CHECK(d.stop() == 0);
+    ::close(nfd);
+}
+
+TEST_CASE("socket activation through systemd-socket-activate") {
+    if (std::system("command -v systemd-socket-activate >/dev/null 2>&1") != 0) {
+        MESSAGE("systemd-socket-activate not installed: skipped");
+        return;
+    }
+    daemon_process d;
+    d.sock = scratch().file("activated.sock");
+    d.spawn({"-l", d.sock, binary_dir() + "/daemon/tandemd", "--model", model_path("stories260K.gguf"), "--threads",
+             "1", "--log", "warn"},
+            {}, "systemd-socket-activate");
+    // the first connection may arrive before tandemd runs: systemd holds it in the backlog
+    REQUIRE(d.wait_ready());
+    auto r = post(d.sock, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}});
+    CHECK(r.status == 200);
+    CHECK(r.j()["choices"][0]["text"] == offline_text("Once upon a time", 8));
+    CHECK(d.stop() == 0);
+}
+
+TEST_CASE("a bad config or a missing model fails clearly") {
+    daemon_process d;
+    d.spawn({"--model", model_path("stories260K.gguf"), "--set", "max_running=zero"});
+    CHECK(d.wait_exit(10) == 2);
+    const std::string conf = scratch().file("bad.conf");
+    {
+        std::ofstream f(conf);
+        f << "# comment\nthreads = 1\nno_such_key = 3\n";
+    }
+    daemon_process d2;
+    d2.spawn({"--config", conf, "--model", model_path("stories260K.gguf")});
+    CHECK(d2.wait_exit(10) == 2);
+    daemon_process d3;
+    d3.spawn({"--model", scratch().file("missing.gguf"), "--socket", scratch().file("missing.sock"), "--log", "off"});
+    CHECK(d3.wait_exit(10) == 1);
+}
+
+TEST_CASE("limits: over capacity is 429 with Retry-After; socket mode; TCP listener; peers that are not allowed get 403") {
+    CHECK((std::filesystem::status(shared_socket()).permissions() & std::filesystem::perms::all) ==
+          std::filesystem::perms(0660));
+
+    const int port = 20000 + int(::getpid() % 20000);
+    daemon_process d;
+    d.start(scratch().file("limits.sock"), {"--set", "max_running=1", "--set", "max_waiting=0", "--set",
+                                            "socket_mode=0666", "--listen-tcp", "127.0.0.1:" + std::to_string(port)});
+    REQUIRE(d.wait_ready());
+
+    // the optional loopback TCP listener serves the same API
+    {
+        const int t = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in in{};
+        in.sin_family = AF_INET;
+        in.sin_port = htons(uint16_t(port));
+        in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::connect(t, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
+        send_all(t, make_request("GET", "/health", ""));
+        CHECK(parse_response(read_until_eof(t, 5000)).status == 200);
+        ::close(t);
+    }
+    CHECK((std::filesystem::status(d.sock).permissions() & std::filesystem::perms::all) == std::filesystem::perms(0666));
+
+    // one long request holds the only batch slot
+    const int fd = connect_unix(d.sock);
+    send_all(fd, make_request("POST", "/v1/completions",
+                              json{{"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"ignore_eos", true},
+                                   {"stream", true}}.dump()));
+    for (int i = 0; i < 500 && metric(request(d.sock, "GET", "/metrics").body, "tandem_requests_running") != 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto busy = post(d.sock, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+    CHECK(busy.status == 429);
+    CHECK(busy.headers.count("retry-after") == 1);
+    CHECK(busy.j()["error"]["code"] == "server_busy");
+    ::close(fd);
+    for (int i = 0; i < 500 && metric(request(d.sock, "GET", "/metrics").body, "tandem_requests_running") != 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(post(d.sock, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}}).status == 200);
+
+    // SO_PEERCRED: a user that is neither root, the daemon's user, nor allowed gets 403
+    if (::geteuid() == 0) {
+        const pid_t child = ::fork();
+        if (child == 0) {
+            if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+            const int c = connect_unix(d.sock);
+            if (c < 0) ::_exit(4);
+            send_all(c, make_request("GET", "/health", ""));
+            const auto r = parse_response(read_until_eof(c, 5000));
+            ::_exit(r.status == 403 ? 0 : 1);
+        }
+        int st = 0;
+        ::waitpid(child, &st, 0);
+        CHECK(WIFEXITED(st));
+        CHECK(WEXITSTATUS(st) == 0);
+    } else {
+        MESSAGE("not root: the 403 check for another user is skipped");
+    }
+    CHECK(d.stop() == 0);
+}
