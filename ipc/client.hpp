@@ -1,0 +1,74 @@
+// Client library for tandemd: HTTP/1.1 over its Unix socket, with Server-Sent Events streaming.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem::ipc {
+
+// Incremental SSE parser (the WHATWG event-stream format): bytes in any split, one callback
+// per complete event with its data lines joined by '\n'. Comments and fields other than
+// data are skipped; CRLF, CR and LF all end lines.
+class sse_parser {
+public:
+    // `on_data` returns false to stop: feed() then returns false and drops what is left.
+    bool feed(std::string_view bytes, const std::function<bool(std::string_view data)>& on_data);
+
+private:
+    bool line(std::string_view l, const std::function<bool(std::string_view)>& on_data);
+
+    std::string line_;        // the unfinished line
+    std::string data_;        // data of the event being read
+    bool has_data_ = false;
+    bool after_cr_ = false;   // the last byte was CR: a following LF belongs to it
+};
+
+// Why a request got no HTTP response. Not an exception: a daemon that is not running is an
+// outcome the caller reports, not a failure of the client.
+enum class transport { ok, no_socket, refused, denied, io };
+
+struct response {
+    transport net = transport::ok;
+    std::string net_error;    // what failed, when net != ok
+    int status = 0;           // HTTP status, when net == ok
+    std::string content_type;
+    std::string retry_after;  // the Retry-After header, if any
+    std::string body;         // the whole body (a streamed body only when it was not SSE)
+    bool cancelled = false;   // the caller's callback stopped the stream
+
+    bool reached() const { return net == transport::ok; }
+    bool ok() const { return reached() && status >= 200 && status < 300; }
+};
+
+// The socket path a client uses: `flag` when given, else $TANDEM_SOCKET, else
+// $XDG_RUNTIME_DIR/tandem/tandem.sock when that directory's socket exists or the variable
+// is set for a user session, else /run/tandem/tandem.sock.
+std::string default_socket_path(const std::string& flag = "");
+
+class client {
+public:
+    explicit client(std::string socket_path) : path_(std::move(socket_path)) {}
+
+    const std::string& socket_path() const { return path_; }
+
+    // One request on a fresh connection; the whole response is read.
+    response get(std::string_view target) const;
+    response post(std::string_view target, std::string_view json_body) const;
+
+    // POST that expects an event stream: each event's data goes to `on_data` as it arrives
+    // (the "[DONE]" sentinel included); returning false closes the connection, which is how
+    // a request is cancelled. A response that is not a 2xx event stream is read whole into
+    // body instead (an error JSON, or a plain reply).
+    response post_stream(std::string_view target, std::string_view json_body,
+                         const std::function<bool(std::string_view data)>& on_data) const;
+
+private:
+    response exchange(std::string_view method, std::string_view target, std::string_view body,
+                      const std::function<bool(std::string_view)>* on_data) const;
+
+    std::string path_;
+};
+
+} // namespace tandem::ipc
