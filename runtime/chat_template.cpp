@@ -167,7 +167,10 @@ chat_template chat_template::from_gguf(const gguf::file& f, const tokenizer& tok
     std::string bos_text = bos >= 0 && bos < tok.n_vocab() ? tok.token_text(bos) : "";
     std::string eos_text = eos >= 0 && eos < tok.n_vocab() ? tok.token_text(eos) : "";
     const std::string src = f.get_string("tokenizer.chat_template").value_or("");
-    return parse(src, std::move(bos_text), std::move(eos_text));
+    chat_template t = parse(src, std::move(bos_text), std::move(eos_text));
+    // The plain template starts as encode(add_special) would: BOS only where the model asks.
+    if (t.family_ == chat_family::plain && !tok.add_bos()) t.bos_text_.clear();
+    return t;
 }
 
 std::string chat_template::render(std::span<const chat_message> messages, bool add_generation_prompt) const {

@@ -41,7 +41,7 @@ public:
     // (a leading system message is folded into the first user turn where the family has no
     // system role). The plain template, for models without a recognised one, is
     //   BOS {system}\n\nUser: {user}\nAssistant: {assistant}\n ... Assistant:
-    // (roles other than user/assistant appear capitalized the same way).
+    // (BOS when the model adds one; roles other than user/assistant capitalized alike).
     // It ends with the assistant turn's opening when add_generation_prompt. The text carries
     // special-token text (e.g. "<|im_start|>") and must be encoded with parse_special = true
     // and add_special = false: BOS is part of the rendered text where the family puts it.
