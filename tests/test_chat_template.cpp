@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <vector>
 
 using namespace tandem;
@@ -258,4 +259,21 @@ TEST_CASE("from_gguf: stories260K has no template, so plain with its BOS text") 
     const auto ids = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
     REQUIRE(!ids.empty());
     CHECK(ids[0] == tok.bos());
+}
+
+TEST_CASE("from_gguf: the template and BOS/EOS texts come from the file's metadata") {
+    gguf::file src = gguf::file::open(test::model_path("stories260K.gguf"));
+    gguf::writer w;
+    for (const auto& kv : src.metadata()) w.set(kv.key, kv.val);
+    w.set_string("tokenizer.chat_template", mistral_v1_src);
+    const std::vector<uint8_t> bytes = w.serialize();
+    gguf::file f = gguf::file::parse(bytes, "with-template.gguf");
+    tokenizer tok = tokenizer::from_gguf(f);
+    const auto t = chat_template::from_gguf(f, tok);
+    CHECK(t.family() == chat_family::mistral);
+    CHECK(t.render(sys_dialog) == "<s> [INST] Be kind.\n\nHi [/INST] Hello.</s> [INST] How are you? [/INST]");
+    // The rendered text encodes with its BOS/EOS texts as those tokens.
+    const auto ids = tok.encode(t.render(dialog), /*add_special=*/false, /*parse_special=*/true);
+    CHECK(ids.front() == tok.bos());
+    CHECK(std::count(ids.begin(), ids.end(), tok.eos()) == 1);
 }
