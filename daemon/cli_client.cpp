@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include <pthread.h>
 #include <unistd.h>
 
 namespace tandem::cli {
@@ -74,6 +75,11 @@ public:
     explicit spinner(bool enabled) {
         if (!enabled) return;
         thread_ = std::thread([this] {
+            // SIGINT goes to the main thread, whose blocking read it must interrupt.
+            sigset_t block;
+            sigemptyset(&block);
+            sigaddset(&block, SIGINT);
+            pthread_sigmask(SIG_BLOCK, &block, nullptr);
             static constexpr const char frames[] = {'|', '/', '-', '\\'};
             std::unique_lock lock(mu_);
             for (size_t i = 0; !stop_; ++i) {
@@ -228,7 +234,7 @@ reply send(const ipc::client& c, const terminal& t, const client_opts& o, const 
         return out;
     }
     if (!r.reached()) {
-        if (r.status == 0 && r.net != ipc::transport::io) return {report_unreachable(t, c, r), {}};
+        if (r.net != ipc::transport::io) return {report_unreachable(t, c, r), {}};
         message(t, "lost the daemon: " + r.net_error);
         out.rc = exit_error;
         return out;

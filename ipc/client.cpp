@@ -91,10 +91,11 @@ response client::exchange(std::string_view method, std::string_view target, std:
     sock.connect(stream_protocol::endpoint(path_), ec);
     if (ec) {
         r.net_error = ec.message();
+        // Whatever else stops a connect (not a socket, a full backlog) also means no daemon
+        // to talk to; net_error says which.
         r.net = ec == boost::system::errc::no_such_file_or_directory ? transport::no_socket
-              : ec == boost::system::errc::connection_refused       ? transport::refused
               : ec == boost::system::errc::permission_denied        ? transport::denied
-                                                                    : transport::io;
+                                                                    : transport::refused;
         return r;
     }
 

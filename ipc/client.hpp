@@ -27,6 +27,8 @@ private:
 
 // Why a request got no HTTP response. Not an exception: a daemon that is not running is an
 // outcome the caller reports, not a failure of the client.
+// no_socket, refused, denied: the connect failed (refused covers every other reason);
+// io: the connection broke after it was made.
 enum class transport { ok, no_socket, refused, denied, io };
 
 struct response {
