@@ -234,10 +234,15 @@ std::string chat_template::render(std::span<const chat_message> messages, bool a
     case chat_family::mistral: {
         const mistral_variant& v = mistral_;
         out += bos_text_;
-        // Which user turn carries the system text: the first (v1) or the last (v3).
+        // Which user turn carries the system text: the first (v1), or the last message when
+        // it is a user turn (v3's `loop.last and system_message`: otherwise it is dropped).
         size_t sys_at = rest.size();
-        for (size_t i = 0; i < rest.size(); ++i)
-            if (rest[i].role != "assistant" && (sys_at == rest.size() || v.system_in_last)) sys_at = i;
+        if (v.system_in_last) {
+            if (!rest.empty() && rest.back().role != "assistant") sys_at = rest.size() - 1;
+        } else {
+            for (size_t i = 0; i < rest.size() && sys_at == rest.size(); ++i)
+                if (rest[i].role != "assistant") sys_at = i;
+        }
         for (size_t i = 0; i < rest.size(); ++i) {
             const chat_message& m = rest[i];
             if (m.role == "assistant") {

@@ -86,6 +86,19 @@ const char* mistral_v1_src =
     "        {{- raise_exception('Only user and assistant roles are supported, with the exception of an "
     "initial optional system message!') }}\n    {%- endif %}\n{%- endfor %}\n";
 
+// The v3-tokenizer template (Mistral-7B-Instruct-v0.3), its tool branches left out: no
+// spaces around [INST]/[/INST], the system text in the last user turn, answers trimmed.
+const char* mistral_v3_src =
+    "{%- if messages[0][\"role\"] == \"system\" %}\n    {%- set system_message = messages[0][\"content\"] %}\n"
+    "    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n"
+    "{%- endif %}\n{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == "
+    "\"user\" %}\n        {%- if loop.last and system_message is defined %}\n            {{- \"[INST] \" + "
+    "system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n        {%- else %}\n            "
+    "{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif %}\n    {%- elif "
+    "message[\"role\"] == \"assistant\" %}\n        {{- \" \" + message[\"content\"]|trim + eos_token}}\n"
+    "    {%- else %}\n        {{- raise_exception(\"Only user and assistant roles are supported, with the "
+    "exception of an initial optional system message!\") }}\n    {%- endif %}\n{%- endfor %}\n";
+
 const char* zephyr_src =
     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
     "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n"
@@ -128,6 +141,7 @@ TEST_CASE("families are recognised from their template sources") {
     CHECK(detect_chat_family(qwen25_src) == chat_family::chatml);
     CHECK(detect_chat_family(mistral_v01_src) == chat_family::mistral);
     CHECK(detect_chat_family(mistral_v1_src) == chat_family::mistral);
+    CHECK(detect_chat_family(mistral_v3_src) == chat_family::mistral);
     CHECK(detect_chat_family(zephyr_src) == chat_family::zephyr);
     CHECK(detect_chat_family(gemma_src) == chat_family::gemma);
     CHECK(detect_chat_family(phi3_src) == chat_family::phi3);
@@ -199,6 +213,12 @@ TEST_CASE("mistral: [INST] without <<SYS>>; the system text joins the first user
     // ' [INST] ' + system + '\n\n' + user + ' [/INST]', then ' ' + answer + eos
     CHECK(v1.render(sys_dialog) == "<s> [INST] Be kind.\n\nHi [/INST] Hello.</s> [INST] How are you? [/INST]");
     CHECK(v1.render(dialog) == "<s> [INST] Hi [/INST] Hello.</s> [INST] How are you? [/INST]");
+    const auto v3 = chat_template::parse(mistral_v3_src, "<s>", "</s>");
+    // "[INST] " + user + "[/INST]", " " + trim(answer) + eos; the system text goes with the
+    // last message when that is a user turn, and is dropped otherwise.
+    CHECK(v3.render(sys_dialog) == "<s>[INST] Hi[/INST] Hello.</s>[INST] Be kind.\n\nHow are you?[/INST]");
+    const std::vector<chat_message> ends_with_answer{{"system", "S"}, {"user", "Hi"}, {"assistant", " Yo "}};
+    CHECK(v3.render(ends_with_answer, false) == "<s>[INST] Hi[/INST] Yo</s>");
     // The canonical form is the v1 one.
     CHECK(chat_template::of(chat_family::mistral).render(sys_dialog) == v1.render(sys_dialog));
 }
