@@ -5,6 +5,9 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <thread>
+
 #include <sys/wait.h>
 
 using namespace tandem;
@@ -48,6 +51,18 @@ result run_tandem(const std::vector<std::string>& args, const std::string& stdin
     r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     r.out = test::read_text(out);
     r.err = test::read_text(err);
+    return r;
+}
+
+// Runs a shell command line on a pseudo-terminal (script(1)); out is what the terminal showed.
+result run_tandem_in_pty(const std::string& command_line) {
+    static test::scratch_dir dir("cli-client-pty");
+    const std::string out = dir.file("out");
+    const std::string cmd = "script -qec " + quote(command_line) + " /dev/null </dev/null >" + quote(out) + " 2>&1";
+    const int st = std::system(cmd.c_str());
+    result r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = test::read_text(out);
     return r;
 }
 
@@ -290,4 +305,29 @@ TEST_CASE("the offline commands are still there next to the prompt form") {
     CHECK(h.rc == 0);
     for (const char* sub : {"run", "tokenize", "detokenize", "synth", "chat", "status"})
         CHECK(h.out.find(sub) != std::string::npos);
+}
+
+TEST_CASE("on a terminal: a spinner until the first token, colour in messages") {
+    if (std::system("command -v script >/dev/null 2>&1") != 0) {
+        MESSAGE("skipped: script(1) is not installed, no pseudo-terminal to test with");
+        return;
+    }
+    test::scratch_dir dir("cli-client-tty");
+    fake_daemon d(dir.file("d.sock"));
+    d.route("POST /v1/chat/completions", [](const auto&, auto& s) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(600)); // prefill
+        test::fake::reply_sse(s, {chat_chunk("Hi!"), "[DONE]"}, true);
+    });
+    // script(1) runs the command on a pseudo-terminal: stdout and stderr are both TTYs there.
+    const std::string tandem = test::binary_dir() + "/daemon/tandem";
+    auto r = run_tandem_in_pty(tandem + " --socket " + quote(d.path()) + " hello");
+    CHECK(r.rc == 0);
+    CHECK(r.out.find("Hi!") != std::string::npos);
+    CHECK(r.out.find("\r| ") != std::string::npos); // the spinner's first frame
+    CHECK(r.out.find("\r  \r") < r.out.find("Hi!")); // erased before the reply
+    auto none = run_tandem_in_pty(tandem + " --socket " + quote(dir.file("none.sock")) + " hello");
+    CHECK(none.rc == 3);
+    CHECK(none.out.find("\033[31mtandem:\033[0m no daemon") != std::string::npos);
+    auto plain = run_tandem_in_pty("NO_COLOR=1 " + tandem + " --socket " + quote(dir.file("none.sock")) + " hello");
+    CHECK(plain.out.find("\033[") == std::string::npos);
 }
