@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -391,7 +392,7 @@ std::optional<double> metric(const std::map<std::string, double>& m, std::initia
 
 std::string num(double v) {
     char buf[64];
-    if (v == double(int64_t(v)))
+    if (std::fabs(v) < 1e15 && v == std::floor(v)) // an integer that fits: print it whole
         std::snprintf(buf, sizeof buf, "%lld", (long long)v);
     else
         std::snprintf(buf, sizeof buf, "%.3g", v);
