@@ -406,12 +406,29 @@ std::optional<double> mean_ms(const std::map<std::string, double>& m, const std:
     return 1000.0 * s->second / c->second;
 }
 
+std::string scalar_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+// "prefill=gpu decode=cpu (policy auto)", from a string or an object of those keys.
 std::string placement_text(const json& p) {
-    if (p.is_string()) return p.get<std::string>();
-    if (!p.is_object()) return p.dump();
+    if (!p.is_object()) return scalar_text(p);
     std::string s;
-    for (const auto& [k, v] : p.items()) s += (s.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+    for (const char* k : {"prefill", "decode"})
+        if (p.contains(k)) s += (s.empty() ? "" : " ") + std::string(k) + "=" + scalar_text(p[k]);
+    for (const auto& [k, v] : p.items())
+        if (k != "prefill" && k != "decode" && k != "policy") s += (s.empty() ? "" : " ") + k + "=" + scalar_text(v);
+    if (p.contains("policy")) s += " (policy " + scalar_text(p["policy"]) + ")";
     return s;
+}
+
+std::string duration_text(double s) {
+    char buf[64];
+    if (s < 120)
+        std::snprintf(buf, sizeof buf, "%.0f s", s);
+    else if (s < 7200)
+        std::snprintf(buf, sizeof buf, "%.0f min", s / 60);
+    else
+        std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
+    return buf;
 }
 
 int cmd_status(const client_opts& o) {
@@ -421,6 +438,8 @@ int cmd_status(const client_opts& o) {
     if (!health.reached()) return report_unreachable(t, c, health);
     const ipc::response models = c.get("/v1/models");
     const ipc::response metrics = c.get("/metrics");
+    // tandemd's extension: placement, threads, uptime (older or other servers: 404, skipped).
+    const ipc::response ext = c.get("/v1/tandem/status");
 
     auto parse = [](const ipc::response& r) {
         try {
@@ -430,6 +449,7 @@ int cmd_status(const client_opts& o) {
         }
     };
     const json hj = parse(health), mj = models.ok() ? parse(models) : json();
+    const json xj = ext.ok() ? parse(ext) : json();
     const auto m = metrics.ok() ? parse_metrics(metrics.body) : std::map<std::string, double>{};
     const bool ready = health.status == 200;
     std::string state = ready ? "ready" : health.status == 503 ? "loading" : "unhealthy";
@@ -437,16 +457,24 @@ int cmd_status(const client_opts& o) {
 
     std::vector<std::string> ids;
     json placement;
-    if (hj.is_object() && hj.contains("placement")) placement = hj["placement"];
+    std::string model_meta;
+    if (xj.is_object() && xj.contains("placement")) placement = xj["placement"];
+    if (placement.is_null() && hj.is_object() && hj.contains("placement")) placement = hj["placement"];
     if (mj.is_object() && mj.contains("data") && mj["data"].is_array())
         for (const auto& d : mj["data"]) {
             if (d.contains("id") && d["id"].is_string()) ids.push_back(d["id"].get<std::string>());
             if (placement.is_null() && d.contains("placement")) placement = d["placement"];
+            if (model_meta.empty() && d.contains("meta") && d["meta"].is_object()) {
+                const json& meta = d["meta"];
+                for (const char* k : {"arch", "n_ctx", "path"})
+                    if (meta.contains(k)) model_meta += (model_meta.empty() ? "" : ", ") + std::string(k) + " " + scalar_text(meta[k]);
+            }
         }
 
     if (o.json) {
         json j{{"socket", c.socket_path()}, {"ready", ready}, {"state", state}, {"health", hj}, {"models", mj},
                {"metrics", m}};
+        if (!xj.is_null()) j["status"] = xj;
         std::cout << j.dump(2) << "\n";
         return ready ? exit_ok : exit_busy;
     }
@@ -460,8 +488,11 @@ int cmd_status(const client_opts& o) {
     row("state", t.out(ready ? green : yellow, state) + " (HTTP " + std::to_string(health.status) + ")");
     std::string model;
     for (const auto& id : ids) model += (model.empty() ? "" : ", ") + id;
-    row("model", model);
+    row("model", model + (model_meta.empty() ? "" : " (" + model_meta + ")"));
     if (!placement.is_null()) row("placement", placement_text(placement));
+    if (xj.is_object() && xj.contains("threads")) row("threads", scalar_text(xj["threads"]));
+    if (xj.is_object() && xj.contains("uptime_s") && xj["uptime_s"].is_number())
+        row("uptime", duration_text(xj["uptime_s"].get<double>()));
 
     const auto running = metric(m, {"tandem_requests_running", "tandem_running_requests"});
     const auto waiting = metric(m, {"tandem_requests_waiting", "tandem_waiting_requests"});

@@ -275,7 +275,7 @@ TEST_CASE("tandem status: model, placement, load and a metrics summary") {
     CHECK(r.out.find("tandemd on " + d.path()) != std::string::npos);
     CHECK(r.out.find("ok (HTTP 200)") != std::string::npos);
     CHECK(r.out.find("stories260K") != std::string::npos);
-    CHECK(r.out.find("decode=cpu prefill=gpu") != std::string::npos);
+    CHECK(r.out.find("prefill=gpu decode=cpu") != std::string::npos);
     CHECK(r.out.find("2 running, 1 waiting, 15 served") != std::string::npos);
     CHECK(r.out.find("300 prompt, 1200 generated") != std::string::npos);
     CHECK(r.out.find("first token 50.0 ms, between tokens 5.0 ms") != std::string::npos);
@@ -289,6 +289,23 @@ TEST_CASE("tandem status: model, placement, load and a metrics summary") {
     CHECK(s["models"]["data"][0]["id"] == "stories260K");
     CHECK(s["metrics"]["tandem_requests_total"] == 15);
     CHECK(s["health"]["placement"]["prefill"] == "gpu");
+
+    // tandemd's /v1/tandem/status extension and the model card's meta, when the daemon has them.
+    d.route("GET /v1/tandem/status", [](const auto&, auto& s) {
+        test::fake::reply_json(s, 200, R"({"status":"ready","uptime_s":300,"threads":8,
+                                           "placement":{"policy":"auto","prefill":"cpu","decode":"cpu"}})");
+    });
+    d.route("GET /v1/models", [](const auto&, auto& s) {
+        test::fake::reply_json(s, 200, R"({"object":"list","data":[{"id":"stories260K","object":"model",
+                                           "meta":{"path":"/m/stories260K.gguf","arch":"llama","n_ctx":2048}}]})");
+    });
+    auto x = run_tandem({"status", "--socket", d.path()});
+    CHECK(x.rc == 0);
+    CHECK(x.out.find("stories260K (arch llama, n_ctx 2048, path /m/stories260K.gguf)") != std::string::npos);
+    CHECK(x.out.find("prefill=cpu decode=cpu (policy auto)") != std::string::npos);
+    CHECK(x.out.find("threads      8") != std::string::npos);
+    CHECK(x.out.find("uptime       5 min") != std::string::npos);
+    CHECK(json::parse(run_tandem({"status", "--socket", d.path(), "--json"}).out)["status"]["threads"] == 8);
 
     // Still loading: 503 on /health, exit 5.
     d.route("GET /health", [](const auto&, auto& s) { test::fake::reply_json(s, 503, R"({"status":"loading"})"); });
