@@ -1,4 +1,4 @@
-// HTTP/1.1 client over a Unix socket (Beast, synchronous) and the SSE parser it streams through.
+// HTTP/1.1 client over a Unix socket (Beast, synchronous), streaming through the SSE parser.
 #include "runtime/prelude.hpp"
 
 #include "ipc/client.hpp"
@@ -18,44 +18,6 @@ namespace tandem::ipc {
 namespace asio = boost::asio;
 namespace http = boost::beast::http;
 using stream_protocol = asio::local::stream_protocol;
-
-bool sse_parser::feed(std::string_view bytes, const std::function<bool(std::string_view)>& on_data) {
-    for (char c : bytes) {
-        if (c == '\n' && after_cr_) { // the LF of a CRLF: the line already ended
-            after_cr_ = false;
-            continue;
-        }
-        after_cr_ = c == '\r';
-        if (c == '\n' || c == '\r') {
-            const std::string l = std::move(line_);
-            line_.clear();
-            if (!line(l, on_data)) return false;
-        } else {
-            line_.push_back(c);
-        }
-    }
-    return true;
-}
-
-bool sse_parser::line(std::string_view l, const std::function<bool(std::string_view)>& on_data) {
-    if (l.empty()) { // a blank line dispatches the event
-        if (!has_data_) return true;
-        const std::string data = std::move(data_);
-        data_.clear();
-        has_data_ = false;
-        return on_data(data);
-    }
-    if (l[0] == ':') return true; // a comment (servers send these as keep-alives)
-    const size_t colon = l.find(':');
-    const std::string_view field = l.substr(0, colon);
-    std::string_view value = colon == std::string_view::npos ? std::string_view{} : l.substr(colon + 1);
-    if (value.starts_with(' ')) value.remove_prefix(1);
-    if (field != "data") return true; // event, id, retry: nothing here needs them
-    if (has_data_) data_.push_back('\n');
-    data_.append(value);
-    has_data_ = true;
-    return true;
-}
 
 std::string default_socket_path(const std::string& flag) {
     if (!flag.empty()) return flag;
