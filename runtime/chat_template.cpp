@@ -5,6 +5,7 @@
 #include "runtime/gguf.hpp"
 #include "runtime/tokenizer.hpp"
 
+#include <ctime>
 #include <optional>
 
 namespace tandem {
@@ -94,6 +95,15 @@ void append(std::string& out, const Parts&... parts) {
     (out.append(std::string_view(parts)), ...);
 }
 
+// strftime_now("%d %b %Y") in the local time zone, as transformers renders it.
+std::string today_date() {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    char buf[32];
+    return std::strftime(buf, sizeof buf, "%d %b %Y", &tm) ? buf : "26 Jul 2024";
+}
+
 std::string capitalized(std::string_view role) {
     std::string s(role);
     if (!s.empty() && s[0] >= 'a' && s[0] <= 'z') s[0] = char(s[0] - 'a' + 'A');
@@ -142,6 +152,8 @@ chat_template chat_template::parse(std::string_view src, std::string bos_text, s
         break;
     case chat_family::llama3:
         if (has(src, "Cutting Knowledge Date")) t.date_string_ = llama3_date(src);
+        // Llama 3.2 asks for today's date where the renderer has strftime_now (transformers does).
+        t.date_now_ = has(src, "strftime_now");
         break;
     case chat_family::mistral:
         // Mistral's tokenizer versions differ in spaces around [INST]/[/INST] (v1: "<s> [INST] a
@@ -214,7 +226,8 @@ std::string chat_template::render(std::span<const chat_message> messages, bool a
         size_t first = 0;
         if (!date_string_.empty()) { // Llama 3.1: the system header is always there
             out += "<|start_header_id|>system<|end_header_id|>\n\n";
-            append(out, "Cutting Knowledge Date: December 2023\nToday Date: ", date_string_, "\n\n");
+            append(out, "Cutting Knowledge Date: December 2023\nToday Date: ",
+                   date_now_ ? today_date() : date_string_, "\n\n");
             out += has_system ? trim(system) : std::string_view{};
             out += "<|eot_id|>";
             first = has_system ? 1 : 0;

@@ -63,6 +63,7 @@ private:
     std::string bos_text_, eos_text_;
     std::string default_system_; // chatml: the system turn added when there is none (Qwen)
     std::string date_string_;    // llama-3.1: the dated system header's date; empty for 3.0
+    bool date_now_ = false;      // llama-3.2: today's date instead (strftime_now)
     mistral_variant mistral_;
     bool phi3_bos_ = false, phi3_eos_ = true;
 };

@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <ctime>
 #include <vector>
 
 using namespace tandem;
@@ -44,6 +45,14 @@ const char* llama31_src =
     "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
     "'<|eot_id|>' }}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- "
     "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n{%- endif %}\n";
+
+// Llama 3.2's opening: today's date when the renderer offers strftime_now.
+const char* llama32_src =
+    "{{- bos_token }}\n{%- if not date_string is defined %}\n    {%- if strftime_now is defined %}\n"
+    "        {%- set date_string = strftime_now(\"%d %b %Y\") %}\n    {%- else %}\n        {%- set date_string = "
+    "\"26 Jul 2024\" %}\n    {%- endif %}\n{%- endif %}\n{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n"
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string + \"\\n\\n\" }}\n"
+    "{{- system_message }}\n{{- \"<|eot_id|>\" }}\n";
 
 const char* chatml_src =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -181,6 +190,22 @@ TEST_CASE("llama-3: headers, trimmed content, BOS once") {
     CHECK(t31.render(std::vector<chat_message>{{"user", "Hi"}}) ==
           head31 + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                    "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+TEST_CASE("llama-3.2: today's date in the system header") {
+    const auto t = chat_template::parse(llama32_src, "<|begin_of_text|>", "<|eot_id|>");
+    CHECK(t.family() == chat_family::llama3);
+    auto today = [] {
+        const std::time_t now = std::time(nullptr);
+        std::tm tm{};
+        localtime_r(&now, &tm);
+        char buf[32];
+        std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+        return std::string("Today Date: ") + buf + "\n\n<|eot_id|>";
+    };
+    const std::string before = today();
+    const std::string text = t.render(std::vector<chat_message>{{"user", "Hi"}});
+    CHECK((text.find(before) != std::string::npos || text.find(today()) != std::string::npos)); // midnight
 }
 
 TEST_CASE("chatml / qwen: turns verbatim, Qwen's default system turn") {
