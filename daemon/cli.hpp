@@ -22,6 +22,10 @@ using registry = std::vector<command>;
 // run, tokenize, detokenize, synth: offline, no daemon needed.
 void register_offline(CLI::App& app, registry& reg);
 
+// The daemon's client: bare `tandem "prompt"` (the main app's positional prompt; its entry
+// has sub == &app and runs when no subcommand was given), `chat` and `status`.
+void register_client(CLI::App& app, registry& reg);
+
 // Helpers shared by command groups.
 std::string resolve_model(const std::string& flag); // -m, else $TANDEM_MODEL, else an error
 int default_threads();

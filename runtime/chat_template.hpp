@@ -29,22 +29,43 @@ class chat_template {
 public:
     // From tokenizer.chat_template (when present) and the tokenizer's BOS/EOS texts.
     static chat_template from_gguf(const gguf::file& f, const tokenizer& tok);
+    // From a template's Jinja source: the family, and the variant details its literals show
+    // (Qwen's default system text, Llama 3.1's dated system header, Mistral's spacing).
+    static chat_template parse(std::string_view template_src, std::string bos_text, std::string eos_text);
+    // A family's canonical form; bos/eos default to SentencePiece's texts.
     static chat_template of(chat_family family, std::string bos_text = "<s>", std::string eos_text = "</s>");
 
     chat_family family() const { return family_; }
 
-    // The prompt text for `messages`, ending with the assistant turn's opening when
-    // add_generation_prompt. The text carries special-token text (e.g. "<|im_start|>") and
-    // must be encoded with parse_special = true and add_special = false: BOS is part of the
-    // rendered text where the family puts it.
+    // The prompt text for `messages`, as the family's reference Jinja template renders it
+    // (a leading system message is folded into the first user turn where the family has no
+    // system role). The plain template, for models without a recognised one, is
+    //   BOS {system}\n\nUser: {user}\nAssistant: {assistant}\n ... Assistant:
+    // (BOS when the model adds one; roles other than user/assistant capitalized alike).
+    // It ends with the assistant turn's opening when add_generation_prompt. The text carries
+    // special-token text (e.g. "<|im_start|>") and must be encoded with parse_special = true
+    // and add_special = false: BOS is part of the rendered text where the family puts it.
     std::string render(std::span<const chat_message> messages, bool add_generation_prompt = true) const;
 
     // Texts that end an assistant turn for this family (besides the model's EOG tokens).
     std::vector<std::string> stop_strings() const;
 
 private:
+    struct mistral_variant {
+        bool space_before_inst = true;   // " [INST] " (v1) or "[INST] " (v3)
+        bool space_before_close = true;  // " [/INST]" (v1) or "[/INST]" (v3)
+        bool space_before_answer = true; // " {answer}</s>"
+        bool trim_answer = false;
+        bool system_in_last = false;     // v3 puts the system text in the last user turn
+    };
+
     chat_family family_ = chat_family::plain;
     std::string bos_text_, eos_text_;
+    std::string default_system_; // chatml: the system turn added when there is none (Qwen)
+    std::string date_string_;    // llama-3.1: the dated system header's date; empty for 3.0
+    bool date_now_ = false;      // llama-3.2: today's date instead (strftime_now)
+    mistral_variant mistral_;
+    bool phi3_bos_ = false, phi3_eos_ = true;
 };
 
 } // namespace tandem

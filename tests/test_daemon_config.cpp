@@ -53,6 +53,16 @@ TEST_CASE("config: key = value lines, comments, errors with file and line") {
     CHECK(!config_keys().empty());
 }
 
+TEST_CASE("config: the installed sample systemd/tandemd.conf loads and validates") {
+    config c;
+    c.load_file(std::string(TANDEM_SOURCE_DIR) + "/systemd/tandemd.conf");
+    CHECK(c.model == "/var/lib/tandem/models/model.gguf");
+    CHECK(c.socket == "/run/tandem/tandem.sock");
+    CHECK(c.listen_tcp.empty());
+    CHECK(c.allowed_groups == std::vector<std::string>{"tandem"});
+    CHECK_NOTHROW(c.validate());
+}
+
 TEST_CASE("api: error bodies are OpenAI's shape and JSON stays valid with bad UTF-8") {
     api_error e{404, "no such model", "invalid_request_error", "model", "model_not_found"};
     const json j = json::parse(error_body(e));

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# systemd-analyze verify on the units (system and user), ExecStart pointing at a stand-in binary;
+# usage: systemd_verify.sh GENERATED_UNITS_DIR SOURCE_SYSTEMD_DIR
+set -euo pipefail
+units="$1" src="$2"
+command -v systemd-analyze >/dev/null || { echo "systemd-analyze not found: skipped"; exit 77; }
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+# verify exits 0 on lines it ignores (unknown keys, bad values), so any output fails the check.
+check() {
+  local label="$1" out
+  shift
+  if ! out="$("$@" 2>&1)"; then echo "$label: verify failed"; echo "$out"; return 1; fi
+  if [ -n "$out" ]; then echo "$label: verify warned"; echo "$out"; return 1; fi
+  echo "$label: ok"
+}
+
+check "system units" systemd-analyze verify "$units/tandemd.service" "$units/tandemd.socket"
+# A user manager needs a runtime dir (%t); systemd does not run as PID 1 here, and need not.
+mkdir -p "$tmp/run"
+XDG_RUNTIME_DIR="$tmp/run" check "user units" \
+  systemd-analyze --user verify "$units/user/tandemd.service" "$units/user/tandemd.socket"
+
+# The check itself notices a broken unit.
+mkdir -p "$tmp/broken"
+cp "$units/tandemd.service" "$units/tandemd.socket" "$tmp/broken/"
+sed -i 's/^Type=notify$/Type=notifyy/' "$tmp/broken/tandemd.service"
+if check "broken unit" systemd-analyze verify "$tmp/broken/tandemd.service" >/dev/null; then
+  echo "a unit with a bad Type= passed verify"
+  exit 1
+fi
+
+# The checked-in units say what a package installs and what the daemon relies on.
+need() { grep -qx -- "$2" "$src/$1" || { echo "$1 lacks: $2"; exit 1; }; }
+need tandemd.service 'ExecStart=/usr/bin/tandemd --config /etc/tandem/tandemd.conf'
+need tandemd.service 'Type=notify'
+need tandemd.service 'NotifyAccess=main'
+need tandemd.service 'Restart=on-failure'
+need tandemd.service 'User=tandem'
+need tandemd.service 'RuntimeDirectory=tandem'
+need tandemd.service 'DevicePolicy=closed'
+need tandemd.service 'MemoryDenyWriteExecute=no'
+need tandemd.socket 'ListenStream=/run/tandem/tandem.sock'
+need tandemd.socket 'SocketMode=0660'
+need tandemd.socket 'SocketGroup=tandem'
+need user/tandemd.socket 'ListenStream=%t/tandem/tandem.sock'
+grep -q '^WatchdogSec=' "$src/tandemd.service" || { echo "tandemd.service lacks WatchdogSec"; exit 1; }
+
+# The sample configuration names every key the daemon reads.
+for key in model socket socket_group listen_tcp threads placement kv_size_mb page_size max_body_bytes \
+           max_prompt_tokens max_tokens_limit max_running max_waiting allowed_users allowed_groups log_level; do
+  grep -Eq "^$key =( |$)" "$src/tandemd.conf" || { echo "tandemd.conf lacks the key $key"; exit 1; }
+done
+echo "unit contents and sample config: ok"
