@@ -1,0 +1,137 @@
+// oneDNN (2.x API) int8 matmul: s8 activations x s8 weights -> f32 with per-channel output scales.
+#include "cpu/dnnl_matmul.hpp"
+
+#include "cpu/thread_pool.hpp"
+#include "runtime/error.hpp"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+extern "C" void omp_set_num_threads(int); // oneDNN runs on OpenMP (libgomp) in Debian's build
+
+#define DNNL_CHECK(stmt)                                                                                    \
+    do {                                                                                                    \
+        try {                                                                                               \
+            stmt;                                                                                           \
+        } catch (const dnnl::error& e_) {                                                                   \
+            ::tandem::fail("oneDNN: {} failed: {} (status {})", #stmt, e_.what(), int(e_.status));          \
+        }                                                                                                   \
+    } while (0)
+
+namespace tandem::cpu {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+dnnl::engine& engine() {
+    static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+    return e;
+}
+
+struct prim {
+    dnnl::matmul mm;
+    dnnl::memory::desc wd; // the weights' layout this primitive expects
+    std::string impl;      // oneDNN's name for the implementation it chose
+};
+
+// One primitive per (m, k, n, packed): prefill sees few distinct shapes per model.
+prim& get_prim(int64_t m, int64_t k, int64_t n, bool packed) {
+    static std::mutex mu;
+    static std::map<std::tuple<int64_t, int64_t, int64_t, bool>, prim> cache;
+    std::lock_guard lock(mu);
+    auto key = std::make_tuple(m, k, n, packed);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+    const dnnl::memory::desc src({m, k}, dt::s8, tag::ab);
+    const dnnl::memory::desc wts({k, n}, dt::s8, packed ? tag::any : tag::ba); // ba: the [n, k] rows as stored
+    const dnnl::memory::desc dst({m, n}, dt::f32, tag::ab);
+    dnnl::primitive_attr attr;
+    attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL}); // per output channel
+    prim p;
+    DNNL_CHECK({
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wts, dst), attr, engine());
+        p.mm = dnnl::matmul(pd);
+        p.wd = pd.weights_desc();
+        p.impl = pd.impl_info_str();
+    });
+    return cache.emplace(key, std::move(p)).first->second;
+}
+
+// A blocked copy of a weight, owned by weight::packed.
+struct packed_weight {
+    dnnl::memory mem;
+};
+
+} // namespace
+
+void dnnl_pack(weight& w) {
+    TANDEM_ASSERT(w.is_i8());
+    // The layout depends on m only through the implementation's choice; a typical prefill m.
+    prim& p = get_prim(512, w.n_in, w.n_out, true);
+    auto pw = std::make_shared<packed_weight>();
+    DNNL_CHECK({
+        dnnl::memory plain({{w.n_in, w.n_out}, dt::s8, tag::ba}, engine(), const_cast<int8_t*>(w.q()));
+        pw->mem = dnnl::memory(p.wd, engine());
+        dnnl::stream s(engine());
+        dnnl::reorder(plain, pw->mem).execute(s, plain, pw->mem);
+        s.wait();
+    });
+    w.packed = pw;
+}
+
+bool dnnl_matmul_s8(thread_pool& pool, float* out, const int8_t* qx, int64_t m, const weight& w) {
+    const auto* pw = static_cast<const packed_weight*>(w.packed.get());
+    prim& p = get_prim(m, w.n_in, w.n_out, pw != nullptr);
+    if (pw && pw->mem.get_desc() != p.wd) pw = nullptr; // another m chose another layout
+    prim& q = pw ? p : get_prim(m, w.n_in, w.n_out, false);
+    omp_set_num_threads(pool.n_threads()); // no more threads than the pool: the cores are shared
+    DNNL_CHECK({
+        dnnl::memory src({{m, w.n_in}, dt::s8, tag::ab}, engine(), const_cast<int8_t*>(qx));
+        dnnl::memory wts = pw ? pw->mem : dnnl::memory(q.wd, engine(), const_cast<int8_t*>(w.q()));
+        dnnl::memory dst({{m, w.n_out}, dt::f32, tag::ab}, engine(), out);
+        dnnl::memory scales({{w.n_out}, dt::f32, tag::a}, engine(), const_cast<float*>(w.scale()));
+        dnnl::stream s(engine());
+        q.mm.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wts}, {DNNL_ARG_DST, dst},
+                         {DNNL_ARG_ATTR_OUTPUT_SCALES, scales}});
+        s.wait();
+    });
+    return true;
+}
+
+double dnnl_matmul_s8_gops(int n_threads, int64_t m, int64_t k, int64_t n, int reps) {
+    omp_set_num_threads(n_threads);
+    prim& p = get_prim(m, k, n, true);
+    double best = 0;
+    DNNL_CHECK({
+        dnnl::memory src({{m, k}, dt::s8, tag::ab}, engine());
+        dnnl::memory wts(p.wd, engine());
+        dnnl::memory dst({{m, n}, dt::f32, tag::ab}, engine());
+        dnnl::memory scales({{n}, dt::f32, tag::a}, engine());
+        std::fill_n(static_cast<int8_t*>(src.get_data_handle()), m * k, int8_t(3));
+        std::fill_n(static_cast<int8_t*>(wts.get_data_handle()), wts.get_desc().get_size(), int8_t(1));
+        std::fill_n(static_cast<float*>(scales.get_data_handle()), n, 1.0f);
+        dnnl::stream s(engine());
+        for (int r = 0; r <= reps; ++r) { // the first run warms up
+            const auto t0 = std::chrono::steady_clock::now();
+            p.mm.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wts}, {DNNL_ARG_DST, dst},
+                             {DNNL_ARG_ATTR_OUTPUT_SCALES, scales}});
+            s.wait();
+            const double dt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (r > 0) best = std::max(best, 2.0 * double(m) * double(k) * double(n) / dt_s / 1e9);
+        }
+    });
+    return best;
+}
+
+const char* dnnl_impl_name(int64_t m, int64_t k, int64_t n) {
+    prim& p = get_prim(m, k, n, true);
+    return p.impl.c_str();
+}
+
+} // namespace tandem::cpu
