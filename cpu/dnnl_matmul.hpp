@@ -9,17 +9,18 @@ namespace tandem::cpu {
 
 class thread_pool;
 
-// out [m, w.n_out] = float(qx [m, w.n_in] . q_w^T) * scale_w[o]: the per-token scales and
-// the bias are the caller's. Runs on pool.n_threads() threads; false if oneDNN cannot.
-bool dnnl_matmul_s8(thread_pool& pool, float* out, const int8_t* qx, int64_t m, const weight& w);
+// out [m, w.n_out] = xu [m, w.n_in] . q_w^T in int32, with u8 activations (s8 + 128: the
+// caller subtracts 128 * row sum and applies the scales and bias). Runs on pool.n_threads()
+// threads; false if oneDNN cannot.
+bool dnnl_matmul_u8s8(thread_pool& pool, int32_t* out, const uint8_t* xu, int64_t m, const weight& w);
 
 // Reorders w's rows into oneDNN's preferred blocked layout for prefill (w.packed). Costs a
 // second copy of the matrix, so it is optional; without it oneDNN reads the rows in place.
 void dnnl_pack(weight& w);
 
-// oneDNN's own s8 x s8 -> f32 matmul throughput in GOPS (2 ops per multiply-add) for
+// oneDNN's own u8 x s8 -> s32 matmul throughput in GOPS (2 ops per multiply-add) for
 // [m, k] x [k, n] with weights in its preferred layout, best of `reps` runs.
-double dnnl_matmul_s8_gops(int n_threads, int64_t m, int64_t k, int64_t n, int reps);
+double dnnl_matmul_gops(int n_threads, int64_t m, int64_t k, int64_t n, int reps);
 
 // The implementation oneDNN picked for that shape, e.g. "brg:avx512_core_amx" (for reports).
 const char* dnnl_impl_name(int64_t m, int64_t k, int64_t n);

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
 
     cli::registry reg;
     cli::register_offline(app, reg);
+    cli::register_bench(app, reg);
 
     CLI11_PARSE(app, argc, argv);
     init_logging(log_level);

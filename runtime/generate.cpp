@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sys/mman.h>
 #include <optional>
 
 namespace tandem {
@@ -33,6 +34,13 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
     TANDEM_CHECK(b.tok->n_vocab() == cfg.n_vocab, "{}: the tokenizer has {} tokens but the model {}", path,
                  b.tok->n_vocab(), cfg.n_vocab);
     b.mdl = std::make_unique<model>(std::move(cfg), std::move(w), opt.kv);
+    // Weights converted at load hold nothing in the mapping: give its pages back, so RSS is
+    // the engine's copy alone. (A pre-quantized file is used in place and stays.)
+    const bool in_place = opt.weights == weight_format::int8 &&
+                          std::any_of(b.file->tensors().begin(), b.file->tensors().end(),
+                                      [](const gguf::tensor_info& t) { return t.type == dtype::i8; });
+    if (!in_place && !b.file->bytes().empty())
+        ::madvise(const_cast<uint8_t*>(b.file->bytes().data()), b.file->bytes().size(), MADV_DONTNEED);
     b.load_s = seconds_since(t0);
     const auto& c = b.mdl->config();
     logger("model")->info("loaded {} ({}): {} layers, n_embd {}, heads {}/{}, vocab {}, weights {} ({:.0f} MB), kv {}, "

@@ -7,7 +7,9 @@
 #include "runtime/error.hpp"
 #include "runtime/fp16.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/quantize_file.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -119,6 +121,17 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
 
 } // namespace
 
+void tensor_row_to_f32(const gguf::file& f, const gguf::tensor_info& t, int64_t r, float* out) {
+    TANDEM_ASSERT(t.ne.size() == 2 && r >= 0 && r < t.ne[1]);
+    const int64_t n_in = t.ne[0];
+    if (t.type == dtype::i8) {
+        const float* sc = scale_tensor(f, t, t.ne[1]);
+        dequantize_row_i8_ref(reinterpret_cast<const int8_t*>(t.data) + r * n_in, sc[r], out, n_in);
+        return;
+    }
+    row_to_f32(t, r, n_in, out);
+}
+
 void weight::row_f32(int64_t i, float* out) const {
     if (is_i8()) dequantize_row_i8_ref(q() + i * n_in, scale()[i], out, n_in);
     else std::memcpy(out, row(i), size_t(n_in) * sizeof(float));
@@ -160,6 +173,15 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
     std::optional<cpu::thread_pool> own_pool;
     weight_load_options opt = opt_in;
     if (!opt.pool) opt.pool = &own_pool.emplace(int(std::max(1u, std::thread::hardware_concurrency())));
+
+    // I8 tensors are only trusted in a file that names the scheme this loader implements.
+    if (std::any_of(f.tensors().begin(), f.tensors().end(), [](const auto& t) { return t.type == dtype::i8; })) {
+        const auto scheme = f.get_string(quant_scheme_key);
+        const auto version = f.get_int(quant_version_key);
+        TANDEM_CHECK(scheme == std::string(int8_scheme) && version == int64_t(int8_scheme_version),
+                     "{}: I8 tensors with quantization scheme {} version {}; this build reads {} version {}", f.path(),
+                     scheme.value_or("(none)"), version.value_or(0), int8_scheme, int8_scheme_version);
+    }
 
     const gguf::tensor_info* emb = f.find_tensor("token_embd.weight");
     TANDEM_CHECK(emb, "{}: missing tensor token_embd.weight", f.path());

@@ -10,7 +10,7 @@
 
 namespace tandem {
 
-namespace gguf { class file; }
+namespace gguf { class file; struct tensor_info; }
 namespace cpu { class thread_pool; }
 
 // How matrices are held in memory. Vectors (norms, biases) are always F32.
@@ -70,6 +70,9 @@ struct model_weights {
     // the weights) and need format int8.
     static model_weights load(const gguf::file& f, model_config& cfg, const weight_load_options& opt = {});
 };
+
+// Row r of a 2-D GGUF tensor of any supported type (I8 with its .scale tensor) as F32 [ne[0]].
+void tensor_row_to_f32(const gguf::file& f, const gguf::tensor_info& t, int64_t r, float* out);
 
 // Symmetric per-row INT8 of an F32 matrix [n_out, n_in] (rows in parallel when pool is set).
 weight quantize_weight(const float* data, int64_t n_out, int64_t n_in, cpu::thread_pool* pool = nullptr);

@@ -15,6 +15,8 @@
 #endif
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 namespace tandem::cpu {
 namespace {
@@ -124,13 +126,28 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
     const int64_t n_out = w.n_out, n_in = w.n_in;
     const float* sw = w.scale();
     const isa level = active_isa();
-    if (level == isa::avx512 && n_tok >= dnnl_min_tokens && dnnl_matmul_s8(pool, out, qx, n_tok, w)) {
-        // oneDNN applied the per-channel scales; the per-token ones and the bias are left.
-        pool.parallel_for(n_tok, thread_pool::grain_for(n_out), [&](int64_t t0, int64_t t1) {
-            for (int64_t t = t0; t < t1; ++t)
-                for (int64_t o = 0; o < n_out; ++o) out[t * n_out + o] = out[t * n_out + o] * sx[t] + (bias ? bias[o] : 0.0f);
+    if (level == isa::avx512 && n_tok >= dnnl_min_tokens) {
+        // oneDNN's fast int8 kernels take u8 activations; the int32 sums land in `out` itself
+        // and are turned into floats in place with the GEMV's own expression.
+        thread_local std::vector<uint8_t> xu_buf; // the caller's; workers see only the pointer
+        xu_buf.resize(size_t(n_tok * n_in));
+        uint8_t* xu = xu_buf.data();
+        pool.parallel_for(n_tok * n_in, 1 << 16, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) xu[i] = uint8_t(qx[i] ^ int8_t(-128));
         });
-        return;
+        int32_t* acc = reinterpret_cast<int32_t*>(out); // same size, converted element by element
+        if (dnnl_matmul_u8s8(pool, acc, xu, n_tok, w)) {
+            pool.parallel_for(n_tok, thread_pool::grain_for(n_out), [&](int64_t t0, int64_t t1) {
+                for (int64_t t = t0; t < t1; ++t)
+                    for (int64_t o = 0; o < n_out; ++o) {
+                        int32_t a; // read as int32 through memcpy: the same bytes are then written as a float
+                        std::memcpy(&a, &out[t * n_out + o], sizeof a);
+                        a -= 128 * w.q_sum[size_t(o)];
+                        out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
+                    }
+            });
+            return;
+        }
     }
     const tile_fn tile = level == isa::avx512 ? tile_vnni : level == isa::avx2 ? tile_avx2 : tile_scalar;
     const bool offset = level == isa::avx512; // u8 activations: subtract 128 * row sum
