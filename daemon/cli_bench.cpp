@@ -232,7 +232,9 @@ int cmd_bench(const bench_opts& o) {
     const int32_t page = 16;
     const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
     const int32_t seq_len = o.n_prompt + o.n_gen + 1;
-    kv_cache kv(m.make_kv_layout(page), int32_t(std::max(2, max_batch)) * ((seq_len + page - 1) / page));
+    const int32_t n_short = 16; // prompt tokens per sequence before the decode steps
+    const int32_t pages_seq = (seq_len + page - 1) / page, pages_dec = (n_short + o.n_gen + page) / page;
+    kv_cache kv(m.make_kv_layout(page), std::max(pages_seq, int32_t(max_batch) * pages_dec) + 1);
     std::vector<float> logits(size_t(std::max(2, max_batch)) * size_t(n_vocab));
 
     // prefill: one sequence of n_prompt tokens in one step (a warm-up run first: JIT, pages)
@@ -251,7 +253,6 @@ int cmd_bench(const bench_opts& o) {
 
     // decode: each batch size decodes n_gen steps after a short prompt per sequence
     std::map<int, double> batch_tok_s;
-    const int32_t n_short = 16;
     for (int nb : o.batches) {
         std::vector<std::unique_ptr<sequence_kv>> seqs;
         std::vector<std::vector<token_id>> toks;

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <functional>
 #include <optional>
 #include <thread>
@@ -45,6 +47,15 @@ void row_to_f32(const gguf::tensor_info& t, int64_t r, int64_t n_in, float* out)
     case dtype::i8: break;
     }
     fail("tensor {} has type {}, which the loader does not convert", t.name, name_of(t.type));
+}
+
+// Gives back the mapped pages wholly inside a tensor once it is converted, so loading a
+// large model peaks at about one copy of it rather than two. Re-reading would fault them in.
+void release_pages(const gguf::tensor_info& t) {
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(t.data) + t.n_bytes) / page * page;
+    if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
 }
 
 // Runs fn(begin, end) over rows, on the pool when there is one.
@@ -98,6 +109,7 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
             });
         }
         compute_row_sums(w, opt.pool);
+        if (t->type != dtype::i8) release_pages(*t);
         return w;
     }
     w.n_in = matrix ? n_in : 1;
