@@ -22,6 +22,12 @@ void dnnl_pack(weight& w);
 // [m, k] x [k, n] with weights in its preferred layout, best of `reps` runs.
 double dnnl_matmul_gops(int n_threads, int64_t m, int64_t k, int64_t n, int reps);
 
+// oneDNN runs on libgomp, whose threads spin for a while after each parallel region and so
+// steal the cores from the thread pool's next op; libgomp reads OMP_WAIT_POLICY only when it
+// loads. If it is unset, sets it to PASSIVE and re-executes this program with the same
+// arguments (from /proc/self), once; returns if it is already set or the exec fails.
+void ensure_passive_openmp();
+
 // The implementation oneDNN picked for that shape, e.g. "brg:avx512_core_amx" (for reports).
 const char* dnnl_impl_name(int64_t m, int64_t k, int64_t n);
 

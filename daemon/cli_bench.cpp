@@ -71,6 +71,7 @@ std::vector<token_id> text_tokens(const model_bundle& b, const std::string& path
 }
 
 int cmd_perplexity(const eval_opts& o) {
+    cpu::ensure_passive_openmp();
     model_bundle b = load_model(resolve_model(o.model), o.load);
     const auto toks = text_tokens(b, o.text);
     cpu::thread_pool pool(o.threads);
@@ -84,6 +85,7 @@ int cmd_perplexity(const eval_opts& o) {
 }
 
 int cmd_eval_drift(const eval_opts& o) {
+    cpu::ensure_passive_openmp();
     const std::string path = resolve_model(o.model);
     model_bundle base = load_model(path, {weight_format::f32, kv_dtype::f32});
     model_bundle test = load_model(path, o.load);
@@ -207,6 +209,7 @@ std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
 }
 
 int cmd_bench(const bench_opts& o) {
+    cpu::ensure_passive_openmp();
     const auto t_load = clock_type::now();
     model_bundle b = load_model(resolve_model(o.model), o.load);
     const double load_s = since(t_load);

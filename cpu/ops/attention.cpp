@@ -4,6 +4,7 @@
 #include "cpu/isa.hpp"
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
+#include "cpu/simd_exp.hpp"
 #include "cpu/thread_pool.hpp"
 
 #include <immintrin.h>
@@ -141,6 +142,97 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void attend_avx512
     attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, true);
 }
 
+// AVX-512, head_dim a multiple of 16: a block of query tokens shares each decoded page, and
+// the page's (up to) 16 keys sit in the lanes of one register, so scores, the online softmax
+// and the P.V update are whole-register operations with no horizontal sums per key.
+constexpr int key_chunk = 16;
+constexpr int tok_block = 16;
+constexpr int max_nv = 16; // head_dim up to 256
+
+struct block_scratch {
+    std::vector<float> kb, vb, kt, m, l, acc;
+    block_scratch(int n_gqa, int hd, int ps)
+        : kb(size_t(ps) * size_t(hd)), vb(size_t(ps) * size_t(hd)), kt(size_t(hd) * key_chunk),
+          m(size_t(tok_block) * size_t(n_gqa)), l(m.size()), acc(m.size() * size_t(hd)) {}
+};
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void attend_block_avx512(
+    block_scratch& w, float* out, const float* q, int64_t t0, int64_t t1, int kvh, int32_t n_past, int n_head,
+    const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
+    const int hd = lay.head_dim, n_gqa = n_head / lay.n_head_kv, ps = lay.page_size, nv = hd / 16;
+    const int nq = int(t1 - t0) * n_gqa;
+    std::fill(w.m.begin(), w.m.begin() + nq, -INFINITY);
+    std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);
+    std::fill(w.acc.begin(), w.acc.begin() + size_t(nq) * hd, 0.0f);
+    const int32_t n_end = n_past + int32_t(t1); // the last token's context
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int32_t p0 = 0; p0 < n_end; p0 += ps) {
+        const int n_page = std::min(ps, n_end - p0);
+        const uint8_t* page = kv_base + int64_t(block_table[p0 / ps]) * lay.page_bytes();
+        const float* kp;
+        const float* vp;
+        if (lay.dtype == kv_dtype::f32) {
+            kp = reinterpret_cast<const float*>(page) + lay.offset(il, false, kvh);
+            vp = reinterpret_cast<const float*>(page) + lay.offset(il, true, kvh);
+        } else {
+            decode_avx512(page, lay, il, false, kvh, n_page, w.kb.data());
+            decode_avx512(page, lay, il, true, kvh, n_page, w.vb.data());
+            kp = w.kb.data();
+            vp = w.vb.data();
+        }
+        for (int c0 = 0; c0 < n_page; c0 += key_chunk) {
+            const int n = std::min(key_chunk, n_page - c0);
+            // K chunk transposed: kt[i] holds dim i of the chunk's keys in lanes 0..n-1
+            for (int i = 0; i < hd; ++i)
+                for (int j = 0; j < key_chunk; ++j) w.kt[size_t(i * key_chunk + j)] = j < n ? kp[(c0 + j) * hd + i] : 0.0f;
+            const int32_t pos0 = p0 + c0;
+            for (int64_t t = t0; t < t1; ++t) {
+                const int32_t n_ctx = n_past + int32_t(t) + 1;
+                const int valid = std::min(n, n_ctx - pos0);
+                if (valid <= 0) continue;
+                const __mmask16 live = __mmask16((1u << valid) - 1);
+                for (int g = 0; g < n_gqa; ++g) {
+                    const int qi = int(t - t0) * n_gqa + g;
+                    const float* qh = q + (t * n_head + kvh * n_gqa + g) * hd;
+                    // four independent chains: one chain of hd FMAs would wait on FMA latency
+                    __m512 s4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                    const float* kt = w.kt.data();
+                    for (int i = 0; i < hd; i += 4)
+                        for (int u = 0; u < 4; ++u)
+                            s4[u] = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + u]), _mm512_loadu_ps(kt + (i + u) * key_chunk), s4[u]);
+                    __m512 sc = _mm512_add_ps(_mm512_add_ps(s4[0], s4[1]), _mm512_add_ps(s4[2], s4[3]));
+                    sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, _mm512_mul_ps(sc, vscale));
+                    const float m_old = w.m[size_t(qi)];
+                    const float m_new = std::max(m_old, _mm512_reduce_max_ps(sc));
+                    const float corr = std::exp(m_old - m_new);
+                    const __m512 pr = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(sc, _mm512_set1_ps(m_new))));
+                    w.l[size_t(qi)] = w.l[size_t(qi)] * corr + _mm512_reduce_add_ps(pr);
+                    w.m[size_t(qi)] = m_new;
+                    alignas(64) float pj[key_chunk];
+                    _mm512_store_ps(pj, pr);
+                    float* acc = &w.acc[size_t(qi) * hd];
+                    const __m512 vc = _mm512_set1_ps(corr);
+                    __m512 a[max_nv]; // one register per 16 dims: nv independent chains over the keys
+                    for (int v = 0; v < nv; ++v) a[v] = _mm512_mul_ps(_mm512_loadu_ps(acc + v * 16), vc);
+                    for (int j = 0; j < valid; ++j) {
+                        const __m512 pb = _mm512_set1_ps(pj[j]);
+                        const float* vj = vp + (c0 + j) * hd;
+                        for (int v = 0; v < nv; ++v) a[v] = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vj + v * 16), a[v]);
+                    }
+                    for (int v = 0; v < nv; ++v) _mm512_storeu_ps(acc + v * 16, a[v]);
+                }
+            }
+        }
+    }
+    for (int64_t t = t0; t < t1; ++t)
+        for (int g = 0; g < n_gqa; ++g) {
+            const int qi = int(t - t0) * n_gqa + g;
+            float* oh = out + (t * n_head + kvh * n_gqa + g) * hd;
+            const float inv = 1.0f / w.l[size_t(qi)];
+            for (int i = 0; i < hd; ++i) oh[i] = w.acc[size_t(qi) * hd + i] * inv;
+        }
+}
+
 } // namespace
 
 void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
@@ -148,6 +240,21 @@ void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int
     const int hd = lay.head_dim;
     const int n_kv = lay.n_head_kv;
     const int n_gqa = n_head / n_kv;
+    if (active_isa() == isa::avx512 && hd % 16 == 0 && hd / 16 <= max_nv) {
+        // jobs: (token block, kv head); decode (one token) still gets one job per kv head
+        const int64_t n_blocks = (n_tok + tok_block - 1) / tok_block;
+        const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2 * std::min<int64_t>(n_tok, tok_block);
+        pool.parallel_for(n_blocks * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
+            block_scratch w(n_gqa, hd, lay.page_size);
+            for (int64_t job = b; job < e; ++job) {
+                const int64_t blk = job / n_kv;
+                const int64_t t0 = blk * tok_block, t1 = std::min(n_tok, t0 + tok_block);
+                attend_block_avx512(w, out, q, t0, t1, int(job % n_kv), n_past, n_head, kv_base, lay, il,
+                                    block_table, scale);
+            }
+        });
+        return;
+    }
     const auto fn = active_isa() == isa::avx512 ? attend_avx512 : attend_plain;
     const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2; // per job, roughly
     pool.parallel_for(n_tok * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
