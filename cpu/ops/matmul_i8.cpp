@@ -78,6 +78,10 @@ void tile_avx2(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, in
 
 // VNNI: vpdpbusd multiplies u8 by s8, so activations go in as u8 = s8 + 128 (an xor of the
 // sign bit) and the caller subtracts 128 * sum(w row). The K tail is a masked load of zeros.
+// Software prefetch distance in bytes: measured on the 1.1B shape with one thread, decode went
+// from 71% to 88% of the read roofline with 8 KiB (16 KiB: the same; 2 KiB: 77%).
+constexpr int64_t pf_dist = 8192;
+
 template <int T>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile_vnni_t(const int8_t* const* w,
                                                                                 const int8_t* x, int64_t n_in,
@@ -89,7 +93,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile_vnni_t
     for (int64_t i = 0; i < n_in; i += 64) {
         const __mmask64 m = n_in - i >= 64 ? ~__mmask64(0) : (__mmask64(1) << (n_in - i)) - 1;
         __m512i wv[tile_rows];
-        for (int r = 0; r < tile_rows; ++r) wv[r] = _mm512_maskz_loadu_epi8(m, w[r] + i);
+        for (int r = 0; r < tile_rows; ++r) {
+            // the next tile's rows follow these in memory: ask for them a tile ahead
+            _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + pf_dist), _MM_HINT_T0);
+            wv[r] = _mm512_maskz_loadu_epi8(m, w[r] + i);
+        }
         for (int t = 0; t < T; ++t) {
             const __m512i xu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, x + t * n_in + i), flip);
             for (int r = 0; r < tile_rows; ++r) a[r][t] = _mm512_dpbusd_epi32(a[r][t], xu, wv[r]);
@@ -152,7 +160,11 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
     const tile_fn tile = level == isa::avx512 ? tile_vnni : level == isa::avx2 ? tile_avx2 : tile_scalar;
     const bool offset = level == isa::avx512; // u8 activations: subtract 128 * row sum
     const int8_t* q = w.q();
-    pool.parallel_for(n_out, thread_pool::grain_for(n_in * n_tok, tile_rows), [&](int64_t o0, int64_t o1) {
+    // Chunks of ~128 KiB of weights, handed out dynamically (the cores may be shared); a
+    // matrix too small to be worth a second thread runs on one.
+    const int64_t chunk = std::max<int64_t>(tile_rows, (int64_t(1) << 17) / std::max<int64_t>(1, n_in) / tile_rows * tile_rows);
+    const int64_t n_work = n_out * n_in * n_tok;
+    const auto body = [&](int64_t o0, int64_t o1) {
         int32_t acc[tile_rows][tile_tok];
         for (int64_t o = o0; o < o1; o += tile_rows) {
             const int nr = int(std::min<int64_t>(tile_rows, o1 - o));
@@ -170,7 +182,9 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
                 }
             }
         }
-    });
+    };
+    if (n_work < thread_pool::min_parallel_work) body(0, n_out);
+    else pool.parallel_for_dynamic(n_out, chunk, body);
 }
 
 } // namespace tandem::cpu
