@@ -1,4 +1,5 @@
 // Every op on every backend and ISA level this machine runs, against the scalar reference.
+#include "cpu/dnnl_matmul.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/fp16.hpp"
@@ -212,6 +213,27 @@ TEST_CASE("int8 matmul on shapes large enough to split across threads, and close
         ops::matmul_i8(exec_ctx{backend::ref}, got.data(), qx.data(), sx.data(), n_tok, w);
         CHECK(nmse(want, got) < 1e-3);
     }
+}
+
+TEST_CASE("int8 matmul with the weights reordered into oneDNN's blocked layout") {
+    if (cpu::detect_isa() != cpu::isa::avx512) {
+        MESSAGE("oneDNN blocked weights: skipped (the oneDNN path runs at avx512 only)");
+        return;
+    }
+    const int64_t n_in = 96, n_out = 80, n_tok = 512; // dnnl_pack picks the layout for 512 tokens
+    const auto wf = randn(size_t(n_out * n_in), 21);
+    weight w = quantize_weight(wf.data(), n_out, n_in);
+    const auto x = randn(size_t(n_tok * n_in), 22);
+    std::vector<int8_t> qx(x.size());
+    std::vector<float> sx(static_cast<size_t>(n_tok));
+    ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
+    std::vector<float> want(size_t(n_tok * n_out)), got(want.size());
+    ops::matmul_i8(exec_ctx{backend::ref}, want.data(), qx.data(), sx.data(), n_tok, w);
+    cpu::dnnl_pack(w);
+    REQUIRE(w.packed != nullptr);
+    cpu::thread_pool pool(2);
+    ops::matmul_i8(exec_ctx{backend::cpu, &pool}, got.data(), qx.data(), sx.data(), n_tok, w);
+    CHECK(nmse(want, got) <= tol_i8);
 }
 
 TEST_CASE("rms_norm vs reference") {
