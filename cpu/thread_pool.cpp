@@ -86,4 +86,19 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, const std::function<voi
     });
 }
 
+void thread_pool::parallel_for_dynamic(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
+    if (n <= 0) return;
+    chunk = std::max<int64_t>(1, chunk);
+    const int64_t n_chunks = (n + chunk - 1) / chunk;
+    if (n_threads_ == 1 || n_chunks == 1) {
+        fn(0, n);
+        return;
+    }
+    std::atomic<int64_t> next{0};
+    run([&](int, int) {
+        for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < n_chunks;)
+            fn(c * chunk, std::min(n, (c + 1) * chunk));
+    });
+}
+
 } // namespace tandem::cpu

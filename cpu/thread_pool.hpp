@@ -36,6 +36,11 @@ public:
     // range a multiple of `grain` (but the last); returns when all are done.
     void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+    // Calls fn(begin, end) over [0, n) in chunks of `chunk` items handed out one at a time to
+    // whichever thread is free: on shared cores a thread that loses its core for a while
+    // does fewer chunks instead of holding up the join.
+    void parallel_for_dynamic(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn);
+
     // Calls fn(ith, nth) once on each of the nth threads.
     void run(const std::function<void(int, int)>& fn);
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+namespace tandem { struct load_options; }
+
 namespace tandem::cli {
 
 // A registered subcommand and what runs when the user picked it. `run` returns the exit
@@ -22,6 +24,9 @@ using registry = std::vector<command>;
 // run, tokenize, detokenize, synth: offline, no daemon needed.
 void register_offline(CLI::App& app, registry& reg);
 
+// quantize, perplexity, eval-drift, bench: INT8 and measurement (cli_bench.cpp).
+void register_bench(CLI::App& app, registry& reg);
+
 // The daemon's client: bare `tandem "prompt"` (the main app's positional prompt; its entry
 // has sub == &app and runs when no subcommand was given), `chat` and `status`.
 void register_client(CLI::App& app, registry& reg);
@@ -31,5 +36,7 @@ std::string resolve_model(const std::string& flag); // -m, else $TANDEM_MODEL, e
 int default_threads();
 std::string read_stdin();
 void write_out(std::string_view s); // stdout, flushed at once so streams show token by token
+// --weights f32|int8 and --kv f32|f16|int8 into o (defined in cli_bench.cpp).
+void add_precision_flags(CLI::App* sub, load_options& o);
 
 } // namespace tandem::cli

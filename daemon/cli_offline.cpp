@@ -50,10 +50,11 @@ struct run_opts {
     std::vector<std::string> stop;
     int threads = default_threads();
     bool json = false, parse_special = false, ignore_eos = false;
+    load_options load;
 };
 
 int cmd_run(const run_opts& o) {
-    model_bundle b = load_model(resolve_model(o.model));
+    model_bundle b = load_model(resolve_model(o.model), o.load);
     const std::string prompt = o.prompt == "-" ? read_stdin() : o.prompt;
     std::vector<token_id> ids = b.tok->encode(prompt, /*add_special=*/true, o.parse_special);
 
@@ -142,6 +143,7 @@ void register_offline(CLI::App& app, registry& reg) {
     run->add_flag("--parse-special", ro->parse_special, "parse special-token text in the prompt");
     run->add_flag("--ignore-eos", ro->ignore_eos, "keep generating past EOS");
     run->add_flag("--json", ro->json, "print one JSON object instead of streaming text");
+    add_precision_flags(run, ro->load);
     reg.push_back({run, [ro] { return cmd_run(*ro); }});
 
     struct tokenize_opts {

@@ -142,7 +142,7 @@ void server::start_loading() {
             eo.step_tokens = cfg.step_tokens;
             // Default pool: max_running full contexts but at most 2 GiB (the engine keeps at
             // least one full context), so a big model does not take all memory by default.
-            const int64_t page_bytes = int64_t(ms->bundle.mdl->make_kv_layout(cfg.page_size).page_floats()) * 4;
+            const int64_t page_bytes = ms->bundle.mdl->make_kv_layout(cfg.page_size).page_bytes();
             const int64_t pages_per_ctx = (eo.n_ctx + cfg.page_size - 1) / cfg.page_size;
             const int64_t budget = (cfg.kv_size_mb > 0 ? cfg.kv_size_mb : 2048) * (int64_t(1) << 20);
             int64_t n_pages = std::max<int64_t>(1, budget / page_bytes);

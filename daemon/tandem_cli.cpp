@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
 
     cli::registry reg;
     cli::register_offline(app, reg);
+    cli::register_bench(app, reg);
     cli::register_client(app, reg); // last: its bare-prompt entry (sub == &app) is the fallback
 
     try {

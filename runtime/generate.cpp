@@ -1,12 +1,15 @@
 // Offline single-sequence generation loop.
 #include "runtime/generate.hpp"
 
+#include "cpu/thread_pool.hpp"
 #include "runtime/error.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/log.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <sys/mman.h>
+#include <optional>
 
 namespace tandem {
 namespace {
@@ -17,20 +20,33 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 } // namespace
 
-model_bundle load_model(const std::string& path) {
+model_bundle load_model(const std::string& path) { return load_model(path, load_options{}); }
+
+model_bundle load_model(const std::string& path, const load_options& opt) {
     const auto t0 = std::chrono::steady_clock::now();
     model_bundle b;
     b.file = std::make_unique<gguf::file>(gguf::file::open(path));
     model_config cfg = model_config::from_gguf(*b.file);
     b.tok = std::make_unique<tokenizer>(tokenizer::from_gguf(*b.file));
-    model_weights w = model_weights::load(*b.file, cfg);
+    std::optional<cpu::thread_pool> pool;
+    if (opt.n_threads > 0) pool.emplace(opt.n_threads);
+    model_weights w = model_weights::load(*b.file, cfg, {opt.weights, pool ? &*pool : nullptr});
     TANDEM_CHECK(b.tok->n_vocab() == cfg.n_vocab, "{}: the tokenizer has {} tokens but the model {}", path,
                  b.tok->n_vocab(), cfg.n_vocab);
-    b.mdl = std::make_unique<model>(std::move(cfg), std::move(w));
+    b.mdl = std::make_unique<model>(std::move(cfg), std::move(w), opt.kv);
+    // Weights converted at load hold nothing in the mapping: give its pages back, so RSS is
+    // the engine's copy alone. (A pre-quantized file is used in place and stays.)
+    const bool in_place = opt.weights == weight_format::int8 &&
+                          std::any_of(b.file->tensors().begin(), b.file->tensors().end(),
+                                      [](const gguf::tensor_info& t) { return t.type == dtype::i8; });
+    if (!in_place && !b.file->bytes().empty())
+        ::madvise(const_cast<uint8_t*>(b.file->bytes().data()), b.file->bytes().size(), MADV_DONTNEED);
     b.load_s = seconds_since(t0);
     const auto& c = b.mdl->config();
-    logger("model")->info("loaded {} ({}): {} layers, n_embd {}, heads {}/{}, vocab {}, in {:.2f} s", path, c.arch,
-                          c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab, b.load_s);
+    logger("model")->info("loaded {} ({}): {} layers, n_embd {}, heads {}/{}, vocab {}, weights {} ({:.0f} MB), kv {}, "
+                          "in {:.2f} s", path, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
+                          opt.weights == weight_format::int8 ? "int8" : "f32", double(b.mdl->weights().bytes()) / 1e6,
+                          name_of(opt.kv), b.load_s);
     return b;
 }
 

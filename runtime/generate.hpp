@@ -23,8 +23,17 @@ struct model_bundle {
     double load_s = 0;
 };
 
+// How to hold a model in memory. The defaults are the engine's: INT8 weights (quantized at
+// load unless the file is pre-quantized by `tandem quantize`), F16 KV cache.
+struct load_options {
+    weight_format weights = weight_format::int8;
+    kv_dtype kv = kv_dtype::f16;
+    int n_threads = 0; // threads that quantize at load; 0: every core
+};
+
 // Throws tandem::error with one line naming the file and the problem.
 model_bundle load_model(const std::string& path);
+model_bundle load_model(const std::string& path, const load_options& opt);
 
 // Holds back text that might be the start of a stop string; cuts the text at the first
 // stop string found (the stop string itself is not part of the output).

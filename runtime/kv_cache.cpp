@@ -3,14 +3,36 @@
 
 #include "runtime/error.hpp"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 namespace tandem {
 
-kv_cache::kv_cache(const kv_layout& layout, int32_t n_pages)
-    : layout_(layout), pool_(n_pages),
-      data_(std::make_unique<float[]>(size_t(n_pages) * size_t(layout.page_floats()))) {
+std::string_view name_of(kv_dtype t) {
+    switch (t) {
+    case kv_dtype::f32: return "f32";
+    case kv_dtype::f16: return "f16";
+    case kv_dtype::i8: return "int8";
+    }
+    return "?";
+}
+
+std::optional<kv_dtype> parse_kv_dtype(std::string_view s) {
+    if (s == "f32") return kv_dtype::f32;
+    if (s == "f16") return kv_dtype::f16;
+    if (s == "int8" || s == "i8") return kv_dtype::i8;
+    return std::nullopt;
+}
+
+void kv_cache::free_aligned::operator()(uint8_t* p) const { std::free(p); }
+
+kv_cache::kv_cache(const kv_layout& layout, int32_t n_pages) : layout_(layout), pool_(n_pages) {
     TANDEM_ASSERT(layout.page_size > 0 && layout.n_layer > 0 && layout.n_head_kv > 0 && layout.head_dim > 0);
+    const size_t n = std::max<size_t>(64, size_t(n_pages) * size_t(layout.page_bytes()));
+    data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, n)));
+    TANDEM_CHECK(data_ != nullptr, "cannot allocate {} bytes of KV cache", n);
+    std::memset(data_.get(), 0, n); // unwritten positions read as zeros, never as garbage
 }
 
 bool sequence_kv::reserve(int32_t n_tokens) {

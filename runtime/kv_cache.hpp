@@ -18,21 +18,19 @@ public:
     block_pool& pool() { return pool_; }
     const block_pool& pool() const { return pool_; }
 
-    float* base() { return data_.get(); } // page 0; kernels index pages with layout()
-    const float* base() const { return data_.get(); }
-
-    // [page_size, head_dim] block of keys (or values) of one kv head in one page.
-    float* k(int32_t page, int il, int kvh) { return page_ptr(page) + layout_.offset(il, false, kvh); }
-    float* v(int32_t page, int il, int kvh) { return page_ptr(page) + layout_.offset(il, true, kvh); }
-    const float* k(int32_t page, int il, int kvh) const { return page_ptr(page) + layout_.offset(il, false, kvh); }
-    const float* v(int32_t page, int il, int kvh) const { return page_ptr(page) + layout_.offset(il, true, kvh); }
+    // Page 0 (64-byte aligned); kernels index pages with layout().page_bytes().
+    uint8_t* base() { return data_.get(); }
+    const uint8_t* base() const { return data_.get(); }
+    int64_t bytes() const { return int64_t(pool_.n_pages()) * layout_.page_bytes(); }
 
 private:
-    float* page_ptr(int32_t page) const { return data_.get() + int64_t(page) * layout_.page_floats(); }
+    struct free_aligned {
+        void operator()(uint8_t* p) const;
+    };
 
     kv_layout layout_;
     block_pool pool_;
-    std::unique_ptr<float[]> data_;
+    std::unique_ptr<uint8_t[], free_aligned> data_;
 };
 
 // The pages of one sequence and how many positions they hold.

@@ -4,16 +4,20 @@
 #include "runtime/ops/attention.hpp"
 #include "runtime/ops/elementwise.hpp"
 #include "runtime/ops/matmul.hpp"
+#include "runtime/ops/quant.hpp"
+
+#include <algorithm>
 
 #include <cmath>
 #include <cstring>
 
 namespace tandem {
 
-model::model(model_config cfg, model_weights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {}
+model::model(model_config cfg, model_weights weights, kv_dtype kv)
+    : cfg_(std::move(cfg)), w_(std::move(weights)), kv_(kv) {}
 
 kv_layout model::make_kv_layout(int32_t page_size) const {
-    return kv_layout{cfg_.n_layer, cfg_.n_head_kv, cfg_.head_dim, page_size};
+    return kv_layout{cfg_.n_layer, cfg_.n_head_kv, cfg_.head_dim, page_size, kv_};
 }
 
 void model::ensure_scratch(int64_t n_tok) {
@@ -23,6 +27,8 @@ void model::ensure_scratch(int64_t n_tok) {
     k_.resize(t * kv); v_.resize(t * kv);
     gate_.resize(t * ff); up_.resize(t * ff);
     pos_.resize(t);
+    xq_.resize(t * std::max(e, ff));
+    xs_.resize(t);
 }
 
 void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_cache& kv, float* logits,
@@ -44,7 +50,7 @@ void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_ca
                 const token_id id = s.tokens[i];
                 TANDEM_CHECK(id >= 0 && id < cfg_.n_vocab, "token id {} is outside the vocabulary [0, {})", id,
                              cfg_.n_vocab);
-                std::memcpy(&x_[size_t(t * e)], w_.tok_embd.row(id), size_t(e) * sizeof(float));
+                w_.tok_embd.row_f32(id, &x_[size_t(t * e)]);
                 pos_[size_t(t)] = s.n_past + int32_t(i);
             }
         }
@@ -54,10 +60,20 @@ void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_ca
     const bool neox = cfg_.rope == rope_style::neox;
     for (int il = 0; il < cfg_.n_layer; ++il) {
         const layer_weights& l = w_.layers[size_t(il)];
-        ops::rms_norm(ctx, xn_.data(), x_.data(), l.attn_norm.data.data(), n_tok, e, cfg_.rms_eps);
-        ops::matmul(ctx, q_.data(), xn_.data(), n_tok, l.wq, &l.bq);
-        ops::matmul(ctx, k_.data(), xn_.data(), n_tok, l.wk, &l.bk);
-        ops::matmul(ctx, v_.data(), xn_.data(), n_tok, l.wv, &l.bv);
+        // W8A8: each normed activation row is quantized once and shared by the matmuls that read it.
+        const bool i8 = l.wq.is_i8();
+        const ops::act_i8 act{xq_.data(), xs_.data()};
+        if (i8) {
+            ops::rms_norm_quant(ctx, act, x_.data(), l.attn_norm.data.data(), n_tok, e, cfg_.rms_eps);
+            ops::matmul_i8(ctx, q_.data(), act.q, act.s, n_tok, l.wq, &l.bq);
+            ops::matmul_i8(ctx, k_.data(), act.q, act.s, n_tok, l.wk, &l.bk);
+            ops::matmul_i8(ctx, v_.data(), act.q, act.s, n_tok, l.wv, &l.bv);
+        } else {
+            ops::rms_norm(ctx, xn_.data(), x_.data(), l.attn_norm.data.data(), n_tok, e, cfg_.rms_eps);
+            ops::matmul(ctx, q_.data(), xn_.data(), n_tok, l.wq, &l.bq);
+            ops::matmul(ctx, k_.data(), xn_.data(), n_tok, l.wk, &l.bk);
+            ops::matmul(ctx, v_.data(), xn_.data(), n_tok, l.wv, &l.bv);
+        }
         ops::rope(ctx, q_.data(), pos_.data(), n_tok, cfg_.n_head, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
                   cfg_.rope_freq_scale, neox);
         ops::rope(ctx, k_.data(), pos_.data(), n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot,
@@ -70,14 +86,27 @@ void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_ca
                            s.block_table, scale);
             t += n;
         }
-        ops::matmul(ctx, proj_.data(), attn_.data(), n_tok, l.wo);
+        if (i8) {
+            ops::quantize_rows(ctx, act, attn_.data(), n_tok, e);
+            ops::matmul_i8(ctx, proj_.data(), act.q, act.s, n_tok, l.wo);
+        } else {
+            ops::matmul(ctx, proj_.data(), attn_.data(), n_tok, l.wo);
+        }
         ops::add(ctx, x_.data(), proj_.data(), n_tok * e);
 
-        ops::rms_norm(ctx, xn_.data(), x_.data(), l.ffn_norm.data.data(), n_tok, e, cfg_.rms_eps);
-        ops::matmul(ctx, gate_.data(), xn_.data(), n_tok, l.w_gate);
-        ops::matmul(ctx, up_.data(), xn_.data(), n_tok, l.w_up);
-        ops::swiglu(ctx, gate_.data(), gate_.data(), up_.data(), n_tok * cfg_.n_ff);
-        ops::matmul(ctx, proj_.data(), gate_.data(), n_tok, l.w_down);
+        if (i8) {
+            ops::rms_norm_quant(ctx, act, x_.data(), l.ffn_norm.data.data(), n_tok, e, cfg_.rms_eps);
+            ops::matmul_i8(ctx, gate_.data(), act.q, act.s, n_tok, l.w_gate);
+            ops::matmul_i8(ctx, up_.data(), act.q, act.s, n_tok, l.w_up);
+            ops::swiglu_quant(ctx, act, gate_.data(), up_.data(), n_tok, cfg_.n_ff);
+            ops::matmul_i8(ctx, proj_.data(), act.q, act.s, n_tok, l.w_down);
+        } else {
+            ops::rms_norm(ctx, xn_.data(), x_.data(), l.ffn_norm.data.data(), n_tok, e, cfg_.rms_eps);
+            ops::matmul(ctx, gate_.data(), xn_.data(), n_tok, l.w_gate);
+            ops::matmul(ctx, up_.data(), xn_.data(), n_tok, l.w_up);
+            ops::swiglu(ctx, gate_.data(), gate_.data(), up_.data(), n_tok * cfg_.n_ff);
+            ops::matmul(ctx, proj_.data(), gate_.data(), n_tok, l.w_down);
+        }
         ops::add(ctx, x_.data(), proj_.data(), n_tok * e);
     }
 
@@ -94,8 +123,15 @@ void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_ca
         rows = last_.data();
         n_rows = int64_t(batch.size());
     }
-    ops::rms_norm(ctx, xn_.data(), rows, w_.output_norm.data.data(), n_rows, e, cfg_.rms_eps);
-    ops::matmul(ctx, logits, xn_.data(), n_rows, w_.logits_weight());
+    const weight& out_w = w_.logits_weight();
+    if (out_w.is_i8()) {
+        const ops::act_i8 act{xq_.data(), xs_.data()};
+        ops::rms_norm_quant(ctx, act, rows, w_.output_norm.data.data(), n_rows, e, cfg_.rms_eps);
+        ops::matmul_i8(ctx, logits, act.q, act.s, n_rows, out_w);
+    } else {
+        ops::rms_norm(ctx, xn_.data(), rows, w_.output_norm.data.data(), n_rows, e, cfg_.rms_eps);
+        ops::matmul(ctx, logits, xn_.data(), n_rows, out_w);
+    }
 }
 
 } // namespace tandem

@@ -22,13 +22,16 @@ struct batch_seq {
 
 class model {
 public:
-    model(model_config cfg, model_weights weights);
+    // kv: the element type of the caches that make_kv_layout describes.
+    model(model_config cfg, model_weights weights, kv_dtype kv = kv_dtype::f32);
 
     const model_config& config() const { return cfg_; }
     const model_weights& weights() const { return w_; }
 
-    // A KV layout for this model with the given page size.
+    // A KV layout for this model with the given page size (and the model's KV dtype).
     kv_layout make_kv_layout(int32_t page_size = 16) const;
+    kv_dtype kv_type() const { return kv_; }
+    void set_kv_type(kv_dtype kv) { kv_ = kv; }
 
     // Runs every new token of every sequence as one flat batch (matmuls over all tokens,
     // attention per sequence) and writes the logits of each sequence's last token into
@@ -41,6 +44,7 @@ private:
 
     model_config cfg_;
     model_weights w_;
+    kv_dtype kv_;
     // activations for the flat batch of n_tok tokens
     std::vector<float> x_;        // [n_tok, n_embd] residual stream
     std::vector<float> xn_;       // [n_tok, n_embd] normed
@@ -50,6 +54,8 @@ private:
     std::vector<float> proj_;     // [n_tok, n_embd]
     std::vector<float> gate_, up_;// [n_tok, n_ff]
     std::vector<float> last_;     // [n_seq, n_embd] rows whose logits are wanted
+    std::vector<int8_t> xq_;      // [n_tok, max(n_embd, n_ff)] INT8 activations (W8A8 path)
+    std::vector<float> xs_;       // [n_tok] their per-token scales
     std::vector<int32_t> pos_;    // [n_tok]
 };
 

@@ -4,6 +4,7 @@
 #include "runtime/error.hpp"
 
 #include <cmath>
+#include <vector>
 
 namespace tandem {
 namespace {
@@ -15,11 +16,13 @@ void rmsnorm(float* out, const float* x, const float* w, int n, float eps) {
     for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * scale);
 }
 
-// out[n_out] = W[n_out, n_in] x[n_in] (+ b)
+// out[n_out] = W[n_out, n_in] x[n_in] (+ b); INT8 weights are dequantized (activations are not
+// quantized here: this is the F32 spec, which INT8 paths approach within quantization error)
 void matvec(float* out, const float* x, const weight& w, const weight* b = nullptr) {
+    std::vector<float> tmp(w.is_i8() ? size_t(w.n_in) : 0);
     for (int64_t i = 0; i < w.n_out; ++i) {
         double sum = 0;
-        const float* row = w.row(i);
+        const float* row = w.is_i8() ? (w.row_f32(i, tmp.data()), tmp.data()) : w.row(i);
         for (int64_t j = 0; j < w.n_in; ++j) sum += double(row[j]) * x[j];
         out[i] = float(sum) + (b && !b->empty() ? b->data[size_t(i)] : 0.0f);
     }
@@ -73,8 +76,7 @@ const std::vector<float>& reference_forward::forward(token_id tok, int32_t pos) 
     TANDEM_CHECK(pos >= 0 && pos < n_ctx_, "position {} out of range", pos);
     const int e = c_.n_embd, kv = c_.n_embd_kv(), hd = c_.head_dim;
     float* x = x_.data();
-    const float* emb = w_.tok_embd.row(tok);
-    for (int i = 0; i < e; ++i) x[i] = emb[i];
+    w_.tok_embd.row_f32(tok, x);
 
     for (int il = 0; il < c_.n_layer; ++il) {
         const layer_weights& l = w_.layers[size_t(il)];

@@ -1,12 +1,21 @@
-// Loads GGUF tensors into F32 weights, checking names and shapes.
+// Loads GGUF tensors into F32 or INT8 weights, checking names and shapes.
 #include "runtime/weights.hpp"
 
+#include "cpu/thread_pool.hpp"
+#include "quant/int8.hpp"
 #include "quant/q8_0.hpp"
 #include "runtime/error.hpp"
 #include "runtime/fp16.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/quantize_file.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <functional>
+#include <optional>
+#include <thread>
 
 namespace tandem {
 namespace {
@@ -17,28 +26,59 @@ std::string shape_str(const std::vector<int64_t>& ne) {
     return s + "]";
 }
 
-void to_f32(const gguf::tensor_info& t, float* out) {
-    const int64_t n = t.n_elements();
+// Row r (of n_in elements) of a 2-D tensor, or the whole of a 1-D one (r = 0), as F32.
+void row_to_f32(const gguf::tensor_info& t, int64_t r, int64_t n_in, float* out) {
     switch (t.type) {
-    case dtype::f32: std::memcpy(out, t.data, size_t(n) * sizeof(float)); return;
+    case dtype::f32: std::memcpy(out, t.data + r * n_in * 4, size_t(n_in) * sizeof(float)); return;
     case dtype::f16:
     case dtype::bf16: {
         const bool half = t.type == dtype::f16;
-        for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* p = t.data + r * n_in * 2;
+        for (int64_t i = 0; i < n_in; ++i) {
             uint16_t h;
-            std::memcpy(&h, t.data + 2 * i, 2);
+            std::memcpy(&h, p + 2 * i, 2);
             out[i] = half ? fp16_to_f32(h) : bf16_to_f32(h);
         }
         return;
     }
-    case dtype::q8_0: dequantize_q8_0_ref(t.data, out, n); return;
+    case dtype::q8_0:
+        dequantize_q8_0_ref(t.data + r * (n_in / q8_0_block) * int64_t(q8_0_block_bytes), out, n_in);
+        return;
     case dtype::i8: break;
     }
-    fail("tensor {} has type {}, which the F32 loader does not convert", t.name, name_of(t.type));
+    fail("tensor {} has type {}, which the loader does not convert", t.name, name_of(t.type));
 }
 
-// Finds `name`, checks its shape is exactly `ne` (GGUF order, ne[0] contiguous), converts it.
-weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int64_t> ne, bool optional = false) {
+// Gives back the mapped pages wholly inside a tensor once it is converted, so loading a
+// large model peaks at about one copy of it rather than two. Re-reading would fault them in.
+void release_pages(const gguf::tensor_info& t) {
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(t.data) + t.n_bytes) / page * page;
+    if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
+// Runs fn(begin, end) over rows, on the pool when there is one.
+void for_rows(cpu::thread_pool* pool, int64_t n_rows, int64_t n_in, const std::function<void(int64_t, int64_t)>& fn) {
+    if (pool) pool->parallel_for(n_rows, cpu::thread_pool::grain_for(n_in * 4, 16), fn);
+    else fn(0, n_rows);
+}
+
+// The scale tensor that goes with an I8 weight tensor of a `tandem quantize` file.
+const float* scale_tensor(const gguf::file& f, const gguf::tensor_info& t, int64_t n_out) {
+    const gguf::tensor_info* s = f.find_tensor(t.name + ".scale");
+    TANDEM_CHECK(s, "{}: I8 tensor {} has no {}.scale tensor", f.path(), t.name, t.name);
+    TANDEM_CHECK(s->type == dtype::f32 && s->ne == std::vector<int64_t>{n_out}, "{}: {}.scale must be F32 [{}]",
+                 f.path(), t.name, n_out);
+    TANDEM_CHECK(reinterpret_cast<uintptr_t>(s->data) % alignof(float) == 0, "{}: {}.scale is misaligned",
+                 f.path(), t.name);
+    return reinterpret_cast<const float*>(s->data);
+}
+
+// Finds `name`, checks its shape is exactly `ne` (GGUF order, ne[0] contiguous), converts it:
+// matrices to the requested format, vectors to F32.
+weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int64_t> ne,
+                   const weight_load_options& opt, bool optional = false) {
     const gguf::tensor_info* t = f.find_tensor(name);
     if (!t) {
         TANDEM_CHECK(optional, "{}: missing tensor {}", f.path(), name);
@@ -46,17 +86,115 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
     }
     TANDEM_CHECK(t->ne == ne, "{}: tensor {} has shape {}, expected {}", f.path(), name, shape_str(t->ne),
                  shape_str(ne));
+    const bool matrix = ne.size() == 2;
+    const int64_t n_in = ne[0];
+    const int64_t n_out = matrix ? ne[1] : 1;
+    TANDEM_CHECK(t->type != dtype::i8 || matrix, "{}: tensor {} is I8 but not a matrix", f.path(), name);
     weight w;
-    w.n_in = ne.size() == 1 ? 1 : ne[0];
-    w.n_out = ne.size() == 1 ? ne[0] : ne[1];
+    if (matrix && opt.format == weight_format::int8) {
+        w.n_out = n_out;
+        w.n_in = n_in;
+        if (t->type == dtype::i8) { // pre-quantized: used in place, no copy
+            w.q_ext = reinterpret_cast<const int8_t*>(t->data);
+            w.scale_ext = scale_tensor(f, *t, n_out);
+        } else {
+            w.q_store.resize(size_t(n_out * n_in));
+            w.scale_store.resize(size_t(n_out));
+            for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
+                std::vector<float> row(static_cast<size_t>(n_in));
+                for (int64_t r = b; r < e; ++r) {
+                    row_to_f32(*t, r, n_in, row.data());
+                    w.scale_store[size_t(r)] = quantize_row_i8_ref(row.data(), &w.q_store[size_t(r * n_in)], n_in);
+                }
+            });
+        }
+        compute_row_sums(w, opt.pool);
+        if (t->type != dtype::i8) release_pages(*t);
+        return w;
+    }
+    w.n_in = matrix ? n_in : 1;
+    w.n_out = matrix ? n_out : ne[0];
     w.data.resize(size_t(t->n_elements()));
-    to_f32(*t, w.data.data());
+    if (t->type == dtype::i8) {
+        const float* sc = scale_tensor(f, *t, n_out);
+        const int8_t* q = reinterpret_cast<const int8_t*>(t->data);
+        for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r) dequantize_row_i8_ref(q + r * n_in, sc[r], &w.data[size_t(r * n_in)], n_in);
+        });
+    } else if (matrix) {
+        for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r) row_to_f32(*t, r, n_in, &w.data[size_t(r * n_in)]);
+        });
+    } else {
+        row_to_f32(*t, 0, ne[0], w.data.data());
+    }
     return w;
 }
 
 } // namespace
 
-model_weights model_weights::load(const gguf::file& f, model_config& c) {
+void tensor_row_to_f32(const gguf::file& f, const gguf::tensor_info& t, int64_t r, float* out) {
+    TANDEM_ASSERT(t.ne.size() == 2 && r >= 0 && r < t.ne[1]);
+    const int64_t n_in = t.ne[0];
+    if (t.type == dtype::i8) {
+        const float* sc = scale_tensor(f, t, t.ne[1]);
+        dequantize_row_i8_ref(reinterpret_cast<const int8_t*>(t.data) + r * n_in, sc[r], out, n_in);
+        return;
+    }
+    row_to_f32(t, r, n_in, out);
+}
+
+void weight::row_f32(int64_t i, float* out) const {
+    if (is_i8()) dequantize_row_i8_ref(q() + i * n_in, scale()[i], out, n_in);
+    else std::memcpy(out, row(i), size_t(n_in) * sizeof(float));
+}
+
+weight quantize_weight(const float* data, int64_t n_out, int64_t n_in, cpu::thread_pool* pool) {
+    weight w;
+    w.n_out = n_out;
+    w.n_in = n_in;
+    w.q_store.resize(size_t(n_out * n_in));
+    w.scale_store.resize(size_t(n_out));
+    for_rows(pool, n_out, n_in, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r)
+            w.scale_store[size_t(r)] = quantize_row_i8_ref(data + r * n_in, &w.q_store[size_t(r * n_in)], n_in);
+    });
+    compute_row_sums(w, pool);
+    return w;
+}
+
+void compute_row_sums(weight& w, cpu::thread_pool* pool) {
+    w.q_sum.resize(size_t(w.n_out));
+    const int8_t* q = w.q();
+    for_rows(pool, w.n_out, w.n_in, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) w.q_sum[size_t(r)] = sum_i8_ref(q + r * w.n_in, w.n_in);
+    });
+}
+
+int64_t model_weights::bytes() const {
+    int64_t n = tok_embd.bytes() + output_norm.bytes() + output.bytes();
+    for (const auto& l : layers)
+        for (const weight* w : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate,
+                                &l.w_up, &l.w_down})
+            n += w->bytes();
+    return n;
+}
+
+model_weights model_weights::load(const gguf::file& f, model_config& c, const weight_load_options& opt_in) {
+    // Quantizing a 1B model row by row takes seconds on one thread: use every core.
+    std::optional<cpu::thread_pool> own_pool;
+    weight_load_options opt = opt_in;
+    if (!opt.pool) opt.pool = &own_pool.emplace(int(std::max(1u, std::thread::hardware_concurrency())));
+
+    // I8 tensors are only trusted in a file that names the scheme this loader implements.
+    if (std::any_of(f.tensors().begin(), f.tensors().end(), [](const auto& t) { return t.type == dtype::i8; })) {
+        const auto scheme = f.get_string(quant_scheme_key);
+        const auto version = f.get_int(quant_version_key);
+        TANDEM_CHECK(scheme == std::string(int8_scheme) && version == int64_t(int8_scheme_version),
+                     "{}: I8 tensors with quantization scheme {} version {}; this build reads {} version {}", f.path(),
+                     scheme.value_or("(none)"), version.value_or(0), int8_scheme, int8_scheme_version);
+    }
+
     const gguf::tensor_info* emb = f.find_tensor("token_embd.weight");
     TANDEM_CHECK(emb, "{}: missing tensor token_embd.weight", f.path());
     TANDEM_CHECK(emb->ne.size() == 2 && emb->ne[0] == c.n_embd, "{}: token_embd.weight has shape {}, expected [{}, n_vocab]",
@@ -67,32 +205,32 @@ model_weights model_weights::load(const gguf::file& f, model_config& c) {
 
     const int64_t e = c.n_embd, kv = c.n_embd_kv(), ff = c.n_ff, v = c.n_vocab;
     model_weights w;
-    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v});
-    w.output_norm = load_tensor(f, "output_norm.weight", {e});
-    w.output = load_tensor(f, "output.weight", {e, v}, /*optional=*/true);
+    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, opt);
+    w.output_norm = load_tensor(f, "output_norm.weight", {e}, opt);
+    w.output = load_tensor(f, "output.weight", {e, v}, opt, /*optional=*/true);
     c.tied_output = w.output.empty();
 
     w.layers.resize(size_t(c.n_layer));
     for (int il = 0; il < c.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         layer_weights& l = w.layers[size_t(il)];
-        l.attn_norm = load_tensor(f, p + "attn_norm.weight", {e});
-        l.wq = load_tensor(f, p + "attn_q.weight", {e, e});
-        l.wk = load_tensor(f, p + "attn_k.weight", {e, kv});
-        l.wv = load_tensor(f, p + "attn_v.weight", {e, kv});
-        l.wo = load_tensor(f, p + "attn_output.weight", {e, e});
-        l.bq = load_tensor(f, p + "attn_q.bias", {e}, true);
-        l.bk = load_tensor(f, p + "attn_k.bias", {kv}, true);
-        l.bv = load_tensor(f, p + "attn_v.bias", {kv}, true);
+        l.attn_norm = load_tensor(f, p + "attn_norm.weight", {e}, opt);
+        l.wq = load_tensor(f, p + "attn_q.weight", {e, e}, opt);
+        l.wk = load_tensor(f, p + "attn_k.weight", {e, kv}, opt);
+        l.wv = load_tensor(f, p + "attn_v.weight", {e, kv}, opt);
+        l.wo = load_tensor(f, p + "attn_output.weight", {e, e}, opt);
+        l.bq = load_tensor(f, p + "attn_q.bias", {e}, opt, true);
+        l.bk = load_tensor(f, p + "attn_k.bias", {kv}, opt, true);
+        l.bv = load_tensor(f, p + "attn_v.bias", {kv}, opt, true);
         const bool has_bias = !l.bq.empty() || !l.bk.empty() || !l.bv.empty();
         TANDEM_CHECK(!has_bias || (!l.bq.empty() && !l.bk.empty() && !l.bv.empty()),
                      "{}: layer {} has only some of the q/k/v biases", f.path(), il);
         TANDEM_CHECK(il == 0 || has_bias == c.qkv_bias, "{}: layer {} differs from layer 0 in q/k/v biases", f.path(), il);
         c.qkv_bias = has_bias;
-        l.ffn_norm = load_tensor(f, p + "ffn_norm.weight", {e});
-        l.w_gate = load_tensor(f, p + "ffn_gate.weight", {e, ff});
-        l.w_up = load_tensor(f, p + "ffn_up.weight", {e, ff});
-        l.w_down = load_tensor(f, p + "ffn_down.weight", {ff, e});
+        l.ffn_norm = load_tensor(f, p + "ffn_norm.weight", {e}, opt);
+        l.w_gate = load_tensor(f, p + "ffn_gate.weight", {e, ff}, opt);
+        l.w_up = load_tensor(f, p + "ffn_up.weight", {e, ff}, opt);
+        l.w_down = load_tensor(f, p + "ffn_down.weight", {ff, e}, opt);
     }
     return w;
 }

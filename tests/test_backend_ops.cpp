@@ -1,4 +1,5 @@
 // Every op on every backend and ISA level this machine runs, against the scalar reference.
+#include "cpu/dnnl_matmul.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/fp16.hpp"
@@ -6,9 +7,12 @@
 #include "runtime/ops/attention.hpp"
 #include "runtime/ops/elementwise.hpp"
 #include "runtime/ops/matmul.hpp"
+#include "runtime/ops/quant.hpp"
+#include "quant/int8.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -42,6 +46,13 @@ double nmse(const std::vector<float>& want, const std::vector<float>& got) {
 // Named tolerances: f32 kernels differ from the reference only in summation order.
 constexpr double tol_f32 = 1e-10;
 constexpr double tol_transcendental = 1e-9; // exp/sin/cos in float vs the reference's
+// INT8 kernels: integer dots are exact (GEMV and oneDNN alike) and the scaling is the
+// reference's own expression, so results match bit for bit; a fused op may round an
+// activation to the neighbouring int8 step where its vector exp differs in the last bits.
+constexpr double tol_i8 = 1e-10;
+constexpr double tol_i8_fused = 1e-5;
+// F16/INT8 KV: pages hold the same bytes on every backend, so only summation order differs.
+constexpr double tol_kv = 1e-9;
 
 // Runs `op` once on the reference backend and then on the CPU at every ISA level this
 // machine supports and with 1 and 3 threads, comparing each result with the reference's.
@@ -104,6 +115,127 @@ TEST_CASE("matmul vs reference on shapes large enough to split across threads") 
     }
 }
 
+// Quantized activations and their scales, flattened to floats (dequantized) for comparison.
+std::vector<float> dequant(const std::vector<int8_t>& q, const std::vector<float>& s, int64_t n) {
+    std::vector<float> out(q.size());
+    for (size_t t = 0; t < s.size(); ++t) dequantize_row_i8_ref(&q[t * size_t(n)], s[t], &out[t * size_t(n)], n);
+    return out;
+}
+
+TEST_CASE("int8 row quantization: round trip, saturation, zero rows") {
+    const auto x = randn(257, 3);
+    std::vector<int8_t> q(x.size());
+    const float s = quantize_row_i8_ref(x.data(), q.data(), int64_t(x.size()));
+    std::vector<float> back(x.size());
+    dequantize_row_i8_ref(q.data(), s, back.data(), int64_t(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) CHECK(std::abs(back[i] - x[i]) <= 0.5f * s + 1e-7f);
+    CHECK(*std::max_element(q.begin(), q.end()) <= 127);
+    CHECK(*std::min_element(q.begin(), q.end()) >= -127);
+    const std::vector<float> z(9, 0.0f);
+    std::vector<int8_t> qz(9, 1);
+    CHECK(quantize_row_i8_ref(z.data(), qz.data(), 9) == 0.0f);
+    CHECK(std::all_of(qz.begin(), qz.end(), [](int8_t v) { return v == 0; }));
+    const std::vector<float> odd{INFINITY, -INFINITY, NAN, 1.0f};
+    std::vector<int8_t> qo(4);
+    CHECK(quantize_row_i8_ref(odd.data(), qo.data(), 4) == doctest::Approx(1.0f / 127.0f));
+    CHECK(qo == std::vector<int8_t>{127, -127, 0, 127});
+    const int8_t a[3] = {-127, 5, 127}, b[3] = {-127, -3, 127};
+    CHECK(dot_i8_ref(a, b, 3) == 127 * 127 * 2 - 15);
+}
+
+TEST_CASE("int8 activation quantization ops vs reference (plain, fused RMSNorm, fused SwiGLU)") {
+    for (int64_t n : {1, 15, 16, 17, 64, 100, 257}) {
+        for (int64_t n_tok : {1, 3, 17, 33}) {
+            const auto x = randn(size_t(n * n_tok), 1, 2.0f), w = randn(size_t(n), 2), u = randn(size_t(n * n_tok), 3);
+            const std::string tag = " n=" + std::to_string(n) + " n_tok=" + std::to_string(n_tok);
+            for_each_cpu_variant([&](const exec_ctx& ctx) {
+                std::vector<int8_t> q(x.size());
+                std::vector<float> sc(static_cast<size_t>(n_tok));
+                ops::quantize_rows(ctx, {q.data(), sc.data()}, x.data(), n_tok, n);
+                return dequant(q, sc, n);
+            }, tol_i8, "quantize_rows" + tag);
+            for_each_cpu_variant([&](const exec_ctx& ctx) {
+                std::vector<int8_t> q(x.size());
+                std::vector<float> sc(static_cast<size_t>(n_tok));
+                ops::rms_norm_quant(ctx, {q.data(), sc.data()}, x.data(), w.data(), n_tok, n, 1e-5f);
+                return dequant(q, sc, n);
+            }, tol_i8, "rms_norm_quant" + tag);
+            for_each_cpu_variant([&](const exec_ctx& ctx) {
+                std::vector<int8_t> q(x.size());
+                std::vector<float> sc(static_cast<size_t>(n_tok));
+                ops::swiglu_quant(ctx, {q.data(), sc.data()}, x.data(), u.data(), n_tok, n);
+                return dequant(q, sc, n);
+            }, tol_i8_fused, "swiglu_quant" + tag);
+        }
+    }
+}
+
+TEST_CASE("int8 matmul (GEMV, small GEMM, oneDNN for batches >= 32) vs reference on odd shapes") {
+    for (int64_t n_in : {2, 7, 31, 64, 65, 100, 257}) {
+        for (int64_t n_tok : {1, 2, 3, 4, 5, 9, 16, 31, 32, 33}) {
+            const int64_t n_out = 13 + n_in % 7;
+            const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in * 31 + n_tok));
+            const weight w = quantize_weight(wf.data(), n_out, n_in);
+            weight b{randn(size_t(n_out), 7), n_out, 1};
+            const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok));
+            std::vector<int8_t> qx(x.size());
+            std::vector<float> sx(static_cast<size_t>(n_tok));
+            ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
+            for (bool with_bias : {false, true}) {
+                for_each_cpu_variant([&](const exec_ctx& ctx) {
+                    std::vector<float> out(size_t(n_tok * n_out), NAN);
+                    ops::matmul_i8(ctx, out.data(), qx.data(), sx.data(), n_tok, w, with_bias ? &b : nullptr);
+                    return out;
+                }, tol_i8,
+                   "matmul_i8 n_in=" + std::to_string(n_in) + " n_tok=" + std::to_string(n_tok));
+            }
+        }
+    }
+}
+
+TEST_CASE("int8 matmul on shapes large enough to split across threads, and close to F32") {
+    for (int64_t n_tok : {1, 6, 16, 48}) {
+        const int64_t n_in = 1031, n_out = 301;
+        const auto wf = randn(size_t(n_out * n_in), 11);
+        const weight w = quantize_weight(wf.data(), n_out, n_in);
+        const auto x = randn(size_t(n_tok * n_in), 12);
+        std::vector<int8_t> qx(x.size());
+        std::vector<float> sx(static_cast<size_t>(n_tok));
+        ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
+        for_each_cpu_variant([&](const exec_ctx& ctx) {
+            std::vector<float> out(size_t(n_tok * n_out), NAN);
+            ops::matmul_i8(ctx, out.data(), qx.data(), sx.data(), n_tok, w);
+            return out;
+        }, tol_i8, "matmul_i8 large n_tok=" + std::to_string(n_tok));
+        // W8A8 against the F32 product: the quantization error itself, well under 1e-3
+        std::vector<float> want(size_t(n_tok * n_out)), got(want.size());
+        ops::matmul(exec_ctx{backend::ref}, want.data(), x.data(), n_tok, weight{wf, n_out, n_in});
+        ops::matmul_i8(exec_ctx{backend::ref}, got.data(), qx.data(), sx.data(), n_tok, w);
+        CHECK(nmse(want, got) < 1e-3);
+    }
+}
+
+TEST_CASE("int8 matmul with the weights reordered into oneDNN's blocked layout") {
+    if (cpu::detect_isa() != cpu::isa::avx512) {
+        MESSAGE("oneDNN blocked weights: skipped (the oneDNN path runs at avx512 only)");
+        return;
+    }
+    const int64_t n_in = 96, n_out = 80, n_tok = 512; // dnnl_pack picks the layout for 512 tokens
+    const auto wf = randn(size_t(n_out * n_in), 21);
+    weight w = quantize_weight(wf.data(), n_out, n_in);
+    const auto x = randn(size_t(n_tok * n_in), 22);
+    std::vector<int8_t> qx(x.size());
+    std::vector<float> sx(static_cast<size_t>(n_tok));
+    ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
+    std::vector<float> want(size_t(n_tok * n_out)), got(want.size());
+    ops::matmul_i8(exec_ctx{backend::ref}, want.data(), qx.data(), sx.data(), n_tok, w);
+    cpu::dnnl_pack(w);
+    REQUIRE(w.packed != nullptr);
+    cpu::thread_pool pool(2);
+    ops::matmul_i8(exec_ctx{backend::cpu, &pool}, got.data(), qx.data(), sx.data(), n_tok, w);
+    CHECK(nmse(want, got) <= tol_i8);
+}
+
 TEST_CASE("rms_norm vs reference") {
     for (int64_t n : {1, 8, 15, 64, 130}) {
         for (int64_t n_tok : {1, 3, 17}) {
@@ -163,13 +295,15 @@ TEST_CASE("swiglu and add vs reference") {
     }, 0.0, "add");
 }
 
-TEST_CASE("paged attention vs reference: GQA ratios, page sizes, prefill and decode shapes") {
+TEST_CASE("paged attention vs reference: KV dtypes, GQA ratios, page sizes, prefill and decode shapes") {
+  for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16, kv_dtype::i8}) {
+   for (int hd : {8, 64}) {
     for (int n_gqa : {1, 2, 4, 8}) {
         for (int page_size : {1, 4, 16}) {
             for (int64_t n_tok : {1, 5, 33}) {
-                const int n_kv = 2, hd = 8, n_head = n_kv * n_gqa;
+                const int n_kv = 2, n_head = n_kv * n_gqa;
                 const int32_t n_past = 19;
-                kv_layout lay{2, n_kv, hd, page_size};
+                kv_layout lay{2, n_kv, hd, page_size, dt};
                 const int32_t n_pos = n_past + int32_t(n_tok);
                 const int32_t n_pages = (n_pos + page_size - 1) / page_size;
                 // Scattered, non-monotonic pages as a real pool hands out.
@@ -185,11 +319,32 @@ TEST_CASE("paged attention vs reference: GQA ratios, page sizes, prefill and dec
                     ops::attention(ctx, out.data(), q.data(), n_tok, n_past, n_head, cache, il, table,
                                    1.0f / std::sqrt(float(hd)));
                     return out;
-                }, tol_transcendental,
-                   "attention gqa=" + std::to_string(n_gqa) + " page=" + std::to_string(page_size) +
-                       " n_tok=" + std::to_string(n_tok));
+                }, tol_kv,
+                   "attention kv=" + std::string(name_of(dt)) + " hd=" + std::to_string(hd) + " gqa=" +
+                       std::to_string(n_gqa) + " page=" + std::to_string(page_size) + " n_tok=" + std::to_string(n_tok));
             }
         }
+    }
+   }
+  }
+}
+
+TEST_CASE("F16 and INT8 KV pages hold the values within their precision") {
+    for (kv_dtype dt : {kv_dtype::f16, kv_dtype::i8}) {
+        kv_layout lay{1, 2, 16, 4, dt};
+        kv_cache cache(lay, 2);
+        std::vector<int32_t> table{1, 0};
+        const auto k = randn(size_t(5 * 2 * 16), 4), v = randn(size_t(5 * 2 * 16), 5);
+        ops::kv_store(exec_ctx{backend::ref}, cache, 0, table, 0, k.data(), v.data(), 5);
+        // one query head per kv head with a huge score on position 3 reads back V at 3
+        std::vector<float> out(2 * 16);
+        std::vector<float> q(2 * 16, 0.0f);
+        for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < 16; ++i) q[size_t(h * 16 + i)] = 1000.0f * k[size_t((3 * 2 + h) * 16 + i)];
+        ops::attention(exec_ctx{backend::ref}, out.data(), q.data(), 1, 4, 2, cache, 0, table, 1.0f);
+        const std::vector<float> want(v.begin() + 3 * 32, v.begin() + 4 * 32);
+        INFO(name_of(dt));
+        CHECK(nmse(want, out) < (dt == kv_dtype::f16 ? 1e-6 : 1e-3));
     }
 }
 

@@ -77,7 +77,9 @@ std::vector<token_id> reference_greedy(const std::string& path, const std::vecto
 } // namespace
 
 TEST_CASE("tandem run --json: greedy ids equal the reference forward's") {
-    auto r = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json"});
+    // the F32 path is the one that equals the reference exactly (INT8 is held to it by test_quant)
+    auto r = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json",
+                         "--weights", "f32", "--kv", "f32"});
     INFO(r.err);
     REQUIRE(r.rc == 0);
     const json j = json::parse(r.out);
@@ -114,7 +116,9 @@ TEST_CASE("tandem run: same seed, same output; the model from TANDEM_MODEL") {
 }
 
 TEST_CASE("tandem run: stop strings and token limit") {
-    auto r = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json"});
+    // the F32 path is the one that equals the reference exactly (INT8 is held to it by test_quant)
+    auto r = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "64", "--temp", "0", "--json",
+                         "--weights", "f32", "--kv", "f32"});
     REQUIRE(r.rc == 0);
     const std::string full = json::parse(r.out)["text"];
     // stop at the first word after the first 10 characters
@@ -199,4 +203,53 @@ TEST_CASE("tandem synth writes a model that tandem runs, deterministically") {
     CHECK(cfg.n_head_kv == 2);
     CHECK(cfg.n_ff == 200);
     CHECK(cfg.n_vocab == 700);
+}
+
+TEST_CASE("tandem quantize, perplexity, eval-drift and bench print what they promise") {
+    test::scratch_dir dir("cli-int8");
+    // a text written by the model itself
+    auto gen = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-n", "300", "--temp", "1", "--seed", "3",
+                           "--weights", "f32", "--kv", "f32"});
+    REQUIRE(gen.rc == 0);
+    const std::string text = dir.file("text.txt");
+    {
+        std::ofstream f(text, std::ios::binary);
+        f << gen.out;
+    }
+    const std::string q = dir.file("q.gguf");
+    auto qz = run_tandem({"quantize", stories, q});
+    INFO(qz.err);
+    REQUIRE(qz.rc == 0);
+    CHECK(qz.out.find("tandem.int8.rowwise") != std::string::npos);
+
+    auto pf = run_tandem({"perplexity", "-m", stories, "-f", text, "--weights", "f32", "--kv", "f32", "--json"});
+    auto pq = run_tandem({"perplexity", "-m", q, "-f", text, "--json"});
+    REQUIRE(pf.rc == 0);
+    REQUIRE(pq.rc == 0);
+    const json jf = json::parse(pf.out), jq = json::parse(pq.out);
+    CHECK(jf["n_tokens"].get<int64_t>() > 100);
+    CHECK(jq["n_tokens"] == jf["n_tokens"]);
+    CHECK(jq["ppl"].get<double>() == doctest::Approx(jf["ppl"].get<double>()).epsilon(0.03));
+
+    auto dr = run_tandem({"eval-drift", "-m", stories, "-f", text, "--json"});
+    REQUIRE(dr.rc == 0);
+    const json jd = json::parse(dr.out);
+    CHECK(jd["top1"].get<double>() > 0.9);
+    CHECK(jd["mean_kl"].get<double>() < 0.01);
+    CHECK(jd["ppl_f32"].get<double>() == doctest::Approx(jf["ppl"].get<double>()).epsilon(1e-6));
+
+    auto bad = run_tandem({"perplexity", "-m", stories, "-f", text, "--kv", "int4"});
+    CHECK(bad.rc != 0);
+
+    auto b = run_tandem({"bench", "-m", q, "-p", "40", "-n", "4", "-t", "2", "--batch", "1,3", "--json"});
+    INFO(b.err);
+    REQUIRE(b.rc == 0);
+    const json jb = json::parse(b.out);
+    for (const char* k : {"load_s", "prefill_tok_s", "decode_tok_s", "bandwidth_gbs", "roofline_tok_s", "roofline_pct",
+                          "peak_rss_mb", "onednn_raw_prefill_tok_s"}) {
+        INFO(k);
+        CHECK(jb[k].get<double>() > 0);
+    }
+    CHECK(jb["decode_batch_tok_s"]["1"].get<double>() > 0);
+    CHECK(jb["decode_batch_tok_s"]["3"].get<double>() > 0);
 }

@@ -128,11 +128,11 @@ TEST_CASE("kv layout offsets tile a page without overlap") {
         for (bool is_v : {false, true})
             for (int h = 0; h < 2; ++h) {
                 const int64_t off = lay.offset(il, is_v, h);
-                CHECK(off % lay.head_floats() == 0);
-                CHECK(off + lay.head_floats() <= lay.page_floats());
+                CHECK(off % lay.head_elems() == 0);
+                CHECK(off + lay.head_elems() <= lay.page_elems());
                 starts.insert(off);
             }
-    CHECK(int64_t(starts.size()) * lay.head_floats() == lay.page_floats());
+    CHECK(int64_t(starts.size()) * lay.head_elems() == lay.page_elems());
 }
 
 TEST_CASE("stop strings: held back while they may match, cut when they do") {

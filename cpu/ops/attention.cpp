@@ -1,65 +1,266 @@
-// Causal attention over paged K/V with online softmax, GQA-aware: one pass over the pages
-// per (token, kv head) serves all the query heads that share that kv head.
+// Causal attention over paged K/V (F32, F16 or INT8 pages) with online softmax, GQA-aware: one
+// pass over the pages per (token, kv head) decodes each page once for all the query heads
+// that share that kv head.
+#include "cpu/isa.hpp"
 #include "cpu/ops/ops.hpp"
+#include "cpu/ref/ops_ref.hpp"
+#include "cpu/simd_exp.hpp"
 #include "cpu/thread_pool.hpp"
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace tandem::cpu {
+namespace {
+
+constexpr int lanes = 16; // independent partial sums, so the compiler can vectorize the dots
+
+// Decodes slots [0, n) of (il, K or V, kvh) of a page into dst [n, head_dim]; F16 and INT8
+// with AVX-512 when the level allows, otherwise the reference decoder (same values).
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) void decode_avx512(const uint8_t* page, const kv_layout& lay,
+                                                                             int il, bool is_v, int kvh, int n,
+                                                                             float* dst) {
+    const int64_t e0 = lay.offset(il, is_v, kvh);
+    const int64_t total = int64_t(n) * lay.head_dim;
+    if (lay.dtype == kv_dtype::f16) {
+        const uint16_t* src = reinterpret_cast<const uint16_t*>(page) + e0;
+        int64_t i = 0;
+        for (; i + 16 <= total; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+        for (; i < total; ++i) dst[i] = _cvtsh_ss(src[i]);
+        return;
+    }
+    if (lay.dtype == kv_dtype::i8 && lay.head_dim % 16 == 0) {
+        const int8_t* src = reinterpret_cast<const int8_t*>(page) + e0;
+        const float* sc = reinterpret_cast<const float*>(page + lay.scales_begin()) + lay.scale_offset(il, is_v, kvh);
+        for (int j = 0; j < n; ++j) {
+            const __m512 s = _mm512_set1_ps(sc[j]);
+            for (int i = 0; i < lay.head_dim; i += 16) {
+                const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j * lay.head_dim + i));
+                _mm512_storeu_ps(dst + j * lay.head_dim + i, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s));
+            }
+        }
+        return;
+    }
+    ref::kv_read(page, lay, il, is_v, kvh, 0, n, dst);
+}
+
+inline __attribute__((always_inline)) float dot(const float* a, const float* b, int n) {
+    float acc[lanes] = {};
+    int i = 0;
+    for (; i + lanes <= n; i += lanes)
+        for (int j = 0; j < lanes; ++j) acc[j] += a[i + j] * b[i + j];
+    float s = 0;
+    for (; i < n; ++i) s += a[i] * b[i];
+    for (float v : acc) s += v;
+    return s;
+}
+
+struct scratch {
+    std::vector<float> m, l, s, acc, kb, vb;
+    scratch(int n_gqa, int hd, int ps)
+        : m(size_t(n_gqa)), l(size_t(n_gqa)), s(size_t(ps)), acc(size_t(n_gqa) * size_t(hd)),
+          kb(size_t(ps) * size_t(hd)), vb(size_t(ps) * size_t(hd)) {}
+};
+
+// Attention for token t over kv head kvh (all of its query heads); the body is shared by the
+// plain and AVX-512 builds below, so both vectorize the same loops at their own width.
+inline __attribute__((always_inline)) void attend(scratch& w, float* out, const float* q, int64_t t, int kvh,
+                                                  int32_t n_past, int n_head, const uint8_t* kv_base,
+                                                  const kv_layout& lay, int il, const int32_t* block_table,
+                                                  float scale, bool fast_decode) {
+    const int hd = lay.head_dim, n_gqa = n_head / lay.n_head_kv, ps = lay.page_size;
+    const int32_t n_ctx = n_past + int32_t(t) + 1;
+    std::fill(w.m.begin(), w.m.end(), -INFINITY);
+    std::fill(w.l.begin(), w.l.end(), 0.0f);
+    std::fill(w.acc.begin(), w.acc.end(), 0.0f);
+    for (int32_t p0 = 0; p0 < n_ctx; p0 += ps) {
+        const int n = std::min(ps, n_ctx - p0);
+        const uint8_t* page = kv_base + int64_t(block_table[p0 / ps]) * lay.page_bytes();
+        const float* kp;
+        const float* vp;
+        if (lay.dtype == kv_dtype::f32) { // read in place
+            kp = reinterpret_cast<const float*>(page) + lay.offset(il, false, kvh);
+            vp = reinterpret_cast<const float*>(page) + lay.offset(il, true, kvh);
+        } else {
+            if (fast_decode) {
+                decode_avx512(page, lay, il, false, kvh, n, w.kb.data());
+                decode_avx512(page, lay, il, true, kvh, n, w.vb.data());
+            } else {
+                ref::kv_read(page, lay, il, false, kvh, 0, n, w.kb.data());
+                ref::kv_read(page, lay, il, true, kvh, 0, n, w.vb.data());
+            }
+            kp = w.kb.data();
+            vp = w.vb.data();
+        }
+        for (int g = 0; g < n_gqa; ++g) {
+            const float* qh = q + (t * n_head + kvh * n_gqa + g) * hd;
+            float page_max = -INFINITY;
+            for (int j = 0; j < n; ++j) {
+                w.s[size_t(j)] = dot(qh, kp + j * hd, hd) * scale;
+                page_max = std::max(page_max, w.s[size_t(j)]);
+            }
+            // rescale what was accumulated so far to the new running max
+            const float new_m = std::max(w.m[size_t(g)], page_max);
+            const float corr = std::exp(w.m[size_t(g)] - new_m);
+            float* ag = w.acc.data() + size_t(g) * hd;
+            w.l[size_t(g)] *= corr;
+            for (int i = 0; i < hd; ++i) ag[i] *= corr;
+            for (int j = 0; j < n; ++j) {
+                const float pj = std::exp(w.s[size_t(j)] - new_m);
+                w.l[size_t(g)] += pj;
+                const float* vj = vp + j * hd;
+                for (int i = 0; i < hd; ++i) ag[i] += pj * vj[i];
+            }
+            w.m[size_t(g)] = new_m;
+        }
+    }
+    for (int g = 0; g < n_gqa; ++g) {
+        float* oh = out + (t * n_head + kvh * n_gqa + g) * hd;
+        const float inv = 1.0f / w.l[size_t(g)];
+        for (int i = 0; i < hd; ++i) oh[i] = w.acc[size_t(g) * hd + i] * inv;
+    }
+}
+
+void attend_plain(scratch& w, float* out, const float* q, int64_t t, int kvh, int32_t n_past, int n_head,
+                  const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
+    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, false);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void attend_avx512(
+    scratch& w, float* out, const float* q, int64_t t, int kvh, int32_t n_past, int n_head, const uint8_t* kv_base,
+    const kv_layout& lay, int il, const int32_t* block_table, float scale) {
+    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, true);
+}
+
+// AVX-512, head_dim a multiple of 16: a block of query tokens shares each decoded page, and
+// the page's (up to) 16 keys sit in the lanes of one register, so scores, the online softmax
+// and the P.V update are whole-register operations with no horizontal sums per key.
+constexpr int key_chunk = 16;
+constexpr int tok_block = 16;
+constexpr int max_nv = 16; // head_dim up to 256
+
+struct block_scratch {
+    std::vector<float> kb, vb, kt, m, l, acc;
+    block_scratch(int n_gqa, int hd, int ps)
+        : kb(size_t(ps) * size_t(hd)), vb(size_t(ps) * size_t(hd)), kt(size_t(hd) * key_chunk),
+          m(size_t(tok_block) * size_t(n_gqa)), l(m.size()), acc(m.size() * size_t(hd)) {}
+};
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void attend_block_avx512(
+    block_scratch& w, float* out, const float* q, int64_t t0, int64_t t1, int kvh, int32_t n_past, int n_head,
+    const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
+    const int hd = lay.head_dim, n_gqa = n_head / lay.n_head_kv, ps = lay.page_size, nv = hd / 16;
+    const int nq = int(t1 - t0) * n_gqa;
+    std::fill(w.m.begin(), w.m.begin() + nq, -INFINITY);
+    std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);
+    std::fill(w.acc.begin(), w.acc.begin() + size_t(nq) * hd, 0.0f);
+    const int32_t n_end = n_past + int32_t(t1); // the last token's context
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int32_t p0 = 0; p0 < n_end; p0 += ps) {
+        const int n_page = std::min(ps, n_end - p0);
+        const uint8_t* page = kv_base + int64_t(block_table[p0 / ps]) * lay.page_bytes();
+        const float* kp;
+        const float* vp;
+        if (lay.dtype == kv_dtype::f32) {
+            kp = reinterpret_cast<const float*>(page) + lay.offset(il, false, kvh);
+            vp = reinterpret_cast<const float*>(page) + lay.offset(il, true, kvh);
+        } else {
+            decode_avx512(page, lay, il, false, kvh, n_page, w.kb.data());
+            decode_avx512(page, lay, il, true, kvh, n_page, w.vb.data());
+            kp = w.kb.data();
+            vp = w.vb.data();
+        }
+        for (int c0 = 0; c0 < n_page; c0 += key_chunk) {
+            const int n = std::min(key_chunk, n_page - c0);
+            // K chunk transposed: kt[i] holds dim i of the chunk's keys in lanes 0..n-1
+            for (int i = 0; i < hd; ++i)
+                for (int j = 0; j < key_chunk; ++j) w.kt[size_t(i * key_chunk + j)] = j < n ? kp[(c0 + j) * hd + i] : 0.0f;
+            const int32_t pos0 = p0 + c0;
+            for (int64_t t = t0; t < t1; ++t) {
+                const int32_t n_ctx = n_past + int32_t(t) + 1;
+                const int valid = std::min(n, n_ctx - pos0);
+                if (valid <= 0) continue;
+                const __mmask16 live = __mmask16((1u << valid) - 1);
+                for (int g = 0; g < n_gqa; ++g) {
+                    const int qi = int(t - t0) * n_gqa + g;
+                    const float* qh = q + (t * n_head + kvh * n_gqa + g) * hd;
+                    // four independent chains: one chain of hd FMAs would wait on FMA latency
+                    __m512 s4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                    const float* kt = w.kt.data();
+                    for (int i = 0; i < hd; i += 4)
+                        for (int u = 0; u < 4; ++u)
+                            s4[u] = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + u]), _mm512_loadu_ps(kt + (i + u) * key_chunk), s4[u]);
+                    __m512 sc = _mm512_add_ps(_mm512_add_ps(s4[0], s4[1]), _mm512_add_ps(s4[2], s4[3]));
+                    sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, _mm512_mul_ps(sc, vscale));
+                    const float m_old = w.m[size_t(qi)];
+                    const float m_new = std::max(m_old, _mm512_reduce_max_ps(sc));
+                    const float corr = std::exp(m_old - m_new);
+                    const __m512 pr = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(sc, _mm512_set1_ps(m_new))));
+                    w.l[size_t(qi)] = w.l[size_t(qi)] * corr + _mm512_reduce_add_ps(pr);
+                    w.m[size_t(qi)] = m_new;
+                    alignas(64) float pj[key_chunk];
+                    _mm512_store_ps(pj, pr);
+                    float* acc = &w.acc[size_t(qi) * hd];
+                    const __m512 vc = _mm512_set1_ps(corr);
+                    __m512 a[max_nv]; // one register per 16 dims: nv independent chains over the keys
+                    for (int v = 0; v < nv; ++v) a[v] = _mm512_mul_ps(_mm512_loadu_ps(acc + v * 16), vc);
+                    for (int j = 0; j < valid; ++j) {
+                        const __m512 pb = _mm512_set1_ps(pj[j]);
+                        const float* vj = vp + (c0 + j) * hd;
+                        for (int v = 0; v < nv; ++v) a[v] = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vj + v * 16), a[v]);
+                    }
+                    for (int v = 0; v < nv; ++v) _mm512_storeu_ps(acc + v * 16, a[v]);
+                }
+            }
+        }
+    }
+    for (int64_t t = t0; t < t1; ++t)
+        for (int g = 0; g < n_gqa; ++g) {
+            const int qi = int(t - t0) * n_gqa + g;
+            float* oh = out + (t * n_head + kvh * n_gqa + g) * hd;
+            const float inv = 1.0f / w.l[size_t(qi)];
+            for (int i = 0; i < hd; ++i) oh[i] = w.acc[size_t(qi) * hd + i] * inv;
+        }
+}
+
+} // namespace
 
 void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
-               const float* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
+               const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
     const int hd = lay.head_dim;
     const int n_kv = lay.n_head_kv;
     const int n_gqa = n_head / n_kv;
-    const int ps = lay.page_size;
+    if (active_isa() == isa::avx512 && hd % 16 == 0 && hd / 16 <= max_nv) {
+        // jobs: (token block, kv head); decode (one token) still gets one job per kv head
+        const int64_t n_blocks = (n_tok + tok_block - 1) / tok_block;
+        const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2 * std::min<int64_t>(n_tok, tok_block);
+        pool.parallel_for(n_blocks * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
+            block_scratch w(n_gqa, hd, lay.page_size);
+            for (int64_t job = b; job < e; ++job) {
+                const int64_t blk = job / n_kv;
+                const int64_t t0 = blk * tok_block, t1 = std::min(n_tok, t0 + tok_block);
+                attend_block_avx512(w, out, q, t0, t1, int(job % n_kv), n_past, n_head, kv_base, lay, il,
+                                    block_table, scale);
+            }
+        });
+        return;
+    }
+    const auto fn = active_isa() == isa::avx512 ? attend_avx512 : attend_plain;
     const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2; // per job, roughly
     pool.parallel_for(n_tok * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
-        std::vector<float> m(static_cast<size_t>(n_gqa)), l(static_cast<size_t>(n_gqa)), s(static_cast<size_t>(ps));
-        std::vector<float> acc(static_cast<size_t>(n_gqa) * hd);
-        for (int64_t job = b; job < e; ++job) {
-            const int64_t t = job / n_kv;
-            const int kvh = int(job % n_kv);
-            const int32_t n_ctx = n_past + int32_t(t) + 1;
-            std::fill(m.begin(), m.end(), -INFINITY);
-            std::fill(l.begin(), l.end(), 0.0f);
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int32_t p0 = 0; p0 < n_ctx; p0 += ps) {
-                const int n = std::min(ps, n_ctx - p0);
-                const float* page = kv_base + int64_t(block_table[p0 / ps]) * lay.page_floats();
-                const float* kp = page + lay.offset(il, false, kvh);
-                const float* vp = page + lay.offset(il, true, kvh);
-                for (int g = 0; g < n_gqa; ++g) {
-                    const float* qh = q + (t * n_head + kvh * n_gqa + g) * hd;
-                    float page_max = -INFINITY;
-                    for (int j = 0; j < n; ++j) {
-                        float dot = 0;
-                        for (int i = 0; i < hd; ++i) dot += qh[i] * kp[j * hd + i];
-                        s[size_t(j)] = dot * scale;
-                        page_max = std::max(page_max, s[size_t(j)]);
-                    }
-                    // rescale what was accumulated so far to the new running max
-                    const float new_m = std::max(m[size_t(g)], page_max);
-                    const float corr = std::exp(m[size_t(g)] - new_m);
-                    float* ag = acc.data() + size_t(g) * hd;
-                    l[size_t(g)] *= corr;
-                    for (int i = 0; i < hd; ++i) ag[i] *= corr;
-                    for (int j = 0; j < n; ++j) {
-                        const float pj = std::exp(s[size_t(j)] - new_m);
-                        l[size_t(g)] += pj;
-                        for (int i = 0; i < hd; ++i) ag[i] += pj * vp[j * hd + i];
-                    }
-                    m[size_t(g)] = new_m;
-                }
-            }
-            for (int g = 0; g < n_gqa; ++g) {
-                float* oh = out + (t * n_head + kvh * n_gqa + g) * hd;
-                const float inv = 1.0f / l[size_t(g)];
-                for (int i = 0; i < hd; ++i) oh[i] = acc[size_t(g) * hd + i] * inv;
-            }
-        }
+        scratch w(n_gqa, hd, lay.page_size);
+        for (int64_t job = b; job < e; ++job)
+            fn(w, out, q, job / n_kv, int(job % n_kv), n_past, n_head, kv_base, lay, il, block_table, scale);
     });
 }
 

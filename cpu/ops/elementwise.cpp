@@ -1,5 +1,6 @@
 // Row-wise and element-wise CPU kernels: RMSNorm, RoPE, SwiGLU, residual add, KV store.
 #include "cpu/ops/ops.hpp"
+#include "cpu/ref/ops_ref.hpp"
 #include "cpu/thread_pool.hpp"
 
 #include <cmath>
@@ -66,18 +67,18 @@ void add(thread_pool& pool, float* x, const float* y, int64_t n) {
     });
 }
 
-void kv_store(thread_pool&, float* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
+void kv_store(thread_pool&, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
               const float* k, const float* v, int64_t n_tok) {
-    // A memcpy per (token, head): the work is tiny next to the matmuls, so no threads.
+    // Per (token, head): the work is tiny next to the matmuls, so no threads; the encoding
+    // (f16 rounding, i8 scale) is the reference's, so every backend stores the same bytes.
     const int hd = lay.head_dim;
-    const size_t row = size_t(hd) * sizeof(float);
     for (int64_t t = 0; t < n_tok; ++t) {
         const int32_t pos = pos0 + int32_t(t);
-        float* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_floats();
-        const int64_t slot = int64_t(pos % lay.page_size) * hd;
+        uint8_t* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_bytes();
+        const int slot = pos % lay.page_size;
         for (int h = 0; h < lay.n_head_kv; ++h) {
-            std::memcpy(page + lay.offset(il, false, h) + slot, k + (t * lay.n_head_kv + h) * hd, row);
-            std::memcpy(page + lay.offset(il, true, h) + slot, v + (t * lay.n_head_kv + h) * hd, row);
+            ref::kv_write(page, lay, il, false, h, slot, 1, k + (t * lay.n_head_kv + h) * hd, hd);
+            ref::kv_write(page, lay, il, true, h, slot, 1, v + (t * lay.n_head_kv + h) * hd, hd);
         }
     }
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "runtime/kv_layout.hpp"
+#include "runtime/weights.hpp"
 
 #include <cstdint>
 
@@ -16,9 +17,19 @@ void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, 
           int n_rot, float freq_base, float freq_scale, bool neox);
 void swiglu(thread_pool& pool, float* out, const float* gate, const float* up, int64_t n);
 void add(thread_pool& pool, float* x, const float* y, int64_t n);
-void kv_store(thread_pool& pool, float* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
+void kv_store(thread_pool& pool, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
               int32_t pos0, const float* k, const float* v, int64_t n_tok);
 void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
-               const float* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale);
+               const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale);
+
+
+// INT8 (W8A8), see runtime/ops/quant.hpp
+void quantize_rows(thread_pool& pool, int8_t* q, float* s, const float* x, int64_t n_tok, int64_t n);
+void rms_norm_quant(thread_pool& pool, int8_t* q, float* s, const float* x, const float* w, int64_t n_tok, int64_t n,
+                    float eps);
+void swiglu_quant(thread_pool& pool, int8_t* q, float* s, const float* gate, const float* up, int64_t n_tok,
+                  int64_t n);
+void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
+               const float* bias);
 
 } // namespace tandem::cpu

@@ -1,8 +1,12 @@
 // Scalar reference kernels.
 #include "cpu/ref/ops_ref.hpp"
 
+#include "quant/int8.hpp"
+#include "runtime/fp16.hpp"
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace tandem::cpu::ref {
@@ -55,36 +59,81 @@ void add(float* x, const float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
-void kv_store(float* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
-              const float* k, const float* v, int64_t n_tok) {
+void kv_write(uint8_t* page, const kv_layout& lay, int il, bool is_v, int kvh, int slot0, int n, const float* src,
+              int64_t src_stride) {
     const int hd = lay.head_dim;
-    for (int64_t t = 0; t < n_tok; ++t) {
-        const int32_t pos = pos0 + int32_t(t);
-        float* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_floats();
-        const int slot = pos % lay.page_size;
-        for (int h = 0; h < lay.n_head_kv; ++h) {
+    const int64_t e0 = lay.offset(il, is_v, kvh) + int64_t(slot0) * hd;
+    for (int j = 0; j < n; ++j) {
+        const float* x = src + j * src_stride;
+        switch (lay.dtype) {
+        case kv_dtype::f32: std::memcpy(page + (e0 + j * hd) * 4, x, size_t(hd) * 4); break;
+        case kv_dtype::f16:
             for (int i = 0; i < hd; ++i) {
-                page[lay.offset(il, false, h) + slot * hd + i] = k[(t * lay.n_head_kv + h) * hd + i];
-                page[lay.offset(il, true, h) + slot * hd + i] = v[(t * lay.n_head_kv + h) * hd + i];
+                const uint16_t h = f32_to_fp16(x[i]);
+                std::memcpy(page + (e0 + j * hd + i) * 2, &h, 2);
             }
+            break;
+        case kv_dtype::i8: {
+            const float sc = quantize_row_i8_ref(x, reinterpret_cast<int8_t*>(page + e0 + j * hd), hd);
+            std::memcpy(page + lay.scales_begin() + (lay.scale_offset(il, is_v, kvh) + slot0 + j) * 4, &sc, 4);
+            break;
+        }
         }
     }
 }
 
-void attention(float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head, const float* kv_base,
+void kv_read(const uint8_t* page, const kv_layout& lay, int il, bool is_v, int kvh, int slot0, int n, float* dst) {
+    const int hd = lay.head_dim;
+    const int64_t e0 = lay.offset(il, is_v, kvh) + int64_t(slot0) * hd;
+    switch (lay.dtype) {
+    case kv_dtype::f32: std::memcpy(dst, page + e0 * 4, size_t(n) * size_t(hd) * 4); return;
+    case kv_dtype::f16:
+        for (int64_t i = 0; i < int64_t(n) * hd; ++i) {
+            uint16_t h;
+            std::memcpy(&h, page + (e0 + i) * 2, 2);
+            dst[i] = fp16_to_f32(h);
+        }
+        return;
+    case kv_dtype::i8:
+        for (int j = 0; j < n; ++j) {
+            float sc;
+            std::memcpy(&sc, page + lay.scales_begin() + (lay.scale_offset(il, is_v, kvh) + slot0 + j) * 4, 4);
+            dequantize_row_i8_ref(reinterpret_cast<const int8_t*>(page + e0 + j * hd), sc, dst + j * hd, hd);
+        }
+        return;
+    }
+}
+
+void kv_store(uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
+              const float* k, const float* v, int64_t n_tok) {
+    const int hd = lay.head_dim;
+    for (int64_t t = 0; t < n_tok; ++t) {
+        const int32_t pos = pos0 + int32_t(t);
+        uint8_t* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_bytes();
+        const int slot = pos % lay.page_size;
+        for (int h = 0; h < lay.n_head_kv; ++h) {
+            kv_write(page, lay, il, false, h, slot, 1, k + (t * lay.n_head_kv + h) * hd, hd);
+            kv_write(page, lay, il, true, h, slot, 1, v + (t * lay.n_head_kv + h) * hd, hd);
+        }
+    }
+}
+
+void attention(float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head, const uint8_t* kv_base,
                const kv_layout& lay, int il, const int32_t* block_table, float scale) {
     const int hd = lay.head_dim;
     const int n_gqa = n_head / lay.n_head_kv;
-    std::vector<float> scores;
+    std::vector<float> scores, kv_pos(static_cast<size_t>(hd));
     for (int64_t t = 0; t < n_tok; ++t) {
         const int32_t n_ctx = n_past + int32_t(t) + 1; // causal: positions 0..n_past+t
         scores.assign(size_t(n_ctx), 0.0f);
         for (int h = 0; h < n_head; ++h) {
             const float* qh = q + (t * n_head + h) * hd;
             const int kvh = h / n_gqa;
+            // position pos's K (or V) vector of this kv head, decoded
             auto at = [&](int32_t pos, bool is_v) {
-                const float* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_floats();
-                return page + lay.offset(il, is_v, kvh) + (pos % lay.page_size) * hd;
+                const uint8_t* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_bytes();
+                kv_read(page, lay, il, is_v, kvh, pos % lay.page_size, 1, kv_pos.data());
+                return kv_pos.data();
             };
             float max = -INFINITY;
             for (int32_t p = 0; p < n_ctx; ++p) {
@@ -100,13 +149,47 @@ void attention(float* out, const float* q, int64_t n_tok, int32_t n_past, int n_
                 sum += s;
             }
             float* oh = out + (t * n_head + h) * hd;
-            for (int i = 0; i < hd; ++i) {
-                double acc = 0;
-                for (int32_t p = 0; p < n_ctx; ++p) acc += double(scores[size_t(p)]) * at(p, true)[i];
-                oh[i] = float(acc / sum);
+            std::vector<double> acc(static_cast<size_t>(hd), 0.0);
+            for (int32_t p = 0; p < n_ctx; ++p) {
+                const float* vp = at(p, true);
+                for (int i = 0; i < hd; ++i) acc[size_t(i)] += double(scores[size_t(p)]) * vp[i];
             }
+            for (int i = 0; i < hd; ++i) oh[i] = float(acc[size_t(i)] / sum);
         }
     }
+}
+
+} // namespace tandem::cpu::ref
+
+namespace tandem::cpu::ref {
+
+void quantize_rows(int8_t* q, float* s, const float* x, int64_t n_tok, int64_t n) {
+    for (int64_t t = 0; t < n_tok; ++t) s[t] = quantize_row_i8_ref(x + t * n, q + t * n, n);
+}
+
+void rms_norm_quant(int8_t* q, float* s, const float* x, const float* w, int64_t n_tok, int64_t n, float eps) {
+    std::vector<float> row(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n_tok; ++t) {
+        rms_norm(row.data(), x + t * n, w, 1, n, eps);
+        s[t] = quantize_row_i8_ref(row.data(), q + t * n, n);
+    }
+}
+
+void swiglu_quant(int8_t* q, float* s, const float* gate, const float* up, int64_t n_tok, int64_t n) {
+    std::vector<float> row(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n_tok; ++t) {
+        swiglu(row.data(), gate + t * n, up + t * n, n);
+        s[t] = quantize_row_i8_ref(row.data(), q + t * n, n);
+    }
+}
+
+void matmul_i8(float* out, const int8_t* qx, const float* sx, int64_t n_tok, const int8_t* qw, const float* sw,
+               const int32_t* /*qw_sum: only the u8-offset kernels need it*/, int64_t n_out, int64_t n_in,
+               const float* bias) {
+    for (int64_t t = 0; t < n_tok; ++t)
+        for (int64_t o = 0; o < n_out; ++o)
+            out[t * n_out + o] = float(dot_i8_ref(qx + t * n_in, qw + o * n_in, n_in)) * sx[t] * sw[o] +
+                                 (bias ? bias[o] : 0.0f);
 }
 
 } // namespace tandem::cpu::ref

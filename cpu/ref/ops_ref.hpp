@@ -25,15 +25,35 @@ void swiglu(float* out, const float* gate, const float* up, int64_t n);
 // x [n] += y
 void add(float* x, const float* y, int64_t n);
 
+// Encodes n positions' head vectors src [n, head_dim] of (layer il, K or V, kv head kvh) into
+// `page` from slot `slot0` on, in lay.dtype (i8: one scale per position and head).
+void kv_write(uint8_t* page, const kv_layout& lay, int il, bool is_v, int kvh, int slot0, int n, const float* src,
+              int64_t src_stride);
+// Decodes slots [slot0, slot0 + n) of (il, K or V, kvh) of `page` into dst [n, head_dim].
+void kv_read(const uint8_t* page, const kv_layout& lay, int il, bool is_v, int kvh, int slot0, int n, float* dst);
+
 // Writes k, v [n_tok, n_head_kv * head_dim] at positions pos0.. of the sequence whose
 // pages are block_table, in layer il.
-void kv_store(float* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
+void kv_store(uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
               const float* k, const float* v, int64_t n_tok);
 
 // Causal attention of q [n_tok, n_head, head_dim] (token t at position n_past + t) over the
 // paged K/V of layer il: out [n_tok, n_head, head_dim]. Query head h reads kv head
 // h / (n_head / n_head_kv).
-void attention(float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head, const float* kv_base,
+void attention(float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head, const uint8_t* kv_base,
                const kv_layout& lay, int il, const int32_t* block_table, float scale);
+
+} // namespace tandem::cpu::ref
+
+namespace tandem::cpu::ref {
+
+// Per-token INT8 activations: q [n_tok, n], s [n_tok] with row t ~= s[t] * q[t] (quant/int8.hpp).
+void quantize_rows(int8_t* q, float* s, const float* x, int64_t n_tok, int64_t n);
+void rms_norm_quant(int8_t* q, float* s, const float* x, const float* w, int64_t n_tok, int64_t n, float eps);
+void swiglu_quant(int8_t* q, float* s, const float* gate, const float* up, int64_t n_tok, int64_t n);
+
+// out [n_tok, n_out] = float(dot(qx[t], qw[o])) * sx[t] * sw[o] + bias[o] (bias may be null)
+void matmul_i8(float* out, const int8_t* qx, const float* sx, int64_t n_tok, const int8_t* qw, const float* sw,
+               const int32_t* qw_sum, int64_t n_out, int64_t n_in, const float* bias);
 
 } // namespace tandem::cpu::ref

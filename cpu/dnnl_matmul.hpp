@@ -1,0 +1,34 @@
+// oneDNN int8 matmul for prefill batches: primitives cached by shape, weights reordered once.
+#pragma once
+
+#include "runtime/weights.hpp"
+
+#include <cstdint>
+
+namespace tandem::cpu {
+
+class thread_pool;
+
+// out [m, w.n_out] = xu [m, w.n_in] . q_w^T in int32, with u8 activations (s8 + 128: the
+// caller subtracts 128 * row sum and applies the scales and bias). Runs on pool.n_threads()
+// threads; false if oneDNN cannot.
+bool dnnl_matmul_u8s8(thread_pool& pool, int32_t* out, const uint8_t* xu, int64_t m, const weight& w);
+
+// Reorders w's rows into oneDNN's preferred blocked layout for prefill (w.packed). Costs a
+// second copy of the matrix, so it is optional; without it oneDNN reads the rows in place.
+void dnnl_pack(weight& w);
+
+// oneDNN's own u8 x s8 -> s32 matmul throughput in GOPS (2 ops per multiply-add) for
+// [m, k] x [k, n] with weights in its preferred layout, best of `reps` runs.
+double dnnl_matmul_gops(int n_threads, int64_t m, int64_t k, int64_t n, int reps);
+
+// oneDNN runs on libgomp, whose threads spin for a while after each parallel region and so
+// steal the cores from the thread pool's next op; libgomp reads OMP_WAIT_POLICY only when it
+// loads. If it is unset, sets it to PASSIVE and re-executes this program with the same
+// arguments (from /proc/self), once; returns if it is already set or the exec fails.
+void ensure_passive_openmp();
+
+// The implementation oneDNN picked for that shape, e.g. "brg:avx512_core_amx" (for reports).
+const char* dnnl_impl_name(int64_t m, int64_t k, int64_t n);
+
+} // namespace tandem::cpu

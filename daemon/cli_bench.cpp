@@ -1,0 +1,403 @@
+// Quantization and measurement subcommands of `tandem`: quantize, perplexity, eval-drift, bench.
+#include "daemon/cli.hpp"
+
+#include "cpu/dnnl_matmul.hpp"
+#include "cpu/thread_pool.hpp"
+#include "runtime/error.hpp"
+#include "runtime/evaluate.hpp"
+#include "quant/int8.hpp"
+#include "runtime/generate.hpp"
+#include "runtime/gguf.hpp"
+#include "runtime/log.hpp"
+#include "runtime/quantize_file.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+namespace tandem::cli {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    TANDEM_CHECK(in.good(), "cannot read {}", path);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+// VmRSS or VmHWM of this process in MB, from /proc/self/status.
+double proc_status_mb(const char* key) {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind(key, 0) == 0) return double(std::stoll(line.substr(std::strlen(key) + 1))) / 1024.0;
+    return 0;
+}
+
+// Resets VmHWM to the current RSS, so a later peak is the peak after this point.
+void reset_peak_rss() {
+    std::ofstream f("/proc/self/clear_refs");
+    f << "5";
+}
+
+struct eval_opts {
+    std::string model, text;
+    load_options load;
+    int32_t ctx = 512, batch = 128;
+    int threads = default_threads();
+    bool json = false;
+};
+
+std::vector<token_id> text_tokens(const model_bundle& b, const std::string& path) {
+    const std::string text = path == "-" ? read_stdin() : read_file(path);
+    return b.tok->encode(text, /*add_special=*/true);
+}
+
+int cmd_perplexity(const eval_opts& o) {
+    cpu::ensure_passive_openmp();
+    model_bundle b = load_model(resolve_model(o.model), o.load);
+    const auto toks = text_tokens(b, o.text);
+    cpu::thread_pool pool(o.threads);
+    const perplexity_result r = perplexity(exec_ctx{backend::cpu, &pool}, *b.mdl, toks, {o.ctx, o.batch});
+    if (o.json)
+        std::cout << nlohmann::json{{"ppl", r.ppl}, {"n_tokens", r.n_tokens}}.dump() << "\n";
+    else
+        std::cout << fmt::format("perplexity {:.4f} over {} tokens (weights {}, kv {})\n", r.ppl, r.n_tokens,
+                                 o.load.weights == weight_format::int8 ? "int8" : "f32", name_of(o.load.kv));
+    return 0;
+}
+
+int cmd_eval_drift(const eval_opts& o) {
+    cpu::ensure_passive_openmp();
+    const std::string path = resolve_model(o.model);
+    model_bundle base = load_model(path, {weight_format::f32, kv_dtype::f32});
+    model_bundle test = load_model(path, o.load);
+    const auto toks = text_tokens(base, o.text);
+    cpu::thread_pool pool(o.threads);
+    const drift_result r = eval_drift(exec_ctx{backend::cpu, &pool}, *base.mdl, *test.mdl, toks, {o.ctx, o.batch});
+    if (o.json)
+        std::cout << nlohmann::json{{"top1", r.top1}, {"mean_kl", r.mean_kl}, {"ppl_f32", r.ppl_base},
+                                    {"ppl_test", r.ppl_test}, {"n_tokens", r.n_tokens}}
+                         .dump()
+                  << "\n";
+    else
+        std::cout << fmt::format("top-1 agreement {:.4f}, mean KL {:.6f} nats over {} tokens; ppl f32 {:.4f}, "
+                                 "int8 (kv {}) {:.4f}\n",
+                                 r.top1, r.mean_kl, r.n_tokens, r.ppl_base, name_of(o.load.kv), r.ppl_test);
+    return 0;
+}
+
+struct quantize_opts {
+    std::string in, out;
+    int threads = default_threads();
+};
+
+int cmd_quantize(const quantize_opts& o) {
+    cpu::thread_pool pool(o.threads);
+    const auto t0 = clock_type::now();
+    const quantize_stats st = quantize_gguf(o.in, o.out, pool);
+    std::cout << fmt::format("{}: {} matrices as INT8 ({} v{}), {} tensors copied, {:.1f} MB, {:.2f} s\n", o.out,
+                             st.n_quantized, int8_scheme, int8_scheme_version, st.n_copied, double(st.out_bytes) / 1e6,
+                             since(t0));
+    return 0;
+}
+
+struct bench_opts {
+    std::string model;
+    load_options load;
+    int32_t n_prompt = 512, n_gen = 128;
+    int threads = default_threads();
+    std::vector<int> batches{1, 8, 16};
+    bool json = false, no_raw = false;
+};
+
+// Read bandwidth in GB/s, measured by streaming over the weight matrices themselves (well
+// above the cache size) on the pool: the bytes a decode step reads, on the threads it uses.
+__attribute__((target("avx512f"))) uint64_t sum_avx512(const uint8_t* p, int64_t n) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 256 <= n; i += 256) {
+        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
+        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
+        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
+        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
+    }
+    alignas(64) uint64_t l[8];
+    _mm512_store_si512(l, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+    uint64_t s = 0;
+    for (uint64_t v : l) s += v;
+    for (; i < n; ++i) s += p[i];
+    return s;
+}
+
+uint64_t sum_plain(const uint8_t* p, int64_t n) {
+    uint64_t s[8] = {};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int j = 0; j < 8; ++j) {
+            uint64_t v;
+            std::memcpy(&v, p + i + 8 * j, 8);
+            s[j] += v;
+        }
+    uint64_t t = 0;
+    for (uint64_t v : s) t += v;
+    for (; i < n; ++i) t += p[i];
+    return t;
+}
+
+std::vector<const weight*> decode_matrices(const model_weights& w) {
+    std::vector<const weight*> v;
+    for (const auto& l : w.layers)
+        for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) v.push_back(m);
+    v.push_back(&w.logits_weight());
+    return v;
+}
+
+double measure_bandwidth_gbs(cpu::thread_pool& pool, const std::vector<const weight*>& mats) {
+    struct span_t {
+        const uint8_t* p;
+        int64_t n;
+    };
+    std::vector<span_t> spans;
+    int64_t total = 0;
+    for (const weight* m : mats) {
+        const uint8_t* p = m->is_i8() ? reinterpret_cast<const uint8_t*>(m->q())
+                                      : reinterpret_cast<const uint8_t*>(m->data.data());
+        const int64_t n = m->is_i8() ? m->n_out * m->n_in : int64_t(m->data.size()) * 4;
+        // 1 MiB pieces so the threads share every matrix as the GEMV does
+        for (int64_t o = 0; o < n; o += 1 << 20) spans.push_back({p + o, std::min<int64_t>(1 << 20, n - o)});
+        total += n;
+    }
+    const bool avx512 = __builtin_cpu_supports("avx512f");
+    std::atomic<uint64_t> sink{0};
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = clock_type::now();
+        pool.parallel_for(int64_t(spans.size()), 1, [&](int64_t b, int64_t e) {
+            uint64_t s = 0;
+            for (int64_t i = b; i < e; ++i) s += avx512 ? sum_avx512(spans[size_t(i)].p, spans[size_t(i)].n)
+                                                        : sum_plain(spans[size_t(i)].p, spans[size_t(i)].n);
+            sink += s;
+        });
+        best = std::max(best, double(total) / since(t0) / 1e9);
+    }
+    return best;
+}
+
+std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
+    std::mt19937 g(seed);
+    std::vector<token_id> v(static_cast<size_t>(n));
+    for (auto& t : v) t = token_id(3 + g() % uint32_t(n_vocab - 3));
+    return v;
+}
+
+int cmd_bench(const bench_opts& o) {
+    cpu::ensure_passive_openmp();
+    const auto t_load = clock_type::now();
+    model_bundle b = load_model(resolve_model(o.model), o.load);
+    const double load_s = since(t_load);
+    const double rss_load_mb = proc_status_mb("VmRSS");
+    const double peak_load_mb = proc_status_mb("VmHWM");
+    reset_peak_rss();
+
+    model& m = *b.mdl;
+    const model_config& c = m.config();
+    const int32_t n_vocab = c.n_vocab;
+    cpu::thread_pool pool(o.threads);
+    const exec_ctx ctx{backend::cpu, &pool};
+    auto log = logger("bench");
+
+    const auto mats = decode_matrices(m.weights());
+    int64_t step_bytes = 0;
+    for (const weight* w : mats) step_bytes += w->bytes();
+    const double bw = measure_bandwidth_gbs(pool, mats);
+    const double roofline = bw * 1e9 / double(step_bytes);
+    log->info("bandwidth {:.1f} GB/s over {:.0f} MB of weights: roofline {:.2f} tok/s", bw, double(step_bytes) / 1e6,
+              roofline);
+
+    const int32_t page = 16;
+    const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+    const int32_t seq_len = o.n_prompt + o.n_gen + 1;
+    const int32_t n_short = 16; // prompt tokens per sequence before the decode steps
+    const int32_t pages_seq = (seq_len + page - 1) / page, pages_dec = (n_short + o.n_gen + page) / page;
+    kv_cache kv(m.make_kv_layout(page), std::max(pages_seq, int32_t(max_batch) * pages_dec) + 1);
+    std::vector<float> logits(size_t(std::max(2, max_batch)) * size_t(n_vocab));
+
+    // prefill: one sequence of n_prompt tokens in one step (a warm-up run first: JIT, pages)
+    double prefill_s = 0;
+    std::vector<token_id> prompt = random_tokens(o.n_prompt, n_vocab, 1);
+    for (int rep = 0; rep < 2; ++rep) {
+        sequence_kv seq(kv);
+        TANDEM_ASSERT(seq.reserve(seq_len));
+        batch_seq s{prompt, 0, seq.block_table()};
+        const auto t0 = clock_type::now();
+        m.forward(ctx, std::span(&s, 1), kv, logits.data());
+        prefill_s = since(t0);
+    }
+    const double prefill_tok_s = double(o.n_prompt) / prefill_s;
+    log->info("prefill {} tokens: {:.3f} s, {:.1f} tok/s", o.n_prompt, prefill_s, prefill_tok_s);
+
+    // decode: each batch size decodes n_gen steps after a short prompt per sequence
+    std::map<int, double> batch_tok_s;
+    for (int nb : o.batches) {
+        std::vector<std::unique_ptr<sequence_kv>> seqs;
+        std::vector<std::vector<token_id>> toks;
+        std::vector<batch_seq> batch;
+        for (int i = 0; i < nb; ++i) {
+            seqs.push_back(std::make_unique<sequence_kv>(kv));
+            TANDEM_ASSERT(seqs.back()->reserve(n_short + o.n_gen + 1));
+            toks.push_back(random_tokens(n_short + o.n_gen + 1, n_vocab, uint32_t(100 + i)));
+        }
+        for (int i = 0; i < nb; ++i) { // prompts (not timed)
+            batch_seq s{std::span(toks[size_t(i)]).first(size_t(n_short)), 0, seqs[size_t(i)]->block_table()};
+            m.forward(ctx, std::span(&s, 1), kv, logits.data());
+        }
+        const auto t0 = clock_type::now();
+        for (int32_t step = 0; step < o.n_gen; ++step) {
+            batch.clear();
+            for (int i = 0; i < nb; ++i)
+                batch.push_back({std::span(&toks[size_t(i)][size_t(n_short + step)], 1), n_short + step,
+                                 seqs[size_t(i)]->block_table()});
+            m.forward(ctx, batch, kv, logits.data());
+        }
+        batch_tok_s[nb] = double(nb) * double(o.n_gen) / since(t0);
+        log->info("decode batch {}: {:.2f} tok/s aggregate", nb, batch_tok_s[nb]);
+    }
+    const double decode_tok_s = batch_tok_s.count(1) ? batch_tok_s[1] : batch_tok_s.begin()->second;
+    const double peak_rss_mb = proc_status_mb("VmHWM");
+
+    // oneDNN's raw int8 matmul throughput on this model's prefill shapes, as time for the
+    // whole prefill's matmuls: prefill tok/s as a fraction of it excludes everything else.
+    double raw_s = 0, raw_tok_s = 0;
+    nlohmann::json raw_shapes = nlohmann::json::array();
+    if (!o.no_raw) {
+        const int64_t e = c.n_embd, kvd = c.n_embd_kv(), ff = c.n_ff, M = o.n_prompt;
+        const std::vector<std::pair<int64_t, int64_t>> per_layer{{e, e}, {e, kvd}, {e, kvd}, {e, e}, {e, ff}, {e, ff}, {ff, e}};
+        std::map<std::pair<int64_t, int64_t>, double> gops;
+        for (auto kn : per_layer) {
+            if (gops.count(kn)) continue;
+            gops[kn] = cpu::dnnl_matmul_gops(o.threads, M, kn.first, kn.second, 3);
+            raw_shapes.push_back({{"m", M}, {"k", kn.first}, {"n", kn.second}, {"gops", gops[kn]},
+                                  {"impl", cpu::dnnl_impl_name(M, kn.first, kn.second)}});
+        }
+        for (auto kn : per_layer) raw_s += 2.0 * double(M) * double(kn.first) * double(kn.second) / (gops[kn] * 1e9);
+        raw_s *= c.n_layer;
+        raw_tok_s = double(M) / raw_s;
+    }
+
+    const double weights_mb = double(m.weights().bytes()) / 1e6;
+    nlohmann::json j{{"model", resolve_model(o.model)},
+                     {"threads", o.threads},
+                     {"weights", o.load.weights == weight_format::int8 ? "int8" : "f32"},
+                     {"kv", name_of(o.load.kv)},
+                     {"load_s", load_s},
+                     {"n_prompt", o.n_prompt},
+                     {"n_gen", o.n_gen},
+                     {"prefill_tok_s", prefill_tok_s},
+                     {"decode_tok_s", decode_tok_s},
+                     {"decode_batch_tok_s", nlohmann::json::object()},
+                     {"bandwidth_gbs", bw},
+                     {"bytes_per_step_mb", double(step_bytes) / 1e6},
+                     {"roofline_tok_s", roofline},
+                     {"roofline_pct", 100.0 * decode_tok_s / roofline},
+                     {"weights_mb", weights_mb},
+                     {"rss_after_load_mb", rss_load_mb},
+                     {"peak_rss_load_mb", peak_load_mb},
+                     {"peak_rss_mb", peak_rss_mb},
+                     {"rss_ratio", peak_rss_mb * 1.048576 / weights_mb}};
+    for (auto [nb, v] : batch_tok_s) j["decode_batch_tok_s"][std::to_string(nb)] = v;
+    if (batch_tok_s.count(1) && batch_tok_s.count(16)) j["batch16_speedup"] = batch_tok_s[16] / batch_tok_s[1];
+    if (!o.no_raw) {
+        j["onednn_raw_shapes"] = raw_shapes;
+        j["onednn_raw_prefill_tok_s"] = raw_tok_s;
+        j["prefill_pct_of_onednn"] = 100.0 * prefill_tok_s / raw_tok_s;
+    }
+    if (o.json) {
+        std::cout << j.dump() << "\n";
+        return 0;
+    }
+    std::cout << fmt::format("model        {} ({} weights {:.0f} MB, kv {}), {} threads\n", j["model"].get<std::string>(),
+                             j["weights"].get<std::string>(), weights_mb, name_of(o.load.kv), o.threads);
+    std::cout << fmt::format("load         {:.2f} s\n", load_s);
+    std::cout << fmt::format("prefill      {} tokens: {:.1f} tok/s", o.n_prompt, prefill_tok_s);
+    if (!o.no_raw)
+        std::cout << fmt::format(" ({:.0f}% of oneDNN raw int8 matmul on these shapes: {:.1f} tok/s)",
+                                 100.0 * prefill_tok_s / raw_tok_s, raw_tok_s);
+    std::cout << "\n";
+    for (const auto& s : raw_shapes)
+        std::cout << fmt::format("  oneDNN     m={} k={} n={}: {:.0f} GOPS ({})\n", s["m"].get<int64_t>(),
+                                 s["k"].get<int64_t>(), s["n"].get<int64_t>(), s["gops"].get<double>(),
+                                 s["impl"].get<std::string>());
+    for (auto [nb, v] : batch_tok_s)
+        std::cout << fmt::format("decode       batch {:2d}: {:.2f} tok/s aggregate\n", nb, v);
+    std::cout << fmt::format("roofline     {:.1f} GB/s / {:.0f} MB per step = {:.2f} tok/s; decode at {:.0f}%\n", bw,
+                             double(step_bytes) / 1e6, roofline, 100.0 * decode_tok_s / roofline);
+    std::cout << fmt::format("memory       peak RSS after load {:.0f} MiB ({:.2f}x weights); at load {:.0f} MiB, "
+                             "peak during load {:.0f} MiB\n",
+                             peak_rss_mb, peak_rss_mb * 1.048576 / weights_mb, rss_load_mb, peak_load_mb);
+    return 0;
+}
+
+} // namespace
+
+void add_precision_flags(CLI::App* sub, load_options& o) {
+    static const std::map<std::string, weight_format> wf{{"f32", weight_format::f32}, {"int8", weight_format::int8}};
+    static const std::map<std::string, kv_dtype> kd{{"f32", kv_dtype::f32}, {"f16", kv_dtype::f16}, {"int8", kv_dtype::i8}};
+    sub->add_option("--weights", o.weights, "weights in memory: int8 (default) or f32 (unquantized)")
+        ->transform(CLI::CheckedTransformer(wf));
+    sub->add_option("--kv", o.kv, "KV cache: f16 (default), int8 or f32")->transform(CLI::CheckedTransformer(kd));
+}
+
+void register_bench(CLI::App& app, registry& reg) {
+    auto q = std::make_shared<quantize_opts>();
+    auto* qz = app.add_subcommand("quantize", "write a GGUF with INT8 weights (loads by mmap, no re-quantizing)");
+    qz->add_option("input", q->in, "input GGUF (F32, F16, BF16 or Q8_0 weights)")->required();
+    qz->add_option("output", q->out, "output GGUF")->required();
+    qz->add_option("-t,--threads", q->threads, "threads")->check(CLI::PositiveNumber);
+    reg.push_back({qz, [q] { return cmd_quantize(*q); }});
+
+    for (const bool drift : {false, true}) {
+        auto e = std::make_shared<eval_opts>();
+        auto* sub = drift ? app.add_subcommand("eval-drift", "top-1 agreement and mean KL of INT8 vs F32 over a text")
+                          : app.add_subcommand("perplexity", "perplexity of a model over a text");
+        sub->add_option("-m,--model", e->model, "GGUF model (default: $TANDEM_MODEL)");
+        sub->add_option("-f,--file", e->text, "text file, or - for stdin")->required();
+        add_precision_flags(sub, e->load);
+        sub->add_option("-c,--ctx", e->ctx, "tokens per window")->check(CLI::Range(2, 1 << 20));
+        sub->add_option("-b,--batch", e->batch, "tokens per forward step")->check(CLI::PositiveNumber);
+        sub->add_option("-t,--threads", e->threads, "CPU threads")->check(CLI::PositiveNumber);
+        sub->add_flag("--json", e->json, "print one JSON object");
+        reg.push_back({sub, [e, drift] { return drift ? cmd_eval_drift(*e) : cmd_perplexity(*e); }});
+    }
+
+    auto bo = std::make_shared<bench_opts>();
+    auto* bench = app.add_subcommand("bench", "load time, prefill and decode speed, roofline, memory");
+    bench->add_option("-m,--model", bo->model, "GGUF model (default: $TANDEM_MODEL)");
+    bench->add_option("-p,--n-prompt", bo->n_prompt, "prefill tokens")->check(CLI::Range(1, 1 << 16));
+    bench->add_option("-n,--n-gen", bo->n_gen, "decode steps per batch size")->check(CLI::Range(1, 1 << 16));
+    bench->add_option("-t,--threads", bo->threads, "CPU threads")->check(CLI::PositiveNumber);
+    bench->add_option("--batch", bo->batches, "decode batch sizes")->delimiter(',')->check(CLI::Range(1, 256));
+    add_precision_flags(bench, bo->load);
+    bench->add_flag("--no-raw", bo->no_raw, "skip the oneDNN raw matmul measurement");
+    bench->add_flag("--json", bo->json, "print one JSON object");
+    reg.push_back({bench, [bo] { return cmd_bench(*bo); }});
+}
+
+} // namespace tandem::cli

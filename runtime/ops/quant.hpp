@@ -1,0 +1,31 @@
+// INT8 (W8A8) ops: per-token activation quantization (plain and fused) and the int8 matmul.
+#pragma once
+
+#include "runtime/ops/dispatch.hpp"
+#include "runtime/weights.hpp"
+
+#include <cstdint>
+
+namespace tandem::ops {
+
+// Quantized activations of a flat batch: row t ~= s[t] * q[t].
+struct act_i8 {
+    int8_t* q;   // [n_tok, n]
+    float* s;    // [n_tok]
+};
+
+// q, s = quantize_per_token(x [n_tok, n])
+void quantize_rows(const exec_ctx& ctx, act_i8 out, const float* x, int64_t n_tok, int64_t n);
+
+// q, s = quantize_per_token(rms_norm(x, w)): RMSNorm and quantization in one pass per row
+void rms_norm_quant(const exec_ctx& ctx, act_i8 out, const float* x, const float* w, int64_t n_tok, int64_t n,
+                    float eps);
+
+// q, s = quantize_per_token(silu(gate) * up), gate and up [n_tok, n]
+void swiglu_quant(const exec_ctx& ctx, act_i8 out, const float* gate, const float* up, int64_t n_tok, int64_t n);
+
+// out [n_tok, w.n_out] = (s_x[t] * s_w[o]) * dot(q_x[t], q_w[o]) + bias [w.n_out]; w must be INT8.
+void matmul_i8(const exec_ctx& ctx, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
+               const weight* bias = nullptr);
+
+} // namespace tandem::ops

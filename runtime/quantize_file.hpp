@@ -1,0 +1,26 @@
+// `tandem quantize`: rewrites a GGUF with every matrix as INT8 rows plus an F32 scale tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tandem {
+
+namespace cpu { class thread_pool; }
+
+// Metadata keys of a pre-quantized file; the loader checks them before using I8 tensors.
+inline constexpr const char* quant_scheme_key = "tandem.quantization.scheme";
+inline constexpr const char* quant_version_key = "tandem.quantization.version";
+
+struct quantize_stats {
+    int64_t n_quantized = 0; // matrices written as I8 + scale
+    int64_t n_copied = 0;    // other tensors, copied as they are
+    int64_t out_bytes = 0;
+};
+
+// Reads `in` (F32/F16/BF16/Q8_0 matrices, or an already quantized file), writes `out`: every
+// 2-D tensor `name` becomes I8 [same shape] with `name.scale` F32 [rows]; everything else,
+// metadata included, is copied. Matrices stream through one at a time, rows on the pool.
+quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu::thread_pool& pool);
+
+} // namespace tandem
