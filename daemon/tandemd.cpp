@@ -1,4 +1,5 @@
 // `tandemd`: the Tandem daemon. Flags override the config file; see docs/config.md.
+#include "cpu/dnnl_matmul.hpp"
 #include "daemon/config.hpp"
 #include "daemon/server.hpp"
 #include "runtime/log.hpp"
@@ -10,6 +11,9 @@
 
 int main(int argc, char** argv) {
     using namespace tandem;
+    // oneDNN's OpenMP threads must sleep between prefill matmuls instead of spinning against
+    // the engine's own pool; libgomp reads the policy only at start, so this may re-exec.
+    cpu::ensure_passive_openmp();
     CLI::App app{"tandemd: the Tandem LLM inference daemon (OpenAI-compatible HTTP over a Unix socket)"};
     std::string config_file, model, socket, listen_tcp, log_level;
     int threads = -1;
