@@ -8,51 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <sys/wait.h>
 
 using namespace tandem;
 using json = nlohmann::json;
 
 namespace {
 
-struct result {
-    int rc = -1;
-    std::string out, err;
-};
-
-std::string quote(const std::string& s) {
-    std::string q(1, '\'');
-    for (char c : s) {
-        if (c == '\'')
-            q.append("'\\''");
-        else
-            q.push_back(c);
-    }
-    q.push_back('\'');
-    return q;
-}
-
-// Runs the tandem binary with `args` (each quoted), capturing stdout, stderr and the exit code.
-result run_tandem(const std::vector<std::string>& args, const std::string& stdin_text = "") {
-    static test::scratch_dir dir("cli");
-    std::string cmd = quote(test::binary_dir().append("/daemon/tandem"));
-    for (const auto& a : args) {
-        cmd.push_back(' ');
-        cmd.append(quote(a));
-    }
-    const std::string in = dir.file("in"), out = dir.file("out"), err = dir.file("err");
-    {
-        std::ofstream f(in, std::ios::binary);
-        f << stdin_text;
-    }
-    cmd += " <" + quote(in) + " >" + quote(out) + " 2>" + quote(err);
-    const int st = std::system(cmd.c_str());
-    result r;
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = test::read_text(out);
-    r.err = test::read_text(err);
-    return r;
-}
+using test::run_tandem;
 
 const std::string stories = test::model_path("stories260K.gguf");
 

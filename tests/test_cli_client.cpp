@@ -16,49 +16,14 @@ using test::fake_daemon;
 
 namespace {
 
-struct result {
-    int rc = -1;
-    std::string out, err;
-};
-
-std::string quote(const std::string& s) {
-    std::string q(1, '\'');
-    for (char c : s) {
-        if (c == '\'')
-            q.append("'\\''");
-        else
-            q.push_back(c);
-    }
-    q.push_back('\'');
-    return q;
-}
-
-result run_tandem(const std::vector<std::string>& args, const std::string& stdin_text = "", const std::string& env = "") {
-    static test::scratch_dir dir("cli-client-io");
-    std::string cmd = env + " " + quote(test::binary_dir().append("/daemon/tandem"));
-    for (const auto& a : args) {
-        cmd.push_back(' ');
-        cmd.append(quote(a));
-    }
-    const std::string in = dir.file("in"), out = dir.file("out"), err = dir.file("err");
-    {
-        std::ofstream f(in, std::ios::binary);
-        f << stdin_text;
-    }
-    cmd += " <" + quote(in) + " >" + quote(out) + " 2>" + quote(err);
-    const int st = std::system(cmd.c_str());
-    result r;
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = test::read_text(out);
-    r.err = test::read_text(err);
-    return r;
-}
+using result = test::run_result;
+using test::run_tandem;
 
 // Runs a shell command line on a pseudo-terminal (script(1)); out is what the terminal showed.
 result run_tandem_in_pty(const std::string& command_line) {
     static test::scratch_dir dir("cli-client-pty");
     const std::string out = dir.file("out");
-    const std::string cmd = "script -qec " + quote(command_line) + " /dev/null </dev/null >" + quote(out) + " 2>&1";
+    const std::string cmd = "script -qec " + test::shell_quote(command_line) + " /dev/null </dev/null >" + test::shell_quote(out) + " 2>&1";
     const int st = std::system(cmd.c_str());
     result r;
     r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -129,7 +94,7 @@ TEST_CASE("tandem --raw: a completion; the prompt from stdin; $TANDEM_SOCKET") {
     test::scratch_dir dir("cli-client-raw");
     fake_daemon d(dir.file("d.sock"));
     serve_story(d);
-    auto r = run_tandem({"--raw"}, "Once upon a time", "TANDEM_SOCKET=" + quote(d.path()));
+    auto r = run_tandem({"--raw"}, "Once upon a time", "TANDEM_SOCKET=" + test::shell_quote(d.path()));
     INFO(r.err);
     CHECK(r.rc == 0);
     CHECK(r.out == " there was\n");
@@ -337,14 +302,14 @@ TEST_CASE("on a terminal: a spinner until the first token, colour in messages") 
     });
     // script(1) runs the command on a pseudo-terminal: stdout and stderr are both TTYs there.
     const std::string tandem = test::binary_dir() + "/daemon/tandem";
-    auto r = run_tandem_in_pty(tandem + " --socket " + quote(d.path()) + " hello");
+    auto r = run_tandem_in_pty(tandem + " --socket " + test::shell_quote(d.path()) + " hello");
     CHECK(r.rc == 0);
     CHECK(r.out.find("Hi!") != std::string::npos);
     CHECK(r.out.find("\r| ") != std::string::npos); // the spinner's first frame
     CHECK(r.out.find("\r  \r") < r.out.find("Hi!")); // erased before the reply
-    auto none = run_tandem_in_pty(tandem + " --socket " + quote(dir.file("none.sock")) + " hello");
+    auto none = run_tandem_in_pty(tandem + " --socket " + test::shell_quote(dir.file("none.sock")) + " hello");
     CHECK(none.rc == 3);
     CHECK(none.out.find("\033[31mtandem:\033[0m no daemon") != std::string::npos);
-    auto plain = run_tandem_in_pty("NO_COLOR=1 " + tandem + " --socket " + quote(dir.file("none.sock")) + " hello");
+    auto plain = run_tandem_in_pty("NO_COLOR=1 " + tandem + " --socket " + test::shell_quote(dir.file("none.sock")) + " hello");
     CHECK(plain.out.find("\033[") == std::string::npos);
 }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sys/wait.h>
 #include <string>
 #include <vector>
 
@@ -48,5 +49,48 @@ struct scratch_dir {
     }
     std::string file(const std::string& name) const { return (path / name).string(); }
 };
+
+// A command's exit code (128 + signal when killed) and what it wrote.
+struct run_result {
+    int rc = -1;
+    std::string out, err;
+};
+
+// Single-quotes s for /bin/sh.
+inline std::string shell_quote(const std::string& s) {
+    std::string q(1, '\'');
+    for (char c : s) {
+        if (c == '\'')
+            q.append("'\\''");
+        else
+            q.push_back(c);
+    }
+    q.push_back('\'');
+    return q;
+}
+
+// Runs the built `tandem` binary with `args` (each quoted), `stdin_text` on its standard input
+// and `env` ("NAME=value ...", unquoted) before it, capturing stdout, stderr and the exit code.
+inline run_result run_tandem(const std::vector<std::string>& args, const std::string& stdin_text = "",
+                             const std::string& env = "") {
+    static scratch_dir dir("tandem-io");
+    std::string cmd = env + " " + shell_quote(binary_dir().append("/daemon/tandem"));
+    for (const auto& a : args) {
+        cmd.push_back(' ');
+        cmd.append(shell_quote(a));
+    }
+    const std::string in = dir.file("in"), out = dir.file("out"), err = dir.file("err");
+    {
+        std::ofstream f(in, std::ios::binary);
+        f << stdin_text;
+    }
+    cmd += " <" + shell_quote(in) + " >" + shell_quote(out) + " 2>" + shell_quote(err);
+    const int st = std::system(cmd.c_str());
+    run_result r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = read_text(out);
+    r.err = read_text(err);
+    return r;
+}
 
 } // namespace tandem::test
