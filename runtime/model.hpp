@@ -54,7 +54,7 @@ private:
     std::vector<float> proj_;     // [n_tok, n_embd]
     std::vector<float> gate_, up_;// [n_tok, n_ff]
     std::vector<float> last_;     // [n_seq, n_embd] rows whose logits are wanted
-    std::vector<int8_t> xq_;      // [n_tok, max(n_embd, n_ff)] INT8 activations (W8A8 path)
+    std::vector<int8_t> xq_;      // [n_tok, n_embd] INT8 activations (W8A8 path)
     std::vector<float> xs_;       // [n_tok] their per-token scales
     std::vector<int32_t> pos_;    // [n_tok]
 };

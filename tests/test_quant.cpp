@@ -69,10 +69,9 @@ TEST_CASE("INT8 accuracy bars on stories260K over >= 2000 sampled tokens") {
         CHECK(d.ppl_base == doctest::Approx(ppl_f32).epsilon(1e-9));
         CHECK(std::abs(d.ppl_test / d.ppl_base - 1.0) <= b.ppl_rel);
         if (b.kv == kv_dtype::f16) {
-            // The bar is top-1 >= 0.98; per-channel W8A8 measures 0.975 on this text
-            // (0.980 on CLI-default sampling; weights alone 0.985, F16 KV alone 0.998), a known
-            // miss on this 64-wide model: checked here at the level reached, so a regression shows.
-            CHECK(d.top1 >= 0.97);
+            // The bar. Per-token int8 activations everywhere gave 0.975 here; the down
+            // projection (SwiGLU output) and the logits take f32 activations (W8A32) and reach 0.982.
+            CHECK(d.top1 >= 0.98);
             CHECK(d.mean_kl < 0.01);
         }
     }

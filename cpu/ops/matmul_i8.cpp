@@ -1,5 +1,5 @@
-// INT8 (W8A8) matmul on the CPU: a hand-written GEMV/small GEMM for decode that reads each
-// weight byte once per step for the whole batch, and oneDNN's int8 matmul for prefill batches.
+// INT8 matmul on the CPU: W8A8 as a hand-written GEMV/small GEMM for decode that reads each weight
+// byte once per step for the whole batch and oneDNN's int8 matmul for prefill batches; and W8A32.
 #include "cpu/dnnl_matmul.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/ops/ops.hpp"
@@ -181,6 +181,116 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
                     const float b = bias ? bias[o + r] : 0.0f;
                     for (int t = 0; t < nt; ++t)
                         out[(t0 + t) * n_out + o + r] = float(acc[r][t] - corr) * sx[t0 + t] * sw[o + r] + b;
+                }
+            }
+        }
+    };
+    if (n_work < thread_pool::min_parallel_work) body(0, n_out);
+    else pool.parallel_for_dynamic(n_out, chunk, body);
+}
+
+namespace {
+
+// W8A32: the same tiling over f32 activations; each int8 weight is widened to f32 in
+// registers, so the weights are still read once per step as bytes.
+using tile_f_fn = void (*)(const int8_t* const* w, const float* x, int64_t n_in, int nt, float acc[tile_rows][tile_tok]);
+
+void tile_f_scalar(const int8_t* const* w, const float* x, int64_t n_in, int nt, float acc[tile_rows][tile_tok]) {
+    for (int r = 0; r < tile_rows; ++r)
+        for (int t = 0; t < nt; ++t) acc[r][t] = dot_i8_f32_ref(w[r], x + t * n_in, n_in);
+}
+
+template <int T>
+__attribute__((target("avx2,fma"))) void tile_f_avx2_t(const int8_t* const* w, const float* x, int64_t n_in,
+                                                       float acc[tile_rows][tile_tok]) {
+    __m256 a[tile_rows][T];
+    for (int r = 0; r < tile_rows; ++r)
+        for (int t = 0; t < T; ++t) a[r][t] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n_in; i += 8) {
+        __m256 wv[tile_rows];
+        for (int r = 0; r < tile_rows; ++r)
+            wv[r] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[r] + i))));
+        for (int t = 0; t < T; ++t) {
+            const __m256 xv = _mm256_loadu_ps(x + t * n_in + i);
+            for (int r = 0; r < tile_rows; ++r) a[r][t] = _mm256_fmadd_ps(wv[r], xv, a[r][t]);
+        }
+    }
+    for (int r = 0; r < tile_rows; ++r) {
+        for (int t = 0; t < T; ++t) {
+            __m128 s = _mm_add_ps(_mm256_castps256_ps128(a[r][t]), _mm256_extractf128_ps(a[r][t], 1));
+            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            float v = _mm_cvtss_f32(s);
+            for (int64_t j = i; j < n_in; ++j) v += float(w[r][j]) * x[t * n_in + j];
+            acc[r][t] = v;
+        }
+    }
+}
+
+void tile_f_avx2(const int8_t* const* w, const float* x, int64_t n_in, int nt, float acc[tile_rows][tile_tok]) {
+    switch (nt) {
+    case 1: tile_f_avx2_t<1>(w, x, n_in, acc); return;
+    case 2: tile_f_avx2_t<2>(w, x, n_in, acc); return;
+    case 3: tile_f_avx2_t<3>(w, x, n_in, acc); return;
+    default: tile_f_avx2_t<4>(w, x, n_in, acc); return;
+    }
+}
+
+// 16 weights per step; the K tail is a masked load of zeros.
+template <int T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void tile_f_avx512_t(const int8_t* const* w, const float* x,
+                                                                         int64_t n_in, float acc[tile_rows][tile_tok]) {
+    __m512 a[tile_rows][T];
+    for (int r = 0; r < tile_rows; ++r)
+        for (int t = 0; t < T; ++t) a[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n_in; i += 16) {
+        const __mmask16 m = n_in - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n_in - i)) - 1);
+        __m512 wv[tile_rows];
+        for (int r = 0; r < tile_rows; ++r) {
+            if ((i & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + pf_dist), _MM_HINT_T0);
+            wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w[r] + i)));
+        }
+        for (int t = 0; t < T; ++t) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * n_in + i);
+            for (int r = 0; r < tile_rows; ++r) a[r][t] = _mm512_fmadd_ps(wv[r], xv, a[r][t]);
+        }
+    }
+    for (int r = 0; r < tile_rows; ++r)
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm512_reduce_add_ps(a[r][t]);
+}
+
+void tile_f_avx512(const int8_t* const* w, const float* x, int64_t n_in, int nt, float acc[tile_rows][tile_tok]) {
+    switch (nt) {
+    case 1: tile_f_avx512_t<1>(w, x, n_in, acc); return;
+    case 2: tile_f_avx512_t<2>(w, x, n_in, acc); return;
+    case 3: tile_f_avx512_t<3>(w, x, n_in, acc); return;
+    default: tile_f_avx512_t<4>(w, x, n_in, acc); return;
+    }
+}
+
+} // namespace
+
+void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, const weight& w, const float* bias) {
+    const int64_t n_out = w.n_out, n_in = w.n_in;
+    const float* sw = w.scale();
+    const isa level = active_isa();
+    const tile_f_fn tile = level == isa::avx512 ? tile_f_avx512 : level == isa::avx2 ? tile_f_avx2 : tile_f_scalar;
+    const int8_t* q = w.q();
+    const int64_t chunk = std::max<int64_t>(tile_rows, (int64_t(1) << 17) / std::max<int64_t>(1, n_in) / tile_rows * tile_rows);
+    const int64_t n_work = n_out * n_in * n_tok;
+    const auto body = [&](int64_t o0, int64_t o1) {
+        float acc[tile_rows][tile_tok];
+        for (int64_t o = o0; o < o1; o += tile_rows) {
+            const int nr = int(std::min<int64_t>(tile_rows, o1 - o));
+            const int8_t* rows[tile_rows];
+            for (int r = 0; r < tile_rows; ++r) rows[r] = q + (o + std::min(r, nr - 1)) * n_in;
+            for (int64_t t0 = 0; t0 < n_tok; t0 += tile_tok) {
+                const int nt = int(std::min<int64_t>(tile_tok, n_tok - t0));
+                tile(rows, x + t0 * n_in, n_in, nt, acc);
+                for (int r = 0; r < nr; ++r) {
+                    const float b = bias ? bias[o + r] : 0.0f;
+                    for (int t = 0; t < nt; ++t) out[(t0 + t) * n_out + o + r] = acc[r][t] * sw[o + r] + b;
                 }
             }
         }

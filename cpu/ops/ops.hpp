@@ -31,5 +31,6 @@ void swiglu_quant(thread_pool& pool, int8_t* q, float* s, const float* gate, con
                   int64_t n);
 void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const float* bias);
+void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, const weight& w, const float* bias);
 
 } // namespace tandem::cpu
