@@ -23,12 +23,12 @@ kv_layout model::make_kv_layout(int32_t page_size) const {
 void model::ensure_scratch(int64_t n_tok) {
     const size_t t = size_t(n_tok), e = size_t(cfg_.n_embd), kv = size_t(cfg_.n_embd_kv()), ff = size_t(cfg_.n_ff);
     if (x_.size() >= t * e) return;
-    x_.resize(t * e); xn_.resize(t * e); q_.resize(t * e); attn_.resize(t * e); proj_.resize(t * e);
+    x_.resize(t * e); xn_.resize(t * e); q_.resize(t * e); attn_.resize(t * e); proj_.resize(2 * t * e);
     k_.resize(t * kv); v_.resize(t * kv);
     gate_.resize(t * ff); up_.resize(t * ff);
     pos_.resize(t);
-    xq_.resize(t * e);
-    xs_.resize(t);
+    xq_.resize(2 * t * std::max(e, ff)); // two terms for the down projection
+    xs_.resize(2 * t);
 }
 
 void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_cache& kv, float* logits,
@@ -99,9 +99,15 @@ void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_ca
             ops::matmul_i8(ctx, gate_.data(), act.q, act.s, n_tok, l.w_gate);
             ops::matmul_i8(ctx, up_.data(), act.q, act.s, n_tok, l.w_up);
             // The SwiGLU output is outlier-heavy: per-token int8 there cost most of the top-1
-            // agreement lost to activation quantization, so the down projection takes it in f32.
-            ops::swiglu(ctx, gate_.data(), gate_.data(), up_.data(), n_tok * cfg_.n_ff);
-            ops::matmul_w8a32(ctx, proj_.data(), gate_.data(), n_tok, l.w_down);
+            // agreement lost to activation quantization. It goes in as two int8 terms (the second
+            // quantizes the first's rounding error), run as 2 * n_tok rows of one int8 matmul
+            // (the GEMV still reads each weight once; prefill stays on oneDNN) and summed.
+            const int64_t ff = cfg_.n_ff;
+            ops::swiglu(ctx, gate_.data(), gate_.data(), up_.data(), n_tok * ff);
+            const ops::act_i8 lo{xq_.data() + n_tok * ff, xs_.data() + n_tok};
+            ops::quantize_rows_split(ctx, act, lo, gate_.data(), n_tok, ff);
+            ops::matmul_i8(ctx, proj_.data(), act.q, act.s, 2 * n_tok, l.w_down);
+            ops::add(ctx, proj_.data(), proj_.data() + n_tok * e, n_tok * e);
         } else {
             ops::rms_norm(ctx, xn_.data(), x_.data(), l.ffn_norm.data.data(), n_tok, e, cfg_.rms_eps);
             ops::matmul(ctx, gate_.data(), xn_.data(), n_tok, l.w_gate);

@@ -51,11 +51,11 @@ private:
     std::vector<float> q_;        // [n_tok, n_embd]
     std::vector<float> k_, v_;    // [n_tok, n_embd_kv]
     std::vector<float> attn_;     // [n_tok, n_embd]
-    std::vector<float> proj_;     // [n_tok, n_embd]
+    std::vector<float> proj_;     // [2 * n_tok, n_embd] (the down projection's two terms)
     std::vector<float> gate_, up_;// [n_tok, n_ff]
     std::vector<float> last_;     // [n_seq, n_embd] rows whose logits are wanted
-    std::vector<int8_t> xq_;      // [n_tok, n_embd] INT8 activations (W8A8 path)
-    std::vector<float> xs_;       // [n_tok] their per-token scales
+    std::vector<int8_t> xq_;      // [2 * n_tok, max(n_embd, n_ff)] INT8 activations (W8A8 path; two terms for w_down)
+    std::vector<float> xs_;       // [2 * n_tok] their per-token scales
     std::vector<int32_t> pos_;    // [n_tok]
 };
 

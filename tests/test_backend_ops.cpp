@@ -170,6 +170,32 @@ TEST_CASE("int8 activation quantization ops vs reference (plain, fused RMSNorm, 
     }
 }
 
+TEST_CASE("two-term int8 activation quantization vs reference, and its error") {
+    for (int64_t n : {1, 8, 15, 64, 130, 257}) {
+        for (int64_t n_tok : {1, 3, 33}) {
+            const auto x = randn(size_t(n_tok * n), uint32_t(n * 5 + n_tok), 3.0f);
+            const std::string tag = " n=" + std::to_string(n) + " n_tok=" + std::to_string(n_tok);
+            for_each_cpu_variant([&](const exec_ctx& ctx) {
+                std::vector<int8_t> q(2 * x.size());
+                std::vector<float> s(size_t(2 * n_tok));
+                ops::quantize_rows_split(ctx, {q.data(), s.data()}, {q.data() + x.size(), s.data() + n_tok}, x.data(),
+                                         n_tok, n);
+                return dequant(q, s, n);
+            }, tol_i8, "quantize_rows_split" + tag);
+            // hi + lo reproduces x far closer than one int8 term
+            std::vector<int8_t> q(2 * x.size());
+            std::vector<float> s(size_t(2 * n_tok));
+            ops::quantize_rows_split(exec_ctx{backend::ref}, {q.data(), s.data()}, {q.data() + x.size(), s.data() + n_tok},
+                                     x.data(), n_tok, n);
+            const auto both = dequant(q, s, n);
+            std::vector<float> sum(x.size()), hi(both.begin(), both.begin() + ptrdiff_t(x.size()));
+            for (size_t i = 0; i < x.size(); ++i) sum[i] = both[i] + both[i + x.size()];
+            CHECK(nmse(x, sum) < 1e-8);
+            CHECK(nmse(x, sum) <= nmse(x, hi));
+        }
+    }
+}
+
 TEST_CASE("int8 matmul (GEMV, small GEMM, oneDNN for batches >= 32) vs reference on odd shapes") {
     for (int64_t n_in : {2, 7, 31, 64, 65, 100, 257}) {
         for (int64_t n_tok : {1, 2, 3, 4, 5, 9, 16, 31, 32, 33}) {

@@ -29,6 +29,8 @@ void rms_norm_quant(thread_pool& pool, int8_t* q, float* s, const float* x, cons
                     float eps);
 void swiglu_quant(thread_pool& pool, int8_t* q, float* s, const float* gate, const float* up, int64_t n_tok,
                   int64_t n);
+void quantize_rows_split(thread_pool& pool, int8_t* q_hi, float* s_hi, int8_t* q_lo, float* s_lo, const float* x,
+                         int64_t n_tok, int64_t n);
 void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const float* bias);
 void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, const weight& w, const float* bias);

@@ -86,6 +86,21 @@ void quantize_rows(thread_pool& pool, int8_t* q, float* s, const float* x, int64
     });
 }
 
+void quantize_rows_split(thread_pool& pool, int8_t* q_hi, float* s_hi, int8_t* q_lo, float* s_lo, const float* x,
+                         int64_t n_tok, int64_t n) {
+    const quant_fn fn = pick_quant();
+    pool.parallel_for(n_tok, thread_pool::grain_for(4 * n), [&](int64_t t0, int64_t t1) {
+        std::vector<float> r(static_cast<size_t>(n)); // the first term's rounding error
+        for (int64_t t = t0; t < t1; ++t) {
+            const float* xt = x + t * n;
+            const int8_t* qt = q_hi + t * n;
+            s_hi[t] = quantize_row(fn, xt, q_hi + t * n, n);
+            for (int64_t i = 0; i < n; ++i) r[size_t(i)] = xt[i] - s_hi[t] * float(qt[i]);
+            s_lo[t] = quantize_row(fn, r.data(), q_lo + t * n, n);
+        }
+    });
+}
+
 void rms_norm_quant(thread_pool& pool, int8_t* q, float* s, const float* x, const float* w, int64_t n_tok, int64_t n,
                     float eps) {
     const quant_fn fn = pick_quant();

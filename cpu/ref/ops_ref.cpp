@@ -167,6 +167,16 @@ void quantize_rows(int8_t* q, float* s, const float* x, int64_t n_tok, int64_t n
     for (int64_t t = 0; t < n_tok; ++t) s[t] = quantize_row_i8_ref(x + t * n, q + t * n, n);
 }
 
+void quantize_rows_split(int8_t* q_hi, float* s_hi, int8_t* q_lo, float* s_lo, const float* x, int64_t n_tok,
+                         int64_t n) {
+    std::vector<float> r(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n_tok; ++t) {
+        s_hi[t] = quantize_row_i8_ref(x + t * n, q_hi + t * n, n);
+        for (int64_t i = 0; i < n; ++i) r[size_t(i)] = x[t * n + i] - s_hi[t] * float(q_hi[t * n + i]);
+        s_lo[t] = quantize_row_i8_ref(r.data(), q_lo + t * n, n);
+    }
+}
+
 void rms_norm_quant(int8_t* q, float* s, const float* x, const float* w, int64_t n_tok, int64_t n, float eps) {
     std::vector<float> row(static_cast<size_t>(n));
     for (int64_t t = 0; t < n_tok; ++t) {

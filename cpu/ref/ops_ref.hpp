@@ -51,6 +51,10 @@ namespace tandem::cpu::ref {
 void quantize_rows(int8_t* q, float* s, const float* x, int64_t n_tok, int64_t n);
 void rms_norm_quant(int8_t* q, float* s, const float* x, const float* w, int64_t n_tok, int64_t n, float eps);
 void swiglu_quant(int8_t* q, float* s, const float* gate, const float* up, int64_t n_tok, int64_t n);
+// Two-term per-token INT8: x[t] ~= s_hi[t] * q_hi[t] + s_lo[t] * q_lo[t], the second term quantizing
+// the first one's rounding error (about 15 bits per activation from two int8 matmuls).
+void quantize_rows_split(int8_t* q_hi, float* s_hi, int8_t* q_lo, float* s_lo, const float* x, int64_t n_tok,
+                         int64_t n);
 
 // out [n_tok, n_out] = float(dot(qx[t], qw[o])) * sx[t] * sw[o] + bias[o] (bias may be null)
 void matmul_i8(float* out, const int8_t* qx, const float* sx, int64_t n_tok, const int8_t* qw, const float* sw,

@@ -12,6 +12,11 @@ struct quantize_rows_op {
     static constexpr auto ref = ::tandem::cpu::ref::quantize_rows;
     static constexpr auto cpu = ::tandem::cpu::quantize_rows;
 };
+struct quantize_rows_split_op {
+    static constexpr std::string_view name = "quantize_rows_split";
+    static constexpr auto ref = ::tandem::cpu::ref::quantize_rows_split;
+    static constexpr auto cpu = ::tandem::cpu::quantize_rows_split;
+};
 struct rms_norm_quant_op {
     static constexpr std::string_view name = "rms_norm_quant";
     static constexpr auto ref = ::tandem::cpu::ref::rms_norm_quant;
@@ -47,6 +52,11 @@ struct matmul_w8a32_op {
 void quantize_rows(const exec_ctx& ctx, act_i8 out, const float* x, int64_t n_tok, int64_t n) {
     TANDEM_ASSERT(n > 0 && n_tok >= 0);
     dispatch<quantize_rows_op>(ctx, out.q, out.s, x, n_tok, n);
+}
+
+void quantize_rows_split(const exec_ctx& ctx, act_i8 hi, act_i8 lo, const float* x, int64_t n_tok, int64_t n) {
+    TANDEM_ASSERT(n > 0 && n_tok >= 0);
+    dispatch<quantize_rows_split_op>(ctx, hi.q, hi.s, lo.q, lo.s, x, n_tok, n);
 }
 
 void rms_norm_quant(const exec_ctx& ctx, act_i8 out, const float* x, const float* w, int64_t n_tok, int64_t n,

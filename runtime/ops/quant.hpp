@@ -21,6 +21,8 @@ void quantize_rows(const exec_ctx& ctx, act_i8 out, const float* x, int64_t n_to
 void rms_norm_quant(const exec_ctx& ctx, act_i8 out, const float* x, const float* w, int64_t n_tok, int64_t n,
                     float eps);
 
+// hi, lo = two-term per-token quantization of x [n_tok, n]: x[t] ~= s_hi[t] q_hi[t] + s_lo[t] q_lo[t]
+void quantize_rows_split(const exec_ctx& ctx, act_i8 hi, act_i8 lo, const float* x, int64_t n_tok, int64_t n);
 // q, s = quantize_per_token(silu(gate) * up), gate and up [n_tok, n]
 void swiglu_quant(const exec_ctx& ctx, act_i8 out, const float* gate, const float* up, int64_t n_tok, int64_t n);
 
@@ -29,7 +31,7 @@ void matmul_i8(const exec_ctx& ctx, float* out, const int8_t* qx, const float* s
                const weight* bias = nullptr);
 
 // out [n_tok, w.n_out] = s_w[o] * dot(q_w[o], x[t]) + bias: INT8 weights with f32 activations (W8A32), for
-// the matmuls whose inputs lose too much to per-token int8 (the SwiGLU output, the final norm).
+// the logits, whose error moves the argmax directly.
 void matmul_w8a32(const exec_ctx& ctx, float* out, const float* x, int64_t n_tok, const weight& w,
                   const weight* bias = nullptr);
 
