@@ -129,6 +129,34 @@ void tile_vnni(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, in
 // spinning workers share the two cores), so decode batches stay on the GEMV.
 constexpr int64_t dnnl_min_tokens = 32;
 
+// The driver both GEMVs share: tiles of tile_rows weight rows x tile_tok tokens, each tile's
+// rows (a few KiB) kept in L1 while every token block passes over them, and chunks of
+// ~128 KiB of weights handed out dynamically (the cores may be shared); a matrix too small
+// to be worth a second thread runs on one. epilogue(t, o, acc) writes out[t][o].
+template <class Acc, class X, class Tile, class Epilogue>
+void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, Tile tile, const Epilogue& epilogue) {
+    const int64_t n_out = w.n_out, n_in = w.n_in;
+    const int8_t* q = w.q();
+    const int64_t chunk =
+        std::max<int64_t>(tile_rows, (int64_t(1) << 17) / std::max<int64_t>(1, n_in) / tile_rows * tile_rows);
+    const auto body = [&](int64_t o0, int64_t o1) {
+        Acc acc[tile_rows][tile_tok];
+        for (int64_t o = o0; o < o1; o += tile_rows) {
+            const int nr = int(std::min<int64_t>(tile_rows, o1 - o));
+            const int8_t* rows[tile_rows];
+            for (int r = 0; r < tile_rows; ++r) rows[r] = q + (o + std::min(r, nr - 1)) * n_in;
+            for (int64_t t0 = 0; t0 < n_tok; t0 += tile_tok) {
+                const int nt = int(std::min<int64_t>(tile_tok, n_tok - t0));
+                tile(rows, x + t0 * n_in, n_in, nt, acc);
+                for (int r = 0; r < nr; ++r)
+                    for (int t = 0; t < nt; ++t) epilogue(t0 + t, o + r, acc[r][t]);
+            }
+        }
+    };
+    if (n_out * n_in * n_tok < thread_pool::min_parallel_work) body(0, n_out);
+    else pool.parallel_for_dynamic(n_out, chunk, body);
+}
+
 } // namespace
 
 void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
@@ -161,32 +189,10 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
     }
     const tile_fn tile = level == isa::avx512 ? tile_vnni : level == isa::avx2 ? tile_avx2 : tile_scalar;
     const bool offset = level == isa::avx512; // u8 activations: subtract 128 * row sum
-    const int8_t* q = w.q();
-    // Chunks of ~128 KiB of weights, handed out dynamically (the cores may be shared); a
-    // matrix too small to be worth a second thread runs on one.
-    const int64_t chunk = std::max<int64_t>(tile_rows, (int64_t(1) << 17) / std::max<int64_t>(1, n_in) / tile_rows * tile_rows);
-    const int64_t n_work = n_out * n_in * n_tok;
-    const auto body = [&](int64_t o0, int64_t o1) {
-        int32_t acc[tile_rows][tile_tok];
-        for (int64_t o = o0; o < o1; o += tile_rows) {
-            const int nr = int(std::min<int64_t>(tile_rows, o1 - o));
-            const int8_t* rows[tile_rows];
-            for (int r = 0; r < tile_rows; ++r) rows[r] = q + (o + std::min(r, nr - 1)) * n_in;
-            // The tile's rows (a few KiB) stay in L1 while every token block passes over them.
-            for (int64_t t0 = 0; t0 < n_tok; t0 += tile_tok) {
-                const int nt = int(std::min<int64_t>(tile_tok, n_tok - t0));
-                tile(rows, qx + t0 * n_in, n_in, nt, acc);
-                for (int r = 0; r < nr; ++r) {
-                    const int32_t corr = offset ? 128 * w.q_sum[size_t(o + r)] : 0;
-                    const float b = bias ? bias[o + r] : 0.0f;
-                    for (int t = 0; t < nt; ++t)
-                        out[(t0 + t) * n_out + o + r] = float(acc[r][t] - corr) * sx[t0 + t] * sw[o + r] + b;
-                }
-            }
-        }
-    };
-    if (n_work < thread_pool::min_parallel_work) body(0, n_out);
-    else pool.parallel_for_dynamic(n_out, chunk, body);
+    tiled_rows<int32_t>(pool, w, qx, n_tok, tile, [&](int64_t t, int64_t o, int32_t a) {
+        const int32_t corr = offset ? 128 * w.q_sum[size_t(o)] : 0;
+        out[t * n_out + o] = float(a - corr) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
+    });
 }
 
 namespace {
@@ -272,31 +278,13 @@ void tile_f_avx512(const int8_t* const* w, const float* x, int64_t n_in, int nt,
 } // namespace
 
 void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, const weight& w, const float* bias) {
-    const int64_t n_out = w.n_out, n_in = w.n_in;
+    const int64_t n_out = w.n_out;
     const float* sw = w.scale();
     const isa level = active_isa();
     const tile_f_fn tile = level == isa::avx512 ? tile_f_avx512 : level == isa::avx2 ? tile_f_avx2 : tile_f_scalar;
-    const int8_t* q = w.q();
-    const int64_t chunk = std::max<int64_t>(tile_rows, (int64_t(1) << 17) / std::max<int64_t>(1, n_in) / tile_rows * tile_rows);
-    const int64_t n_work = n_out * n_in * n_tok;
-    const auto body = [&](int64_t o0, int64_t o1) {
-        float acc[tile_rows][tile_tok];
-        for (int64_t o = o0; o < o1; o += tile_rows) {
-            const int nr = int(std::min<int64_t>(tile_rows, o1 - o));
-            const int8_t* rows[tile_rows];
-            for (int r = 0; r < tile_rows; ++r) rows[r] = q + (o + std::min(r, nr - 1)) * n_in;
-            for (int64_t t0 = 0; t0 < n_tok; t0 += tile_tok) {
-                const int nt = int(std::min<int64_t>(tile_tok, n_tok - t0));
-                tile(rows, x + t0 * n_in, n_in, nt, acc);
-                for (int r = 0; r < nr; ++r) {
-                    const float b = bias ? bias[o + r] : 0.0f;
-                    for (int t = 0; t < nt; ++t) out[(t0 + t) * n_out + o + r] = acc[r][t] * sw[o + r] + b;
-                }
-            }
-        }
-    };
-    if (n_work < thread_pool::min_parallel_work) body(0, n_out);
-    else pool.parallel_for_dynamic(n_out, chunk, body);
+    tiled_rows<float>(pool, w, x, n_tok, tile, [&](int64_t t, int64_t o, float a) {
+        out[t * n_out + o] = a * sw[o] + (bias ? bias[o] : 0.0f);
+    });
 }
 
 } // namespace tandem::cpu
