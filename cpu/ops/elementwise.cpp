@@ -69,18 +69,9 @@ void add(thread_pool& pool, float* x, const float* y, int64_t n) {
 
 void kv_store(thread_pool&, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
               const float* k, const float* v, int64_t n_tok) {
-    // Per (token, head): the work is tiny next to the matmuls, so no threads; the encoding
-    // (f16 rounding, i8 scale) is the reference's, so every backend stores the same bytes.
-    const int hd = lay.head_dim;
-    for (int64_t t = 0; t < n_tok; ++t) {
-        const int32_t pos = pos0 + int32_t(t);
-        uint8_t* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_bytes();
-        const int slot = pos % lay.page_size;
-        for (int h = 0; h < lay.n_head_kv; ++h) {
-            ref::kv_write(page, lay, il, false, h, slot, 1, k + (t * lay.n_head_kv + h) * hd, hd);
-            ref::kv_write(page, lay, il, true, h, slot, 1, v + (t * lay.n_head_kv + h) * hd, hd);
-        }
-    }
+    // The work is tiny next to the matmuls, and every backend must store the reference's
+    // bytes (f16 rounding, i8 scales): the reference kernel is the CPU kernel.
+    ref::kv_store(kv_base, lay, il, block_table, pos0, k, v, n_tok);
 }
 
 } // namespace tandem::cpu
