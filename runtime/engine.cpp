@@ -98,6 +98,7 @@ public:
         }
         s.n_pages_total = n_pages_total_;
         s.n_pages_used = n_pages_used_.load();
+        s.n_kv_tokens = n_kv_tokens_.load();
         s.page_size = opts_.page_size;
         s.n_ctx = opts_.n_ctx;
         s.n_steps = n_steps_.load();
@@ -170,6 +171,9 @@ private:
         n_running_ = int32_t(running_.size());
         n_waiting_ = int32_t(waiting_.size());
         n_pages_used_ = kv_->pool().n_pages() - kv_->pool().n_free();
+        int64_t stored = 0;
+        for (const auto& q : running_) stored += q->n_computed;
+        n_kv_tokens_ = stored;
     }
 
     void drop(const std::unordered_set<uint64_t>& ids) {
@@ -324,6 +328,7 @@ private:
     std::vector<std::pair<engine_sink, engine_event>> done_; // done events of this iteration
 
     std::atomic<int32_t> n_running_{0}, n_waiting_{0}, n_pages_used_{0};
+    std::atomic<int64_t> n_kv_tokens_{0};
     std::atomic<uint64_t> n_steps_{0}, n_prompt_tokens_{0}, n_generated_tokens_{0};
     std::thread thread_;
 };

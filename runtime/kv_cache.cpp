@@ -27,12 +27,19 @@ std::optional<kv_dtype> parse_kv_dtype(std::string_view s) {
 
 void kv_cache::free_aligned::operator()(uint8_t* p) const { std::free(p); }
 
-kv_cache::kv_cache(const kv_layout& layout, int32_t n_pages) : layout_(layout), pool_(n_pages) {
+kv_cache::kv_cache(const kv_layout& layout, int32_t n_pages) : layout_(layout), n_pages_(n_pages), pool_(n_pages) {
     TANDEM_ASSERT(layout.page_size > 0 && layout.n_layer > 0 && layout.n_head_kv > 0 && layout.head_dim > 0);
     const size_t n = std::max<size_t>(64, size_t(n_pages) * size_t(layout.page_bytes()));
     data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, n)));
     TANDEM_CHECK(data_ != nullptr, "cannot allocate {} bytes of KV cache", n);
     std::memset(data_.get(), 0, n); // unwritten positions read as zeros, never as garbage
+    base_ = data_.get();
+}
+
+kv_cache::kv_cache(const kv_layout& layout, int32_t n_pages, uint8_t* base)
+    : layout_(layout), n_pages_(n_pages), pool_(n_pages), base_(base) {
+    TANDEM_ASSERT(layout.page_size > 0 && layout.n_layer > 0 && layout.n_head_kv > 0 && layout.head_dim > 0);
+    TANDEM_ASSERT(base != nullptr && reinterpret_cast<uintptr_t>(base) % 64 == 0);
 }
 
 bool sequence_kv::reserve(int32_t n_tokens) {

@@ -13,15 +13,20 @@ namespace tandem {
 class kv_cache {
 public:
     kv_cache(const kv_layout& layout, int32_t n_pages);
+    // A view of pages someone else owns (the shared-memory pool of a worker): `base` holds
+    // n_pages pages of layout.page_bytes(), 64-byte aligned. The local block pool is unused
+    // there: the supervisor hands out pages.
+    kv_cache(const kv_layout& layout, int32_t n_pages, uint8_t* base);
 
     const kv_layout& layout() const { return layout_; }
     block_pool& pool() { return pool_; }
     const block_pool& pool() const { return pool_; }
 
     // Page 0 (64-byte aligned); kernels index pages with layout().page_bytes().
-    uint8_t* base() { return data_.get(); }
-    const uint8_t* base() const { return data_.get(); }
-    int64_t bytes() const { return int64_t(pool_.n_pages()) * layout_.page_bytes(); }
+    uint8_t* base() { return base_; }
+    const uint8_t* base() const { return base_; }
+    int32_t n_pages() const { return n_pages_; }
+    int64_t bytes() const { return int64_t(n_pages_) * layout_.page_bytes(); }
 
 private:
     struct free_aligned {
@@ -29,8 +34,10 @@ private:
     };
 
     kv_layout layout_;
+    int32_t n_pages_ = 0;
     block_pool pool_;
-    std::unique_ptr<uint8_t[], free_aligned> data_;
+    std::unique_ptr<uint8_t[], free_aligned> data_; // null for a view
+    uint8_t* base_ = nullptr;
 };
 
 // The pages of one sequence and how many positions they hold.

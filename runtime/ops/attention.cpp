@@ -24,7 +24,7 @@ void check_pages(const kv_cache& kv, std::span<const int32_t> block_table, int64
     TANDEM_ASSERT(int64_t(block_table.size()) * ps >= n_end, "{} pages cannot hold {} positions",
                   block_table.size(), n_end);
     for (int64_t i = 0; i < (n_end + ps - 1) / ps; ++i)
-        TANDEM_ASSERT(block_table[size_t(i)] >= 0 && block_table[size_t(i)] < kv.pool().n_pages());
+        TANDEM_ASSERT(block_table[size_t(i)] >= 0 && block_table[size_t(i)] < kv.n_pages());
 }
 
 } // namespace

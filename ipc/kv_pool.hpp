@@ -1,0 +1,80 @@
+// The KV page pool in shared memory: one file-backed segment (tmpfs) that the supervisor and
+// its workers map, with a header, a page table for the prefix cache, and the page array.
+#pragma once
+
+#include "runtime/kv_layout.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace tandem::ipc {
+
+// What a segment must match to be used: the model (fingerprint), the page layout, the count.
+struct kv_pool_info {
+    uint64_t fingerprint = 0;   // model + weight format + KV dtype (see model_fingerprint)
+    kv_layout layout;
+    int32_t n_pages = 0;
+};
+
+// One page's entry in the segment's page table. `state` is written last (release) when an
+// entry becomes valid and first when it is cleared, so a reader after a crash sees either a
+// whole entry or none. Only full pages whose K/V are computed are valid.
+struct page_entry {
+    std::atomic<uint32_t> state;  // 0 = nothing cached, 1 = valid
+    int32_t n_tokens;             // == page_size when valid
+    uint64_t hash;                // prefix_hash of the page (chained over the prefix)
+    uint64_t parent;              // the previous page's hash (the seed for page 0)
+    uint64_t last_use;            // supervisor's LRU clock when the page was last released
+    // followed by int32_t tokens[page_size]
+};
+
+// Layout of the segment:
+//   header (4 KiB)  | page table: n_pages entries of page_entry_bytes(page_size) | pad to 2 MiB
+//   | pages: n_pages * layout.page_bytes(), each 64-byte aligned
+class kv_pool {
+public:
+    // Supervisor: maps the segment at `path`, adopting an existing one only when its header
+    // is whole and matches `want` (magic, version, fingerprint, layout, page count, file
+    // size); anything else is rebuilt from scratch (zeroed, empty page table). Holds an
+    // exclusive lock on the file while it lives: a second owner gets a tandem::error that
+    // names the path. `rebuilt_why` (when not null) gets "" when adopted, else the reason.
+    static std::unique_ptr<kv_pool> create_or_adopt(const std::string& path, const kv_pool_info& want,
+                                                    std::string* rebuilt_why = nullptr);
+    // Worker: maps an existing segment; throws tandem::error unless it matches `want`.
+    static std::unique_ptr<kv_pool> attach(const std::string& path, const kv_pool_info& want);
+    ~kv_pool();
+
+    const kv_pool_info& info() const { return info_; }
+    const std::string& path() const { return path_; }
+    uint8_t* pages();                     // page 0; page i at pages() + i * layout.page_bytes()
+    int64_t bytes() const;                // whole segment
+    page_entry& entry(int32_t page);
+    std::span<int32_t> entry_tokens(int32_t page); // [page_size]
+    static int64_t page_entry_bytes(int32_t page_size);
+
+    // Page-table helpers (supervisor): clear marks invalid first; publish fills the entry and
+    // marks it valid last.
+    void clear_entry(int32_t page);
+    void publish_entry(int32_t page, uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
+                       uint64_t last_use);
+
+    // Marks the header clean/dirty (diagnostics only: a dirty adopt is still fine because
+    // entries are individually valid or not).
+    void unlink_file(); // removes the file (the mapping stays valid until destruction)
+
+private:
+    kv_pool() = default;
+    struct impl;
+    std::unique_ptr<impl> impl_;
+    kv_pool_info info_;
+    std::string path_;
+};
+
+// The default path of a daemon's pool: $RUNTIME_DIRECTORY/kv.pool under systemd, else
+// /dev/shm/tandem-<uid>-<16 hex digits of a hash of the socket path>.kv.
+std::string default_kv_pool_path(const std::string& socket_path);
+
+} // namespace tandem::ipc

@@ -1,0 +1,45 @@
+// A single-producer single-consumer message ring in shared memory.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace tandem::ipc {
+
+// Lives inside a shared mapping; both sides use it through a `ring` view. Messages are
+// [u32 size][u32 type][payload][pad to 8], written in place and published by one release
+// store of `tail`: a producer that dies mid-write never publishes a partial message. A
+// message that would straddle the end wraps to the start (a pad record fills the gap).
+struct ring_header {
+    alignas(64) std::atomic<uint64_t> head;  // consumer position (bytes, monotonic)
+    alignas(64) std::atomic<uint64_t> tail;  // producer position (bytes, monotonic)
+    alignas(64) uint64_t capacity;           // bytes of the data area, a power of two
+    uint32_t magic;
+};
+
+class ring {
+public:
+    // `mem` points at a ring_header followed by `capacity` bytes. init() formats it (the
+    // creator, before the peer starts); attach() checks the magic and capacity.
+    static ring init(void* mem, uint64_t capacity);
+    static ring attach(void* mem, uint64_t capacity);
+    static uint64_t bytes_for(uint64_t capacity) { return sizeof(ring_header) + capacity; }
+
+    // False when the message does not fit now (the ring is full) or ever (too big).
+    bool push(uint32_t type, std::span<const uint8_t> payload);
+    // Copies the next message out; false when the ring is empty. A corrupt record (size past
+    // the published tail) resets the ring and returns false: the caller treats the peer as
+    // broken.
+    bool pop(uint32_t& type, std::vector<uint8_t>& payload);
+    bool empty() const;
+    bool corrupt() const { return corrupt_; }
+
+private:
+    ring_header* h_ = nullptr;
+    uint8_t* data_ = nullptr;
+    bool corrupt_ = false;
+};
+
+} // namespace tandem::ipc

@@ -1,0 +1,44 @@
+// A child process started by fork + exec that dies with its parent, watched through a pidfd.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tandem::ipc {
+
+class worker_process {
+public:
+    // Starts argv[0] with argv. In the child, before exec: PR_SET_PDEATHSIG(SIGKILL) (exits
+    // if the parent is already gone), every fd >= 3 close-on-exec except `keep_fds`. Only
+    // async-signal-safe calls run between fork and exec. PR_SET_PDEATHSIG fires when the
+    // *thread* that forked exits, so call this from a thread that outlives the child.
+    // Throws tandem::error when fork or pidfd_open fails; exec failure shows as exit 127.
+    static std::unique_ptr<worker_process> spawn(const std::vector<std::string>& argv, std::span<const int> keep_fds);
+    ~worker_process(); // kills (SIGKILL) and reaps a child still running
+
+    int pid() const { return pid_; }
+    int pidfd() const { return pidfd_; }  // readable once the child has exited
+    // Reaps without blocking: the wait status once the child has exited, else nullopt.
+    std::optional<int> try_reap();
+    // SIGTERM, up to `grace` for it to exit, then SIGKILL; reaps. Returns the wait status.
+    int stop(std::chrono::milliseconds grace);
+    void kill_now(); // SIGKILL (tests and fault handling)
+    // "exited with status 3", "killed by signal 9 (Killed)".
+    static std::string describe(int wait_status);
+
+private:
+    worker_process() = default;
+    int pid_ = -1;
+    int pidfd_ = -1;
+    bool reaped_ = false;
+    int status_ = 0;
+};
+
+// The path of the running executable (/proc/self/exe resolved), for re-exec as a worker.
+std::string self_exe();
+
+} // namespace tandem::ipc
