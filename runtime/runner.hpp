@@ -1,0 +1,28 @@
+// A model forward on one device, as a worker process runs it: batches in, logits out, K/V
+// written into (host) KV pages that other processes read.
+#pragma once
+
+#include "runtime/model.hpp"
+
+#include <memory>
+#include <span>
+#include <string>
+
+namespace tandem {
+
+class runner {
+public:
+    virtual ~runner() = default;
+    // "cpu (avx512_vnni, 2 threads)", "cuda:0 NVIDIA H200", ...
+    virtual std::string device() const = 0;
+    // model::forward's contract: every new token of every sequence as one batch; the K/V of
+    // positions n_past..n_past+n written into the pages of `kv` (host memory, possibly a
+    // view of the shared pool); logits [batch.size(), n_vocab] of each sequence's last token
+    // into `logits` (host memory). Throws tandem::error on a device failure.
+    virtual void forward(std::span<const batch_seq> batch, kv_cache& kv, float* logits) = 0;
+};
+
+// The CPU forward (model::forward on its own thread pool).
+std::unique_ptr<runner> make_cpu_runner(model& mdl, int n_threads);
+
+} // namespace tandem
