@@ -1,18 +1,24 @@
-// The in-process engine: one thread, continuous batching over model::forward.
+// The engine: one thread that admits requests, plans batches for its executors, samples
+// their logits and reports token events; and the in-process executor.
 #include "runtime/engine.hpp"
 
-#include "cpu/thread_pool.hpp"
 #include "runtime/error.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/kv_cache.hpp"
 #include "runtime/log.hpp"
-#include "runtime/model.hpp"
+#include "runtime/runner.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <thread>
+#include <unistd.h>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace tandem {
@@ -20,90 +26,94 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-// A request inside the engine: its sequence state from submission to its done event.
-struct sequence {
+// A request inside the engine, from submission to its done event. Its tokens and pages
+// live in the scheduler under the same id.
+struct request_state {
     uint64_t id = 0;
     engine_request req;
     engine_sink sink;
-    std::vector<token_id> history;    // prompt + generated
     int32_t n_prompt = 0;
-    int32_t n_computed = 0;           // positions already in the KV cache
     int32_t n_generated = 0;
     int32_t max_tokens = 0;           // after cutting to the context
-    std::unique_ptr<sequence_kv> kv;
-    std::unique_ptr<sampler> smp;
-    std::unique_ptr<stream_decoder> dec;
-    std::unique_ptr<stop_matcher> stops;
+    int32_t n_failures = 0;           // batches lost with it to a crashed worker
+    bool cancel_pending = false;      // cancelled while a batch ran it
+    sampler smp;
+    stream_decoder dec;
+    stop_matcher stops;
     steady_time t_admitted{};
+
+    request_state(uint64_t i, engine_request&& r, engine_sink&& s, const tokenizer& tok)
+        : id(i), req(std::move(r)), sink(std::move(s)), smp(req.sampling), dec(tok), stops(req.stop) {}
 };
 
-class local_engine final : public engine {
+class engine_impl final : public engine {
 public:
-    local_engine(model& mdl, const tokenizer& tok, const engine_options& o)
-        : mdl_(mdl), tok_(tok), opts_(o), pool_(std::max(1, o.n_threads)) {
-        const auto& c = mdl_.config();
-        if (opts_.n_ctx <= 0 || opts_.n_ctx > c.n_ctx_train) opts_.n_ctx = c.n_ctx_train;
+    engine_impl(const model_config& cfg, const tokenizer& tok, const engine_options& o, engine_parts parts)
+        : tok_(tok), n_vocab_(cfg.n_vocab), opts_(o), parts_(std::move(parts)) {
+        TANDEM_ASSERT(!parts_.executors.empty());
+        if (opts_.n_ctx <= 0 || opts_.n_ctx > cfg.n_ctx_train) opts_.n_ctx = cfg.n_ctx_train;
         opts_.max_running = std::max(1, opts_.max_running);
         opts_.step_tokens = std::max(opts_.step_tokens, opts_.max_running + 1);
         const int32_t pages_per_ctx = (opts_.n_ctx + opts_.page_size - 1) / opts_.page_size;
         if (opts_.n_pages <= 0) opts_.n_pages = pages_per_ctx * opts_.max_running;
-        // at least one full context, so any request the context allows can run
-        opts_.n_pages = std::max(opts_.n_pages, pages_per_ctx);
-        kv_ = std::make_unique<kv_cache>(mdl_.make_kv_layout(opts_.page_size), opts_.n_pages);
-        n_pages_total_ = opts_.n_pages;
+        scheduler_options so;
+        so.page_size = opts_.page_size;
+        so.n_pages = opts_.n_pages;
+        so.max_running = opts_.max_running;
+        so.step_tokens = opts_.step_tokens;
+        so.prefix_cache = opts_.prefix_cache;
+        so.prefix_seed = opts_.prefix_seed;
+        so.priority_aging_s = opts_.priority_aging_s;
+        sched_ = std::make_unique<scheduler>(so, parts_.store);
+        if (parts_.restore) parts_.restore(*sched_);
+        wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        TANDEM_CHECK(wake_fd_ >= 0, "eventfd: {}", std::strerror(errno));
         log_ = logger("engine");
-        log_->info("{} threads, context {}, {} KV pages of {} tokens, batch up to {}, {} tokens a step",
-                   pool_.n_threads(), opts_.n_ctx, opts_.n_pages, opts_.page_size, opts_.max_running,
-                   opts_.step_tokens);
+        std::string names;
+        for (const auto& e : parts_.executors) names += (names.empty() ? "" : ", ") + e->name();
+        log_->info("context {}, {} KV pages of {} tokens ({} cached), batch up to {}, {} tokens a step; {}",
+                   opts_.n_ctx, opts_.n_pages, opts_.page_size, sched_->pool().n_cached(), opts_.max_running,
+                   opts_.step_tokens, names);
+        publish();
         thread_ = std::thread([this] { loop(); });
     }
 
-    ~local_engine() override { stop(); }
+    ~engine_impl() override {
+        stop();
+        if (wake_fd_ >= 0) ::close(wake_fd_);
+    }
 
     submit_result submit(engine_request req, engine_sink sink) override {
         const int32_t n_prompt = int32_t(req.prompt.size());
         if (n_prompt == 0 || n_prompt >= opts_.n_ctx) return {submit_status::too_long, 0};
         const int32_t max_tokens = std::clamp(req.max_tokens, 1, opts_.n_ctx - n_prompt);
-        if (pages_for(n_prompt + max_tokens) > n_pages_total_) return {submit_status::too_long, 0};
+        // it must fit in the pool on its own (everything else preempted)
+        if (sched_->pages_for(n_prompt + max_tokens) > opts_.n_pages) return {submit_status::too_long, 0};
         std::lock_guard lock(mu_);
         if (stopping_) return {submit_status::stopped, 0};
-        // free batch slots take requests at once; beyond them, up to max_waiting may queue
         const int32_t free_slots = std::max(0, opts_.max_running - n_running_.load());
         if (int32_t(incoming_.size()) + n_waiting_.load() >= opts_.max_waiting + free_slots)
             return {submit_status::queue_full, 0};
-        auto s = std::make_unique<sequence>();
-        s->id = ++last_id_;
+        const uint64_t id = ++last_id_;
+        auto s = std::make_unique<request_state>(id, std::move(req), std::move(sink), tok_);
         s->n_prompt = n_prompt;
         s->max_tokens = max_tokens;
-        s->history = req.prompt;
-        s->req = std::move(req);
-        s->sink = std::move(sink);
         incoming_.push_back(std::move(s));
-        cv_.notify_one();
-        return {submit_status::ok, last_id_};
+        wake();
+        return {submit_status::ok, id};
     }
 
     void cancel(uint64_t id) override {
         std::lock_guard lock(mu_);
         cancels_.insert(id);
-        cv_.notify_one();
+        wake();
     }
 
     engine_stats stats() const override {
-        engine_stats s;
-        s.n_running = n_running_.load();
-        {
-            std::lock_guard lock(mu_);
-            s.n_waiting = n_waiting_.load() + int32_t(incoming_.size());
-        }
-        s.n_pages_total = n_pages_total_;
-        s.n_pages_used = n_pages_used_.load();
-        s.n_kv_tokens = n_kv_tokens_.load();
-        s.page_size = opts_.page_size;
-        s.n_ctx = opts_.n_ctx;
-        s.n_steps = n_steps_.load();
-        s.n_prompt_tokens = n_prompt_tokens_.load();
-        s.n_generated_tokens = n_generated_tokens_.load();
+        std::lock_guard lock(stats_mu_);
+        engine_stats s = stats_;
+        std::lock_guard lock2(mu_);
+        s.n_waiting += int32_t(incoming_.size());
         return s;
     }
 
@@ -112,190 +122,202 @@ public:
             std::lock_guard lock(mu_);
             if (stopping_ && !thread_.joinable()) return;
             stopping_ = true;
-            cv_.notify_one();
+            wake();
         }
         if (thread_.joinable()) thread_.join();
     }
 
 private:
-    int32_t pages_for(int32_t n_tokens) const { return (n_tokens + opts_.page_size - 1) / opts_.page_size; }
+    void wake() {
+        const uint64_t one = 1;
+        [[maybe_unused]] ssize_t r = ::write(wake_fd_, &one, sizeof one);
+    }
 
     void loop() {
+        std::vector<bool> started(parts_.executors.size(), false);
         for (;;) {
             std::unordered_set<uint64_t> cancels;
             bool stopping = false;
             {
-                std::unique_lock lock(mu_);
-                cv_.wait(lock, [&] {
-                    return stopping_ || !incoming_.empty() || !cancels_.empty() || !running_.empty();
-                });
+                std::lock_guard lock(mu_);
                 stopping = stopping_;
-                for (auto& s : incoming_) waiting_.push_back(std::move(s));
+                for (auto& s : incoming_) {
+                    sched_->add(s->id, s->req.prompt, s->req.priority, clock_type::now());
+                    reqs_.emplace(s->id, std::move(s));
+                }
                 incoming_.clear();
                 cancels.swap(cancels_);
-                n_waiting_ = int32_t(waiting_.size());
             }
             if (stopping) break;
-            if (!cancels.empty()) drop(cancels);
-            admit();
-            publish(); // the batch as it runs this step
-            if (!running_.empty()) {
-                try {
-                    step();
-                } catch (const std::exception& e) { // a failed step ends its batch, not the daemon
-                    log_->error("engine step failed: {}", e.what());
-                    for (auto& s : running_) finish(*s, "error", {});
-                    running_.clear();
+            for (uint64_t id : cancels) cancel_now(id);
+
+            bool progressed = false;
+            for (size_t i = 0; i < parts_.executors.size(); ++i) {
+                if (auto out = parts_.executors[i]->poll()) {
+                    finish_batch(int(i), *out);
+                    started[i] = false;
+                    progressed = true;
                 }
+            }
+            sched_->admit(clock_type::now());
+            for (uint64_t id : sched_->take_admitted())
+                if (auto it = reqs_.find(id); it != reqs_.end() && it->second->t_admitted == steady_time{}) {
+                    it->second->t_admitted = clock_type::now();
+                    log_->debug("request {} joins: {} prompt tokens ({} from the prefix cache), up to {} more", id,
+                                it->second->n_prompt, sched_->reused_tokens(id), it->second->max_tokens);
+                }
+            for (uint64_t id : sched_->take_preempted()) log_->debug("request {} preempted: KV pool full", id);
+            bool in_flight = false, sync_result = false;
+            for (size_t i = 0; i < parts_.executors.size(); ++i) {
+                executor& ex = *parts_.executors[i];
+                if (!started[i] && ex.ready()) {
+                    auto batch = sched_->plan(int(i), ex.kind());
+                    if (!batch.empty()) {
+                        ex.start(batch);
+                        started[i] = true;
+                        ++n_steps_;
+                        if (ex.wait_fds().empty()) sync_result = true;
+                    }
+                }
+                in_flight = in_flight || started[i];
             }
             publish();
             send_done();
+            if (sync_result || progressed) continue; // results to take at once, or work freed up
+            wait_for_news(in_flight);
         }
-        // Shutting down: whatever is left ends as cancelled.
-        std::deque<std::unique_ptr<sequence>> rest;
+        // Shutting down: batches in flight end, then whatever is left ends as cancelled.
+        for (size_t i = 0; i < parts_.executors.size(); ++i) {
+            if (started[i]) {
+                for (int spins = 0; spins < 100000; ++spins) {
+                    if (auto out = parts_.executors[i]->poll()) {
+                        finish_batch(int(i), *out);
+                        break;
+                    }
+                    wait_for_news(true);
+                }
+            }
+            parts_.executors[i]->shutdown();
+        }
         {
             std::lock_guard lock(mu_);
-            for (auto& s : incoming_) rest.push_back(std::move(s));
+            for (auto& s : incoming_) reqs_.emplace(s->id, std::move(s));
             incoming_.clear();
         }
-        for (auto& s : running_) finish(*s, "cancelled", {});
-        for (auto& s : waiting_) finish(*s, "cancelled", {});
-        for (auto& s : rest) finish(*s, "cancelled", {});
-        running_.clear();
-        waiting_.clear();
+        std::vector<uint64_t> ids;
+        for (const auto& [id, r] : reqs_) ids.push_back(id);
+        std::sort(ids.begin(), ids.end());
+        for (uint64_t id : ids) finish(id, "cancelled");
         publish();
         send_done();
     }
 
-    void publish() {
-        n_running_ = int32_t(running_.size());
-        n_waiting_ = int32_t(waiting_.size());
-        n_pages_used_ = kv_->pool().n_pages() - kv_->pool().n_free();
-        int64_t stored = 0;
-        for (const auto& q : running_) stored += q->n_computed;
-        n_kv_tokens_ = stored;
+    void wait_for_news(bool in_flight) {
+        std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
+        auto timeout = std::chrono::milliseconds(in_flight ? 1000 : 5000);
+        for (const auto& e : parts_.executors) {
+            for (int fd : e->wait_fds()) fds.push_back({fd, POLLIN, 0});
+            timeout = std::min(timeout, e->poll_interval());
+        }
+        const int r = ::poll(fds.data(), fds.size(), int(timeout.count()));
+        if (r > 0 && (fds[0].revents & POLLIN)) {
+            uint64_t v;
+            [[maybe_unused]] ssize_t n = ::read(wake_fd_, &v, sizeof v);
+        }
     }
 
-    void drop(const std::unordered_set<uint64_t>& ids) {
-        auto gone = [&](std::unique_ptr<sequence>& s) {
-            if (!ids.contains(s->id)) return false;
-            log_->debug("request {} cancelled after {} tokens", s->id, s->n_generated);
-            finish(*s, "cancelled", {});
-            return true;
-        };
-        std::erase_if(running_, gone);
-        std::erase_if(waiting_, gone);
+    void cancel_now(uint64_t id) {
+        auto it = reqs_.find(id);
+        if (it == reqs_.end()) return;
+        if (sched_->busy(id)) {
+            it->second->cancel_pending = true; // its pages are being written: after the batch
+            return;
+        }
+        log_->debug("request {} cancelled after {} tokens", id, it->second->n_generated);
+        finish(id, "cancelled");
     }
 
-    // Joins waiting requests in order while the batch and the pool have room.
-    void admit() {
-        while (!waiting_.empty() && int32_t(running_.size()) < opts_.max_running) {
-            sequence& s = *waiting_.front();
-            s.kv = std::make_unique<sequence_kv>(*kv_);
-            if (!s.kv->reserve(s.n_prompt + s.max_tokens)) {
-                s.kv.reset();
-                break; // head of line waits for pages; order is kept
+    void finish_batch(int slot, const executor::outcome& out) {
+        const std::vector<uint64_t> members = sched_->in_batch(slot);
+        if (!out.ok) {
+            sched_->complete(slot, false);
+            for (uint64_t id : members) {
+                auto it = reqs_.find(id);
+                if (it == reqs_.end()) continue;
+                request_state& r = *it->second;
+                // A worker that died may have died of something else; one that died twice
+                // with this request, or a step that failed, ends it.
+                if (out.crashed && ++r.n_failures < 2 && !r.cancel_pending) continue;
+                log_->warn("request {} failed: {}", id, out.error);
+                finish(id, r.cancel_pending ? "cancelled" : "error", out.error);
             }
-            s.smp = std::make_unique<sampler>(s.req.sampling);
-            s.dec = std::make_unique<stream_decoder>(tok_);
-            s.stops = std::make_unique<stop_matcher>(s.req.stop);
-            s.t_admitted = clock_type::now();
-            log_->debug("request {} joins: {} prompt tokens, up to {} more", s.id, s.n_prompt, s.max_tokens);
-            running_.push_back(std::move(waiting_.front()));
-            waiting_.pop_front();
+            return;
+        }
+        const std::vector<uint64_t> due = sched_->complete(slot, true);
+        std::unordered_map<uint64_t, size_t> index;
+        for (size_t i = 0; i < members.size(); ++i) index.emplace(members[i], i);
+        for (uint64_t id : members) {
+            auto it = reqs_.find(id);
+            if (it != reqs_.end() && it->second->cancel_pending) finish(id, "cancelled");
+        }
+        for (uint64_t id : due) {
+            if (!reqs_.contains(id)) continue;
+            sample_next(*reqs_.at(id), parts_.executors[size_t(slot)]->logits(index.at(id)));
         }
     }
 
-    void step() {
-        const int32_t n_vocab = mdl_.config().n_vocab;
-        // Decodes first (one token each, they keep the inter-token latency low), then
-        // prefill chunks from what is left of the token budget.
-        batch_.clear();
-        members_.clear();
-        int32_t budget = opts_.step_tokens;
-        for (int pass = 0; pass < 2; ++pass) {
-            for (size_t i = 0; i < running_.size(); ++i) {
-                sequence& s = *running_[i];
-                const int32_t pending = int32_t(s.history.size()) - s.n_computed;
-                TANDEM_ASSERT(pending >= 1);
-                const bool decoding = s.n_computed >= s.n_prompt;
-                if ((pass == 0) != decoding || budget <= 0) continue;
-                const int32_t n = std::min(pending, budget);
-                budget -= n;
-                batch_.push_back({std::span(s.history).subspan(size_t(s.n_computed), size_t(n)), s.n_computed,
-                                  s.kv->block_table()});
-                members_.push_back(i);
-            }
-        }
-        if (batch_.empty()) return;
-        logits_.resize(batch_.size() * size_t(n_vocab));
-        mdl_.forward(exec_ctx{backend::cpu, &pool_}, batch_, *kv_, logits_.data());
-        ++n_steps_;
-
-        std::vector<size_t> finished;
-        for (size_t b = 0; b < batch_.size(); ++b) {
-            sequence& s = *running_[members_[b]];
-            const int32_t n = int32_t(batch_[b].tokens.size());
-            if (s.n_computed < s.n_prompt) n_prompt_tokens_ += uint64_t(std::min(n, s.n_prompt - s.n_computed));
-            s.n_computed += n;
-            if (s.n_computed < int32_t(s.history.size())) continue; // prefill goes on next step
-            if (sample_next(s, std::span(&logits_[b * size_t(n_vocab)], size_t(n_vocab))))
-                finished.push_back(members_[b]);
-        }
-        // erase from the back so earlier indices stay valid
-        for (auto it = finished.rbegin(); it != finished.rend(); ++it)
-            running_.erase(running_.begin() + std::ptrdiff_t(*it));
-    }
-
-    // Samples one token for `s`; returns true when the request is finished (event sent).
-    bool sample_next(sequence& s, std::span<float> row) {
+    // Samples one token; a finished request sends its done event and leaves.
+    void sample_next(request_state& s, std::span<const float> logits) {
+        row_.assign(logits.begin(), logits.end());
         engine_event ev;
         const bool want_lp = s.req.n_top_logprobs >= 0;
-        if (want_lp) {
-            raw_.assign(row.begin(), row.end());
-            if (s.req.n_top_logprobs > 0) ev.top = top_logprobs(raw_, s.req.n_top_logprobs);
-        }
-        const token_id id = s.smp->sample(row, s.history);
+        if (want_lp && s.req.n_top_logprobs > 0) ev.top = top_logprobs(logits, s.req.n_top_logprobs);
+        const token_id id = s.smp.sample(row_, sched_->tokens(s.id));
         if (id == sampler::none) { // every token banned: nothing can follow
-            finish(s, "stop", {});
-            return true;
+            finish(s.id, "stop");
+            return;
         }
         ++n_generated_tokens_;
         ++s.n_generated;
-        s.history.push_back(id);
         if (!s.req.ignore_eos && tok_.is_eog(id)) {
-            finish(s, "stop", {});
-            return true;
+            finish(s.id, "stop");
+            return;
         }
+        sched_->append(s.id, id);
         ev.id = id;
-        if (want_lp) ev.logprob = logprob_of(raw_, id);
-        ev.text = s.stops->push(s.dec->push(id));
+        if (want_lp) ev.logprob = logprob_of(logits, id);
+        ev.text = s.stops.push(s.dec.push(id));
         ev.t = clock_type::now();
-        const bool stopped = s.stops->stopped();
+        const bool stopped = s.stops.stopped();
         const bool full = s.n_generated >= s.max_tokens;
         s.sink(std::move(ev));
-        if (stopped) finish(s, "stop", {});
-        else if (full) finish(s, "length", {});
-        return stopped || full;
+        if (stopped) finish(s.id, "stop");
+        else if (full) finish(s.id, "length");
     }
 
-    void finish(sequence& s, const char* reason, std::string text) {
-        if (s.stops && !s.stops->stopped()) {
-            text += s.stops->push(s.dec->flush());
-            if (!s.stops->stopped()) text += s.stops->flush();
+    void finish(uint64_t id, const char* reason, std::string error = {}) {
+        auto it = reqs_.find(id);
+        if (it == reqs_.end()) return;
+        request_state& s = *it->second;
+        std::string text;
+        if (!s.stops.stopped()) {
+            text += s.stops.push(s.dec.flush());
+            if (!s.stops.stopped()) text += s.stops.flush();
         }
         engine_event ev;
         ev.done = true;
         ev.text = std::move(text);
         ev.finish_reason = reason;
+        ev.error = std::move(error);
         ev.n_prompt = s.n_prompt;
         ev.n_generated = s.n_generated;
         ev.t = clock_type::now();
         ev.t_admitted = s.t_admitted;
-        if (s.kv) s.kv->clear();
-        // Sent after the sequence has left and the stats are published, so a caller that
+        if (sched_->contains(id)) sched_->remove(id);
+        // Sent after the request has left and the stats are published, so a caller that
         // sees the done event sees its pages free.
         done_.emplace_back(std::move(s.sink), std::move(ev));
+        reqs_.erase(it);
     }
 
     void send_done() {
@@ -303,37 +325,144 @@ private:
         done_.clear();
     }
 
-    model& mdl_;
+    void publish() {
+        const scheduler_stats ss = sched_->stats();
+        uint64_t restarts = 0;
+        for (const auto& e : parts_.executors) restarts += e->n_restarts();
+        std::lock_guard lock(stats_mu_);
+        n_running_ = ss.n_running;
+        n_waiting_ = ss.n_waiting;
+        stats_.n_running = ss.n_running;
+        stats_.n_waiting = ss.n_waiting;
+        stats_.n_pages_used = ss.n_pages_used;
+        stats_.n_pages_total = opts_.n_pages;
+        stats_.n_pages_cached = ss.n_pages_cached;
+        stats_.n_kv_tokens = ss.n_kv_tokens;
+        stats_.page_size = opts_.page_size;
+        stats_.n_ctx = opts_.n_ctx;
+        stats_.n_steps = n_steps_;
+        stats_.n_prompt_tokens = ss.n_prompt_tokens;
+        stats_.n_prefix_hits = ss.n_prefix_hit_tokens;
+        stats_.n_generated_tokens = n_generated_tokens_;
+        stats_.n_preemptions = ss.n_preemptions;
+        stats_.n_worker_restarts = restarts;
+    }
+
     const tokenizer& tok_;
+    int32_t n_vocab_;
     engine_options opts_;
-    cpu::thread_pool pool_;
-    std::unique_ptr<kv_cache> kv_;
-    int32_t n_pages_total_ = 0;
+    engine_parts parts_;
+    std::unique_ptr<scheduler> sched_;
     std::shared_ptr<spdlog::logger> log_;
+    int wake_fd_ = -1;
 
     mutable std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<std::unique_ptr<sequence>> incoming_; // guarded by mu_
-    std::unordered_set<uint64_t> cancels_;           // guarded by mu_
-    bool stopping_ = false;                          // guarded by mu_
-    uint64_t last_id_ = 0;                           // guarded by mu_
+    std::deque<std::unique_ptr<request_state>> incoming_; // guarded by mu_
+    std::unordered_set<uint64_t> cancels_;                // guarded by mu_
+    bool stopping_ = false;                               // guarded by mu_
+    uint64_t last_id_ = 0;                                // guarded by mu_
+
+    mutable std::mutex stats_mu_;
+    engine_stats stats_;                                  // guarded by stats_mu_
+    std::atomic<int32_t> n_running_{0}, n_waiting_{0};
 
     // engine thread only
-    std::deque<std::unique_ptr<sequence>> waiting_;
-    std::vector<std::unique_ptr<sequence>> running_;
-    std::vector<batch_seq> batch_;
-    std::vector<size_t> members_;                    // running_ index of each batch entry
-    std::vector<float> logits_;                      // [batch, n_vocab]
-    std::vector<float> raw_;                         // [n_vocab] logits before sampling
-    std::vector<std::pair<engine_sink, engine_event>> done_; // done events of this iteration
-
-    std::atomic<int32_t> n_running_{0}, n_waiting_{0}, n_pages_used_{0};
-    std::atomic<int64_t> n_kv_tokens_{0};
-    std::atomic<uint64_t> n_steps_{0}, n_prompt_tokens_{0}, n_generated_tokens_{0};
+    std::unordered_map<uint64_t, std::unique_ptr<request_state>> reqs_;
+    std::vector<float> row_;                              // [n_vocab] logits being sampled
+    std::vector<std::pair<engine_sink, engine_event>> done_;
+    uint64_t n_steps_ = 0, n_generated_tokens_ = 0;
     std::thread thread_;
 };
 
+// The in-process executor: runs each batch on the engine thread through a runner.
+class inproc_executor final : public executor {
+public:
+    inproc_executor(std::unique_ptr<runner> r, kv_cache& kv, int32_t n_vocab)
+        : runner_(std::move(r)), kv_(kv), n_vocab_(n_vocab) {}
+    std::string name() const override { return "in-process " + runner_->device(); }
+    work_kind kind() const override { return work_kind::both; }
+    bool ready() override { return !result_; }
+    void start(std::span<const planned_seq> batch) override {
+        batch_.clear();
+        for (const auto& p : batch) batch_.push_back({p.tokens, p.n_past, p.block_table});
+        logits_.resize(batch_.size() * size_t(n_vocab_));
+        result_ = outcome{};
+        try {
+            runner_->forward(batch_, kv_, logits_.data());
+        } catch (const std::exception& e) { // a failed step ends its batch, not the daemon
+            result_ = outcome{false, false, e.what()};
+        }
+    }
+    std::optional<outcome> poll() override {
+        auto r = result_;
+        result_.reset();
+        return r;
+    }
+    std::span<const float> logits(size_t i) override {
+        return std::span<const float>(logits_).subspan(i * size_t(n_vocab_), size_t(n_vocab_));
+    }
+    std::vector<int> wait_fds() override { return {}; }
+
+private:
+    std::unique_ptr<runner> runner_;
+    kv_cache& kv_;
+    int32_t n_vocab_;
+    std::vector<batch_seq> batch_;
+    std::vector<float> logits_;                           // [batch, n_vocab]
+    std::optional<outcome> result_;
+};
+
+// Pages of a private kv_cache: copy-on-write is a memcpy, nothing is persisted.
+class local_store final : public page_store {
+public:
+    explicit local_store(kv_cache& kv) : kv_(kv) {}
+    void published(int32_t, uint64_t, uint64_t, std::span<const int32_t>) override {}
+    void cleared(int32_t) override {}
+    void copy_page(int32_t src, int32_t dst) override {
+        const int64_t pb = kv_.layout().page_bytes();
+        std::memcpy(kv_.base() + dst * pb, kv_.base() + src * pb, size_t(pb));
+    }
+
+private:
+    kv_cache& kv_;
+};
+
+// The local engine owns its page pool, store and runner alongside the engine.
+class local_engine final : public engine {
+public:
+    local_engine(model& mdl, const tokenizer& tok, engine_options o) {
+        const auto& c = mdl.config();
+        if (o.n_ctx <= 0 || o.n_ctx > c.n_ctx_train) o.n_ctx = c.n_ctx_train;
+        o.max_running = std::max(1, o.max_running);
+        const int32_t pages_per_ctx = (o.n_ctx + o.page_size - 1) / o.page_size;
+        if (o.n_pages <= 0) o.n_pages = pages_per_ctx * o.max_running;
+        o.n_pages = std::max(o.n_pages, pages_per_ctx); // any request the context allows can run
+        kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(o.page_size), o.n_pages);
+        store_ = std::make_unique<local_store>(*kv_);
+        engine_parts parts;
+        parts.executors.push_back(
+            std::make_unique<inproc_executor>(make_cpu_runner(mdl, std::max(1, o.n_threads)), *kv_, c.n_vocab));
+        parts.store = store_.get();
+        impl_ = make_engine(c, tok, o, std::move(parts));
+    }
+    ~local_engine() override { impl_.reset(); }
+    submit_result submit(engine_request req, engine_sink sink) override { return impl_->submit(std::move(req), std::move(sink)); }
+    void cancel(uint64_t id) override { impl_->cancel(id); }
+    engine_stats stats() const override { return impl_->stats(); }
+    void stop() override { impl_->stop(); }
+
+private:
+    std::unique_ptr<kv_cache> kv_;
+    std::unique_ptr<local_store> store_;
+    std::unique_ptr<engine> impl_;
+};
+
 } // namespace
+
+std::unique_ptr<engine> make_engine(const model_config& cfg, const tokenizer& tok, const engine_options& opts,
+                                    engine_parts parts) {
+    return std::make_unique<engine_impl>(cfg, tok, opts, std::move(parts));
+}
 
 std::unique_ptr<engine> make_local_engine(model& mdl, const tokenizer& tok, const engine_options& opts) {
     return std::make_unique<local_engine>(mdl, tok, opts);

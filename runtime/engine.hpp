@@ -1,7 +1,9 @@
 // The engine service: requests in, token events out; continuous batching behind an interface.
 #pragma once
 
+#include "runtime/model_config.hpp"
 #include "runtime/sampler.hpp"
+#include "runtime/scheduler.hpp"
 #include "runtime/tokenizer.hpp"
 
 #include <atomic>
@@ -9,6 +11,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +30,7 @@ struct engine_request {
     std::vector<std::string> stop;    // stop strings (not part of the output)
     bool ignore_eos = false;
     int32_t n_top_logprobs = -1;      // -1: no logprobs; 0: the chosen token's; n: and the top n
+    int32_t priority = 0;             // higher joins first; waiting raises it (no starvation)
 };
 
 // What the engine reports about one request, in order: zero or more token events, then
@@ -38,7 +43,8 @@ struct engine_event {
     std::vector<token_logprob> top;   // the top n alternatives, highest first
     steady_time t{};                  // when it was produced
     // done events only:
-    std::string finish_reason;        // "stop", "length", "cancelled"
+    std::string finish_reason;        // "stop", "length", "cancelled", "error"
+    std::string error;                // with "error": what went wrong, one line
     int32_t n_prompt = 0;
     int32_t n_generated = 0;          // sampled tokens, a final EOS included
     steady_time t_admitted{};         // when the request joined the batch (zero if it never did)
@@ -100,14 +106,60 @@ struct engine_options {
     int32_t max_running = 16;         // sequences in one batch
     int32_t max_waiting = 64;         // queued requests beyond a full batch; more are refused
     int32_t step_tokens = 512;        // token budget of one step (prefill is chunked to fit)
+    bool prefix_cache = true;         // reuse the K/V of full pages of earlier prompts
+    uint64_t prefix_seed = 0;         // the model fingerprint (prefix hashes of other models never match)
+    double priority_aging_s = 5;      // each this many seconds waited raises a request's priority by one
 };
 
-// Continuous batching on one engine thread: requests join between steps, each step runs
-// every running sequence's next tokens as one flat batch through model::forward, finished
-// or cancelled ones leave at once and free their pages. A request's pages for its prompt
-// and max_tokens are reserved when it joins, so it never stalls half-way; one that does
-// not fit now waits in order. Greedy outputs equal the solo outputs because every token's
-// row is computed the same way whatever else is in the batch.
+// Runs planned batches somewhere: on the engine thread (in-process), or in a worker process.
+// One batch at a time; the engine plans a new one when the executor is ready again.
+class executor {
+public:
+    struct outcome {
+        bool ok = true;
+        bool crashed = false;         // the worker died: its batch may be retried
+        std::string error;            // when !ok
+    };
+    virtual ~executor() = default;
+    virtual std::string name() const = 0;
+    // Which work it takes: prefill chunks, decode steps, or both in one flat batch.
+    virtual work_kind kind() const = 0;
+    // Alive and without a batch in flight.
+    virtual bool ready() = 0;
+    // Starts running `batch` (its spans stay valid until the outcome is taken).
+    virtual void start(std::span<const planned_seq> batch) = 0;
+    // The outcome of the batch in flight once there is one (never blocks); also does the
+    // executor's housekeeping (restarting a dead worker).
+    virtual std::optional<outcome> poll() = 0;
+    // After an ok outcome: the logits row of batch entry i (one that wanted logits), valid
+    // until the next start().
+    virtual std::span<const float> logits(size_t i) = 0;
+    // Fds that become readable when poll() has news; empty when poll() never waits.
+    virtual std::vector<int> wait_fds() = 0;
+    // Longest wait before poll() must be called again (a restart backoff, a start timeout).
+    virtual std::chrono::milliseconds poll_interval() const { return std::chrono::milliseconds(1000); }
+    virtual uint64_t n_restarts() const { return 0; }
+    // Ends the executor (workers exit); called from the engine thread as it stops.
+    virtual void shutdown() {}
+};
+
+// What an engine runs on, besides the model's shape: its executors, where the prefix
+// cache's page table is kept (may be null), and the cached pages to restore first.
+struct engine_parts {
+    std::vector<std::unique_ptr<executor>> executors;
+    page_store* store = nullptr;                       // not owned; outlives the engine
+    std::function<void(scheduler&)> restore;           // called once, before any request
+};
+
+// The engine: continuous batching over a scheduler (prefix cache, chunked prefill,
+// preemption) and any set of executors, on one engine thread.
+std::unique_ptr<engine> make_engine(const model_config& cfg, const tokenizer& tok, const engine_options& opts,
+                                    engine_parts parts);
+
+// The in-process engine: one executor on the engine thread runs every running sequence's
+// next tokens (decodes and prefill chunks) as one flat batch through model::forward over a
+// private page pool. Greedy outputs equal the solo outputs because every token's row is
+// computed the same way whatever else is in the batch.
 std::unique_ptr<engine> make_local_engine(model& mdl, const tokenizer& tok, const engine_options& opts);
 
 } // namespace tandem
