@@ -412,7 +412,7 @@ api_error loading_error() {
 }
 
 json model_card(const model_state& ms, const daemon_state& st) {
-    const auto& c = ms.bundle.mdl->config();
+    const auto& c = ms.bundle.cfg;
     return json{{"id", ms.id},
                 {"object", "model"},
                 {"created", int64_t(std::time(nullptr)) -
@@ -484,7 +484,10 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
         if (ms) {
             const engine_stats es = ms->eng->stats();
             j["model"] = model_card(*ms, st);
-            j["placement"] = {{"policy", st.cfg.placement}, {"prefill", "cpu"}, {"decode", "cpu"}};
+            j["placement"] = {{"policy", st.cfg.placement},
+                              {"prefill", ms->prefill_device},
+                              {"decode", ms->decode_device},
+                              {"workers", st.cfg.workers}};
             j["threads"] = ms->threads;
             j["running"] = es.n_running;
             j["waiting"] = es.n_waiting;

@@ -39,6 +39,19 @@ std::optional<std::string> parse_seconds(const std::string& v, double& out) {
     return std::nullopt;
 }
 
+std::optional<std::string> parse_bool(const std::string& v, bool& out) {
+    if (v == "true" || v == "yes" || v == "on" || v == "1") out = true;
+    else if (v == "false" || v == "no" || v == "off" || v == "0") out = false;
+    else return "expected true or false";
+    return std::nullopt;
+}
+
+std::optional<std::string> parse_device(const std::string& v, std::string& out) {
+    if (v != "auto" && v != "cpu" && v != "gpu") return "expected auto, cpu or gpu";
+    out = v;
+    return std::nullopt;
+}
+
 std::vector<std::string> split_list(const std::string& v) {
     std::vector<std::string> out;
     std::string cur;
@@ -66,14 +79,36 @@ const std::vector<std::pair<std::string, setter>>& setters() {
         {"listen_tcp", [](config& c, const std::string& v) { c.listen_tcp = v; return std::optional<std::string>(); }},
         {"placement",
          [](config& c, const std::string& v) -> std::optional<std::string> {
-             if (v != "auto" && v != "cpu") return "expected auto or cpu (GPU placement comes with the worker split)";
+             if (v != "auto" && v != "cpu" && v != "gpu" && v != "local") return "expected auto, cpu, gpu or local";
              c.placement = v;
+             c.workers = v != "local";
+             c.prefill = v == "gpu" ? "gpu" : v == "cpu" || v == "local" ? "cpu" : "auto";
+             c.decode = v == "auto" ? "auto" : v == "gpu" ? "gpu" : "cpu";
+             if (v == "gpu") c.decode = "cpu"; // GPU prefill, CPU decode: the default split
              return std::nullopt;
          }},
+        {"prefill", [](config& c, const std::string& v) { return parse_device(v, c.prefill); }},
+        {"decode", [](config& c, const std::string& v) { return parse_device(v, c.decode); }},
+        {"workers", [](config& c, const std::string& v) { return parse_bool(v, c.workers); }},
         {"threads", [](config& c, const std::string& v) { return parse_int(v, c.threads, 0, 1024); }},
+        {"prefill_threads", [](config& c, const std::string& v) { return parse_int(v, c.prefill_threads, 0, 1024); }},
+        {"decode_threads", [](config& c, const std::string& v) { return parse_int(v, c.decode_threads, 0, 1024); }},
         {"n_ctx", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.n_ctx, 0, 1 << 20); }},
         {"page_size", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.page_size, 1, 1024); }},
-        {"kv_size_mb", [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.kv_size_mb, 0, 1 << 24); }},
+        {"kv_cache_mb", [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.kv_cache_mb, 0, 1 << 24); }},
+        // the name before the worker split
+        {"kv_size_mb", [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.kv_cache_mb, 0, 1 << 24); }},
+        {"kv_pages", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.kv_pages, 0, 1 << 30); }},
+        {"kv_dtype",
+         [](config& c, const std::string& v) -> std::optional<std::string> {
+             if (v != "f16" && v != "int8" && v != "f32") return "expected f16, int8 or f32";
+             c.kv_dtype = v;
+             return std::nullopt;
+         }},
+        {"kv_pool", [](config& c, const std::string& v) { c.kv_pool = v; return std::optional<std::string>(); }},
+        {"kv_pool_persist", [](config& c, const std::string& v) { return parse_bool(v, c.kv_pool_persist); }},
+        {"prefix_cache", [](config& c, const std::string& v) { return parse_bool(v, c.prefix_cache); }},
+        {"priority_aging_s", [](config& c, const std::string& v) { return parse_seconds(v, c.priority_aging_s); }},
         {"max_running", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_running, 1, 4096); }},
         {"max_waiting", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_waiting, 0, 1 << 20); }},
         {"max_connections",

@@ -15,11 +15,22 @@ struct config {
     std::string socket_group;          // "" = the daemon's group
     uint32_t socket_mode = 0660;
     std::string listen_tcp;            // "" = off; else "127.0.0.1:PORT" (loopback only)
-    std::string placement = "auto";    // auto | cpu (gpu arrives with the worker split)
+    std::string placement = "auto";    // auto | cpu | gpu | local: sets prefill and decode (local: one process)
+    std::string prefill = "auto";      // auto | cpu | gpu (auto: gpu when a CUDA device is present)
+    std::string decode = "auto";       // auto | cpu | gpu (auto: cpu)
+    bool workers = true;               // false: prefill and decode in the daemon's own process
     int threads = 0;                   // 0 = all cores
+    int prefill_threads = 0;           // 0 = threads (the workers share the cores: see docs/config.md)
+    int decode_threads = 0;            // 0 = threads
     int32_t n_ctx = 0;                 // 0 = the model's training context
     int32_t page_size = 16;
-    int64_t kv_size_mb = 0;            // 0 = room for max_running full contexts, at most 2 GiB
+    int64_t kv_cache_mb = 0;           // 0 = room for max_running full contexts, at most 2 GiB
+    int32_t kv_pages = 0;              // > 0: the pool's page count (instead of kv_cache_mb)
+    std::string kv_dtype = "f16";      // f16 | int8 | f32
+    std::string kv_pool;               // "" = default_kv_pool_path (a file on tmpfs)
+    bool kv_pool_persist = true;       // keep the pool file at exit (a warm prefix cache after restart)
+    bool prefix_cache = true;
+    double priority_aging_s = 5;
     int32_t max_running = 16;
     int32_t max_waiting = 64;
     int32_t max_connections = 256;

@@ -5,6 +5,12 @@
 #include "cpu/thread_pool.hpp"
 #include "daemon/session.hpp"
 #include "daemon/systemd.hpp"
+#include "daemon/worker.hpp"
+#include "ipc/kv_pool.hpp"
+#include "runtime/fingerprint.hpp"
+#ifdef TANDEM_HAVE_CUDA
+#include "cuda/device.hpp"
+#endif
 #include "runtime/error.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/log.hpp"
@@ -33,6 +39,16 @@ using boost::system::error_code;
 namespace fs = std::filesystem;
 
 namespace {
+
+// Usable CUDA devices (none in a build without CUDA); `why` says why there are none.
+int n_cuda_devices(std::string& why) {
+#ifdef TANDEM_HAVE_CUDA
+    return int(cuda::list_devices(&why).size());
+#else
+    why = "this build has no CUDA support";
+    return 0;
+#endif
+}
 
 // True when something accepts connections at `path` (another daemon is running).
 bool someone_listens(const std::string& path) {
@@ -118,6 +134,104 @@ void server::listen() {
     }
 }
 
+// Loads the model (or, with workers, only its tokenizer and shape), sizes and maps the KV
+// pool, and starts the engine; with workers, waits until both have loaded the weights.
+void server::load_engine(const config& cfg, model_state& ms) {
+    auto log = logger("server");
+    const kv_dtype kv = *parse_kv_dtype(cfg.kv_dtype);
+    if (cfg.workers) ms.bundle = open_model_metadata(cfg.model);
+    else ms.bundle = load_model(cfg.model, load_options{weight_format::int8, kv, 0});
+    ms.tmpl = chat_template::from_gguf(*ms.bundle.file, *ms.bundle.tok);
+    const model_config& mc = ms.bundle.cfg;
+    const int n_threads = cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    engine_options eo;
+    eo.n_threads = n_threads;
+    eo.n_ctx = cfg.n_ctx > 0 ? std::min(cfg.n_ctx, mc.n_ctx_train) : mc.n_ctx_train;
+    eo.page_size = cfg.page_size;
+    eo.max_running = cfg.max_running;
+    eo.max_waiting = cfg.max_waiting;
+    eo.step_tokens = cfg.step_tokens;
+    eo.prefix_cache = cfg.prefix_cache;
+    eo.priority_aging_s = cfg.priority_aging_s;
+    // Default pool: max_running full contexts but at most 2 GiB, and never less than one
+    // full context (so any request the context allows can run).
+    const kv_layout layout{mc.n_layer, mc.n_head_kv, mc.head_dim, cfg.page_size, kv};
+    const int64_t pages_per_ctx = (eo.n_ctx + cfg.page_size - 1) / cfg.page_size;
+    int64_t n_pages = cfg.kv_pages;
+    if (n_pages <= 0) {
+        const int64_t budget = (cfg.kv_cache_mb > 0 ? cfg.kv_cache_mb : 2048) * (int64_t(1) << 20);
+        n_pages = std::max<int64_t>(1, budget / layout.page_bytes());
+        if (cfg.kv_cache_mb == 0) n_pages = std::min(n_pages, pages_per_ctx * cfg.max_running);
+    }
+    eo.n_pages = int32_t(std::min<int64_t>(std::max(n_pages, pages_per_ctx), INT32_MAX));
+    ms.n_ctx = eo.n_ctx;
+    ms.threads = n_threads;
+    ms.max_prompt_tokens = cfg.max_prompt_tokens > 0 ? std::min(cfg.max_prompt_tokens, eo.n_ctx - 1) : eo.n_ctx - 1;
+    ms.max_tokens_limit = cfg.max_tokens_limit > 0 ? std::min(cfg.max_tokens_limit, eo.n_ctx) : eo.n_ctx;
+    if (!cfg.workers) {
+        ms.prefill_device = ms.decode_device = "cpu (in-process)";
+        ms.eng = make_local_engine(*ms.bundle.mdl, *ms.bundle.tok, eo);
+        return;
+    }
+
+    const uint64_t fp = model_fingerprint(*ms.bundle.file, weight_format::int8, kv);
+    eo.prefix_seed = fp;
+    const std::string pool_path = cfg.kv_pool.empty() ? ipc::default_kv_pool_path(cfg.socket.empty() ? default_socket_path() : cfg.socket) : cfg.kv_pool;
+    std::string why;
+    ms.pool = ipc::kv_pool::create_or_adopt(pool_path, {fp, layout, eo.n_pages}, &why);
+    ms.unlink_pool = !cfg.kv_pool_persist;
+    ms.store = make_pool_store(*ms.pool);
+    std::string no_gpu_why;
+    const bool have_gpu = (cfg.prefill != "cpu" || cfg.decode == "gpu") && n_cuda_devices(no_gpu_why) > 0;
+    auto place = [&](const std::string& want, bool prefill) -> std::string {
+        if (want == "gpu") {
+            TANDEM_CHECK(have_gpu, "{}=gpu: no CUDA device is usable ({})", prefill ? "prefill" : "decode", no_gpu_why);
+            return "cuda:0";
+        }
+        if (want == "auto" && prefill && have_gpu) return "cuda:0";
+        return "cpu";
+    };
+    worker_spec base;
+    base.model = cfg.model;
+    base.pool = pool_path;
+    base.kv = kv;
+    base.page_size = cfg.page_size;
+    base.n_pages = eo.n_pages;
+    base.fingerprint = fp;
+    base.max_rows = std::max(1, eo.max_running);
+    base.n_vocab = mc.n_vocab;
+    base.log_level = cfg.log_level;
+    worker_spec pre = base, dec = base;
+    pre.role = "prefill";
+    pre.device = place(cfg.prefill, true);
+    dec.role = "decode";
+    dec.device = place(cfg.decode, false);
+    // Both CPU workers may use every core by default: a lone request is in one phase at a
+    // time, and idle pools sleep. Split the cores (prefill_threads/decode_threads) when
+    // many requests keep both phases busy.
+    pre.n_threads = pre.device == "cpu" ? (cfg.prefill_threads > 0 ? cfg.prefill_threads : n_threads) : 1;
+    dec.n_threads = dec.device == "cpu" ? (cfg.decode_threads > 0 ? cfg.decode_threads : n_threads) : 1;
+    ms.prefill_device = pre.device;
+    ms.decode_device = dec.device;
+    engine_parts parts;
+    parts.executors.push_back(make_worker_executor(pre, work_kind::prefill));
+    parts.executors.push_back(make_worker_executor(dec, work_kind::decode));
+    parts.store = ms.store.get();
+    ipc::kv_pool& pool = *ms.pool;
+    parts.restore = [&pool, log, why](scheduler& s) {
+        const int32_t n = why.empty() ? restore_prefix_cache(pool, s) : 0;
+        if (why.empty()) log->info("KV pool {}: kept from the last run, {} cached pages", pool.path(), n);
+        else log->info("KV pool {}: new ({})", pool.path(), why);
+    };
+    ms.eng = make_engine(mc, *ms.bundle.tok, eo, std::move(parts));
+    for (;;) {
+        std::string failure;
+        if (ms.eng->wait_ready(std::chrono::milliseconds(250), failure)) break;
+        if (!failure.empty()) fail("{}", failure);
+        if (abort_loading_) fail("stopped while loading");
+    }
+}
+
 void server::start_loading() {
     systemd::notify_status("loading " + st_.cfg.model);
     loader_ = std::thread([this, cfg = st_.cfg] {
@@ -128,31 +242,9 @@ void server::start_loading() {
             if (const char* d = std::getenv("TANDEMD_TEST_LOAD_DELAY_MS"); d && *d)
                 std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
             ms = std::make_unique<model_state>();
-            ms->bundle = load_model(cfg.model);
             ms->path = cfg.model;
-            ms->tmpl = chat_template::from_gguf(*ms->bundle.file, *ms->bundle.tok);
             ms->id = cfg.model_id.empty() ? fs::path(cfg.model).stem().string() : cfg.model_id;
-            const model_config& mc = ms->bundle.mdl->config();
-            engine_options eo;
-            eo.n_threads = cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-            eo.n_ctx = cfg.n_ctx > 0 ? std::min(cfg.n_ctx, mc.n_ctx_train) : mc.n_ctx_train;
-            eo.page_size = cfg.page_size;
-            eo.max_running = cfg.max_running;
-            eo.max_waiting = cfg.max_waiting;
-            eo.step_tokens = cfg.step_tokens;
-            // Default pool: max_running full contexts but at most 2 GiB (the engine keeps at
-            // least one full context), so a big model does not take all memory by default.
-            const int64_t page_bytes = ms->bundle.mdl->make_kv_layout(cfg.page_size).page_bytes();
-            const int64_t pages_per_ctx = (eo.n_ctx + cfg.page_size - 1) / cfg.page_size;
-            const int64_t budget = (cfg.kv_size_mb > 0 ? cfg.kv_size_mb : 2048) * (int64_t(1) << 20);
-            int64_t n_pages = std::max<int64_t>(1, budget / page_bytes);
-            if (cfg.kv_size_mb == 0) n_pages = std::min(n_pages, pages_per_ctx * cfg.max_running);
-            eo.n_pages = int32_t(std::min<int64_t>(n_pages, INT32_MAX));
-            ms->n_ctx = eo.n_ctx;
-            ms->threads = eo.n_threads;
-            ms->max_prompt_tokens = cfg.max_prompt_tokens > 0 ? std::min(cfg.max_prompt_tokens, eo.n_ctx - 1) : eo.n_ctx - 1;
-            ms->max_tokens_limit = cfg.max_tokens_limit > 0 ? std::min(cfg.max_tokens_limit, eo.n_ctx) : eo.n_ctx;
-            ms->eng = make_local_engine(*ms->bundle.mdl, *ms->bundle.tok, eo);
+            load_engine(cfg, *ms);
         } catch (const std::exception& e) {
             err = e.what();
             ms.reset();
@@ -237,6 +329,7 @@ void server::on_signal(int signo) {
 
 void server::begin_drain() {
     st_.stopping = true;
+    abort_loading_ = true;
     systemd::notify_stopping();
     for (auto& acc : acceptors_) {
         error_code ec;
@@ -278,8 +371,10 @@ int server::run() {
     io_.run();
 
     // The engine goes first: its last events are posted to io_, which must still exist.
+    abort_loading_ = true;
     if (st_.ms) st_.ms->eng->stop();
     if (loader_.joinable()) loader_.join();
+    if (st_.ms && st_.ms->pool && st_.ms->unlink_pool) st_.ms->pool->unlink_file();
     if (!socket_path_.empty()) {
         std::error_code fec;
         fs::remove(socket_path_, fec);

@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -41,6 +42,7 @@ private:
 
     void listen();
     void start_loading();
+    void load_engine(const config& cfg, model_state& ms);
     asio::awaitable<void> accept_loop(acceptor_type& acc);
     asio::awaitable<void> watchdog_loop();
     asio::awaitable<void> status_loop();
@@ -58,6 +60,7 @@ private:
     asio::steady_timer watchdog_timer_;
     asio::steady_timer status_timer_;
     std::thread loader_;
+    std::atomic<bool> abort_loading_{false}; // set on SIGTERM: a loader waiting for workers gives up
     std::string socket_path_;      // the file we created (removed on exit); "" under activation
     int exit_code_ = 0;
     bool finished_ = false;

@@ -5,6 +5,7 @@
 #include "daemon/metrics.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/engine.hpp"
+#include "ipc/kv_pool.hpp"
 #include "runtime/generate.hpp"
 
 #include <chrono>
@@ -15,9 +16,13 @@ namespace tandem::daemon {
 
 // The loaded model: set once on the io thread, then read-only there.
 struct model_state {
-    model_bundle bundle;
+    model_bundle bundle;             // without weights when workers hold them
     chat_template tmpl;
-    std::unique_ptr<engine> eng;
+    std::unique_ptr<ipc::kv_pool> pool;   // the shared KV pool (workers only)
+    std::unique_ptr<page_store> store;    // its prefix-cache page table
+    bool unlink_pool = false;             // remove the pool's file at exit (kv_pool_persist = false)
+    std::unique_ptr<engine> eng;          // declared last: stopped before the pool goes
+    std::string prefill_device, decode_device;
     std::string id;                  // what /v1/models reports
     std::string path;
     int32_t n_ctx = 0;

@@ -2,18 +2,22 @@
 #include "cpu/dnnl_matmul.hpp"
 #include "daemon/config.hpp"
 #include "daemon/server.hpp"
+#include "daemon/worker.hpp"
 #include "runtime/log.hpp"
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
+#include <string_view>
 
 int main(int argc, char** argv) {
     using namespace tandem;
     // oneDNN's OpenMP threads must sleep between prefill matmuls instead of spinning against
     // the engine's own pool; libgomp reads the policy only at start, so this may re-exec.
     cpu::ensure_passive_openmp();
+    // The daemon starts its prefill and decode workers as `tandemd --worker ROLE ...`.
+    if (argc > 1 && std::string_view(argv[1]) == "--worker") return daemon::worker_main(argc, argv);
     CLI::App app{"tandemd: the Tandem LLM inference daemon (OpenAI-compatible HTTP over a Unix socket)"};
     std::string config_file, model, socket, listen_tcp, log_level;
     int threads = -1;

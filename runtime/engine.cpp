@@ -117,6 +117,13 @@ public:
         return s;
     }
 
+    bool wait_ready(std::chrono::milliseconds timeout, std::string& failure) override {
+        std::unique_lock lock(ready_mu_);
+        ready_cv_.wait_for(lock, timeout, [&] { return up_ || !failure_.empty(); });
+        failure = failure_;
+        return up_ && failure_.empty();
+    }
+
     void stop() override {
         {
             std::lock_guard lock(mu_);
@@ -326,6 +333,20 @@ private:
     }
 
     void publish() {
+        {
+            bool up = true;
+            std::string failure;
+            for (const auto& e : parts_.executors) {
+                up = up && e->up();
+                if (failure.empty()) failure = e->failure();
+            }
+            std::lock_guard lock(ready_mu_);
+            if (up != up_ || failure != failure_) {
+                up_ = up;
+                failure_ = failure;
+                ready_cv_.notify_all();
+            }
+        }
         const scheduler_stats ss = sched_->stats();
         uint64_t restarts = 0;
         for (const auto& e : parts_.executors) restarts += e->n_restarts();
@@ -361,6 +382,11 @@ private:
     std::unordered_set<uint64_t> cancels_;                // guarded by mu_
     bool stopping_ = false;                               // guarded by mu_
     uint64_t last_id_ = 0;                                // guarded by mu_
+
+    std::mutex ready_mu_;
+    std::condition_variable ready_cv_;
+    bool up_ = false;                                     // guarded by ready_mu_
+    std::string failure_;                                 // guarded by ready_mu_
 
     mutable std::mutex stats_mu_;
     engine_stats stats_;                                  // guarded by stats_mu_

@@ -94,6 +94,13 @@ public:
     // done event with "cancelled" (unless it had already finished). Unknown ids are ignored.
     virtual void cancel(uint64_t id) = 0;
     virtual engine_stats stats() const = 0;
+    // Waits up to `timeout` for every executor to be up (workers have loaded the model):
+    // true when they are; false on timeout, or with `failure` set when one cannot start.
+    virtual bool wait_ready(std::chrono::milliseconds timeout, std::string& failure) {
+        (void)timeout;
+        failure.clear();
+        return true;
+    }
     // Cancels everything still queued or running and joins the engine's threads.
     virtual void stop() = 0;
 };
@@ -139,6 +146,10 @@ public:
     // Longest wait before poll() must be called again (a restart backoff, a start timeout).
     virtual std::chrono::milliseconds poll_interval() const { return std::chrono::milliseconds(1000); }
     virtual uint64_t n_restarts() const { return 0; }
+    // Has been ready once (a worker loaded its model and said hello).
+    virtual bool up() const { return true; }
+    // Non-empty when it cannot work at all (its worker died while starting).
+    virtual std::string failure() const { return {}; }
     // Ends the executor (workers exit); called from the engine thread as it stops.
     virtual void shutdown() {}
 };

@@ -33,6 +33,7 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
     model_weights w = model_weights::load(*b.file, cfg, {opt.weights, pool ? &*pool : nullptr});
     TANDEM_CHECK(b.tok->n_vocab() == cfg.n_vocab, "{}: the tokenizer has {} tokens but the model {}", path,
                  b.tok->n_vocab(), cfg.n_vocab);
+    b.cfg = cfg;
     b.mdl = std::make_unique<model>(std::move(cfg), std::move(w), opt.kv);
     // Weights converted at load hold nothing in the mapping: give its pages back, so RSS is
     // the engine's copy alone. (A pre-quantized file is used in place and stays.)
@@ -47,6 +48,16 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
                           "in {:.2f} s", path, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
                           opt.weights == weight_format::int8 ? "int8" : "f32", double(b.mdl->weights().bytes()) / 1e6,
                           name_of(opt.kv), b.load_s);
+    return b;
+}
+
+model_bundle open_model_metadata(const std::string& path) {
+    model_bundle b;
+    b.file = std::make_unique<gguf::file>(gguf::file::open(path));
+    b.cfg = model_config::from_gguf(*b.file);
+    b.tok = std::make_unique<tokenizer>(tokenizer::from_gguf(*b.file));
+    TANDEM_CHECK(b.tok->n_vocab() == b.cfg.n_vocab, "{}: the tokenizer has {} tokens but the model {}", path,
+                 b.tok->n_vocab(), b.cfg.n_vocab);
     return b;
 }
 

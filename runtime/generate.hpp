@@ -19,7 +19,8 @@ namespace gguf { class file; }
 struct model_bundle {
     std::unique_ptr<gguf::file> file;
     std::unique_ptr<tokenizer> tok;
-    std::unique_ptr<model> mdl;
+    model_config cfg;
+    std::unique_ptr<model> mdl;       // null from open_model_metadata
     double load_s = 0;
 };
 
@@ -34,6 +35,9 @@ struct load_options {
 // Throws tandem::error with one line naming the file and the problem.
 model_bundle load_model(const std::string& path);
 model_bundle load_model(const std::string& path, const load_options& opt);
+// The file, its config and tokenizer, without weights: what the supervisor of worker
+// processes needs. Cheap (the file is mapped, not read).
+model_bundle open_model_metadata(const std::string& path);
 
 // Holds back text that might be the start of a stop string; cuts the text at the first
 // stop string found (the stop string itself is not part of the output).
