@@ -145,3 +145,54 @@ TEST_CASE("engine: stop cancels what is queued or running") {
     REQUIRE(c.wait(1));
     CHECK(c.finish == "cancelled");
 }
+
+TEST_CASE("engine: prefix-cache hits and preemption leave greedy outputs unchanged") {
+    model_bundle& b = stories();
+    // A long shared start (several full pages), different endings.
+    const std::string shared =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
+        "friends. One day, she saw a big red ball under a tree.";
+    const std::vector<std::string> endings = {" She", " Her mom said", " The ball", " Lily ran to"};
+    auto run_all = [&](engine_options o, engine_stats* st) {
+        auto eng = make_local_engine(*b.mdl, *b.tok, o);
+        std::vector<std::string> out;
+        // first one alone (fills the cache), then the rest together
+        for (size_t i = 0; i < endings.size(); ++i) {
+            std::vector<collector> cs(i == 0 ? 1 : endings.size() - 1);
+            const size_t first = i == 0 ? 0 : 1;
+            for (size_t j = 0; j < cs.size(); ++j)
+                REQUIRE(eng->submit(greedy(shared + endings[first + j], 40), cs[j].sink()).status == submit_status::ok);
+            for (auto& c : cs) {
+                REQUIRE(c.wait());
+                CHECK(c.finish == "length");
+                out.push_back(c.text);
+            }
+            if (i == 1) break;
+        }
+        *st = eng->stats();
+        eng->stop();
+        return out;
+    };
+    engine_options base;
+    base.n_threads = 1;
+    base.max_running = 4;
+    engine_options no_cache = base;
+    no_cache.prefix_cache = false;
+    engine_stats s_ref, s_cache, s_tight;
+    const auto ref = run_all(no_cache, &s_ref);
+    CHECK(s_ref.n_prefix_hits == 0);
+    const auto cached = run_all(base, &s_cache);
+    CHECK(cached == ref);
+    const int32_t n_shared_tokens = int32_t(b.tok->encode(shared, true, false).size());
+    CHECK(s_cache.n_prefix_hits >= uint64_t(3 * (n_shared_tokens / 16) * 16 - 3 * 16));
+    CHECK(s_cache.n_pages_used == 0);
+    CHECK(s_cache.n_pages_cached > 0);
+    // A pool too small for three at once: sequences are preempted and recomputed.
+    engine_options tight = base;
+    tight.n_ctx = 128;
+    tight.n_pages = 9; // 144 positions; three requests of ~85 need ~16 pages
+    const auto squeezed = run_all(tight, &s_tight);
+    CHECK(squeezed == ref);
+    CHECK(s_tight.n_preemptions > 0);
+    CHECK(s_tight.n_pages_used == 0);
+}
