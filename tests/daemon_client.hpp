@@ -202,8 +202,9 @@ struct daemon_process {
     void start(const std::string& socket_path, const std::vector<std::string>& extra = {},
                const std::vector<std::string>& env = {}) {
         sock = socket_path;
+        // the shared KV pool next to the socket (removed with the scratch dir), not in /dev/shm
         std::vector<std::string> args = {"--model", model_path("stories260K.gguf"), "--socket", sock, "--threads", "1",
-                                         "--log", "warn"};
+                                         "--log", "warn", "--set", "kv_pool=" + sock + ".kv"};
         for (const auto& a : extra) args.push_back(a);
         spawn(args, env);
     }

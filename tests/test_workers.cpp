@@ -1,0 +1,258 @@
+// The worker split end to end: tandemd with a prefill and a decode worker process sharing
+// the KV pool; hand-off, crashes, restarts with a warm prefix cache, pool exhaustion.
+#include "cpu/thread_pool.hpp"
+#include "daemon_client.hpp"
+#include "runtime/generate.hpp"
+
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+scratch_dir& scratch() {
+    static scratch_dir d("workers");
+    return d;
+}
+
+std::string offline_text(const std::string& prompt, int n) {
+    static model_bundle b = load_model(model_path("stories260K.gguf"));
+    static cpu::thread_pool pool(1);
+    generate_params p;
+    p.n_predict = n;
+    p.sampling.temperature = 0;
+    p.ignore_eos = true;
+    return generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(prompt, true, false), p).text;
+}
+
+// The pid of the daemon's worker with this role, or -1.
+pid_t worker_pid(pid_t daemon, const std::string& role) {
+    DIR* d = ::opendir("/proc");
+    if (!d) return -1;
+    pid_t found = -1;
+    while (dirent* e = ::readdir(d)) {
+        const pid_t pid = pid_t(std::atoi(e->d_name));
+        if (pid <= 0) continue;
+        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+        std::string line;
+        std::getline(stat, line);
+        const size_t rp = line.rfind(')');
+        if (rp == std::string::npos) continue;
+        char state = 0;
+        int ppid = 0;
+        if (std::sscanf(line.c_str() + rp + 1, " %c %d", &state, &ppid) != 2 || ppid != daemon || state == 'Z') continue;
+        std::ifstream cl("/proc/" + std::to_string(pid) + "/cmdline");
+        std::string cmd((std::istreambuf_iterator<char>(cl)), {});
+        if (cmd.find(std::string("--worker") + '\0' + role + '\0') != std::string::npos) found = pid;
+    }
+    ::closedir(d);
+    return found;
+}
+
+bool alive(pid_t pid) {
+    if (::kill(pid, 0) != 0) return false;
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t rp = line.rfind(')');
+    return rp != std::string::npos && line.size() > rp + 2 && line[rp + 2] != 'Z';
+}
+
+json status(const std::string& sock) { return request(sock, "GET", "/v1/tandem/status").j(); }
+
+json completion(const std::string& sock, const std::string& prompt, int n) {
+    auto r = post(sock, "/v1/completions",
+                  {{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}});
+    return r.status == 200 ? r.j() : json{{"status", r.status}, {"body", r.body}};
+}
+
+// A streamed completion: its text and finish reason.
+struct streamed {
+    std::string text, finish;
+    bool done = false;
+};
+
+streamed stream(const std::string& sock, const std::string& prompt, int n) {
+    auto r = post(sock, "/v1/completions",
+                  {{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}});
+    streamed s;
+    for (const auto& e : sse_events(r.body, &s.done)) {
+        if (!e.contains("choices") || e["choices"].empty()) continue;
+        s.text += e["choices"][0]["text"].get<std::string>();
+        if (!e["choices"][0]["finish_reason"].is_null()) s.finish = e["choices"][0]["finish_reason"];
+    }
+    return s;
+}
+
+bool wait_for(const std::function<bool()>& pred, double seconds) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < until) {
+        if (pred()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pred();
+}
+
+const std::vector<std::string> prompts = {"Once upon a time", "The cat sat on", "One day, Tom went", "Lily and Ben",
+                                          "A little bird", "The sun was hot and", "Mom said", "They played"};
+
+} // namespace
+
+TEST_CASE("workers: two worker processes share the pool; outputs equal the offline loop") {
+    daemon_process d;
+    d.start(scratch().file("a.sock"));
+    REQUIRE(d.wait_ready());
+    const pid_t pre = worker_pid(d.pid, "prefill"), dec = worker_pid(d.pid, "decode");
+    CHECK(pre > 0);
+    CHECK(dec > 0);
+    CHECK(pre != dec);
+    const json st = status(d.sock);
+    CHECK(st["placement"]["prefill"] == "cpu");
+    CHECK(st["placement"]["decode"] == "cpu");
+    CHECK(st["placement"]["workers"] == true);
+
+    const json one = completion(d.sock, prompts[0], 60);
+    REQUIRE(one.contains("choices"));
+    CHECK(one["choices"][0]["text"] == offline_text(prompts[0], 60));
+    // concurrent streams: each equals its solo output
+    std::vector<std::future<streamed>> fs;
+    for (size_t i = 0; i < prompts.size(); ++i)
+        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 30 + int(i) * 7); }));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const streamed s = fs[i].get();
+        CHECK(s.done);
+        CHECK(s.finish == "length");
+        CHECK_MESSAGE(s.text == offline_text(prompts[i], 30 + int(i) * 7), "prompt ", i);
+    }
+    CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+    CHECK(d.stop() == 0);
+    CHECK_FALSE(alive(pre));
+    CHECK_FALSE(alive(dec));
+}
+
+TEST_CASE("workers: kill -9 of a worker mid-stream; its requests resume, pages return, the worker restarts") {
+    daemon_process d;
+    d.start(scratch().file("k.sock"));
+    REQUIRE(d.wait_ready());
+    const int n = 400;
+    for (const std::string role : {"decode", "prefill"}) {
+        CAPTURE(role);
+        const pid_t victim = worker_pid(d.pid, role);
+        REQUIRE(victim > 0);
+        std::vector<std::future<streamed>> fs;
+        for (size_t i = 0; i < 4; ++i)
+            fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], n); }));
+        // once tokens flow, kill it
+        REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const auto t_kill = std::chrono::steady_clock::now();
+        REQUIRE(::kill(victim, SIGKILL) == 0);
+        // a new worker within a second or two (model load included)
+        CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, role); return p > 0 && p != victim; }, 2));
+        const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
+        CHECK(noticed < 2.0);
+        for (size_t i = 0; i < fs.size(); ++i) {
+            const streamed s = fs[i].get();
+            CHECK(s.done);
+            // resumed from the pages in the pool: the same tokens as without the crash
+            CHECK_MESSAGE(s.finish == "length", "request ", i);
+            CHECK_MESSAGE(s.text == offline_text(prompts[i], n), "request ", i);
+        }
+        CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+    }
+    // and it still serves
+    CHECK(completion(d.sock, prompts[5], 20)["choices"][0]["text"] == offline_text(prompts[5], 20));
+    CHECK(d.stop() == 0);
+}
+
+TEST_CASE("workers: when the supervisor dies, its workers exit") {
+    daemon_process d;
+    d.start(scratch().file("s.sock"));
+    REQUIRE(d.wait_ready());
+    const pid_t pre = worker_pid(d.pid, "prefill"), dec = worker_pid(d.pid, "decode");
+    REQUIRE(pre > 0);
+    REQUIRE(dec > 0);
+    ::kill(d.pid, SIGKILL);
+    ::waitpid(d.pid, nullptr, 0);
+    d.pid = -1;
+    CHECK(wait_for([&] { return !alive(pre) && !alive(dec); }, 2));
+}
+
+TEST_CASE("workers: the prefix cache is warm after a restart; a mismatched or damaged pool is rebuilt") {
+    const std::string sock = scratch().file("r.sock");
+    const std::string pool = sock + ".kv";
+    std::string prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park "
+                         "with her friends. One day, she saw a big red ball under a tree. She wanted it so much.";
+    const std::string expect = offline_text(prompt, 30);
+    std::filesystem::remove(pool); // each subcase starts cold
+    auto hits = [&](const std::string& s) { return metric(request(s, "GET", "/metrics").body, "tandem_prefix_cache_hits_total"); };
+    {
+        daemon_process d;
+        d.start(sock);
+        REQUIRE(d.wait_ready());
+        CHECK(completion(d.sock, prompt, 30)["choices"][0]["text"] == expect);
+        CHECK(hits(d.sock) == 0);
+        CHECK(d.stop() == 0);
+    }
+    REQUIRE(std::filesystem::exists(pool));
+    {
+        daemon_process d;
+        d.start(sock);
+        REQUIRE(d.wait_ready());
+        CHECK(completion(d.sock, prompt, 30)["choices"][0]["text"] == expect);
+        CHECK(hits(d.sock) >= 32); // whole pages of the prompt came from the last run
+        CHECK(d.stop() == 0);
+    }
+    SUBCASE("a damaged header") {
+        std::fstream f(pool, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(16);
+        f.write("garbage!", 8);
+    }
+    SUBCASE("another page size") {
+        daemon_process d;
+        d.start(sock, {"--set", "page_size=8"});
+        REQUIRE(d.wait_ready());
+        CHECK(hits(d.sock) == 0);
+        CHECK(d.stop() == 0);
+    }
+    daemon_process d;
+    d.start(sock);
+    REQUIRE(d.wait_ready());
+    CHECK(completion(d.sock, prompt, 30)["choices"][0]["text"] == expect);
+    CHECK(hits(d.sock) == 0); // nothing trusted from a pool that does not match
+    CHECK(d.stop() == 0);
+}
+
+TEST_CASE("workers: a pool smaller than the load preempts, and every request still completes") {
+    daemon_process d;
+    // 24 pages of 16 tokens: six requests of ~110 positions need ~48
+    d.start(scratch().file("p.sock"), {"--set", "kv_pages=24", "--set", "n_ctx=256", "--set", "kv_pool_persist=false"});
+    REQUIRE(d.wait_ready());
+    std::vector<std::future<streamed>> fs;
+    for (size_t i = 0; i < 6; ++i)
+        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 100); }));
+    for (size_t i = 0; i < fs.size(); ++i) {
+        const streamed s = fs[i].get();
+        CHECK(s.finish == "length");
+        CHECK_MESSAGE(s.text == offline_text(prompts[i], 100), "request ", i);
+    }
+    const json st = status(d.sock);
+    CHECK(st["kv_pages_used"] == 0);
+    if (st.contains("preemptions")) CHECK(st["preemptions"].get<int>() > 0);
+    CHECK(d.stop() == 0);
+    CHECK_FALSE(std::filesystem::exists(d.sock + ".kv")); // kv_pool_persist=false removes it
+}
+
+TEST_CASE("workers: a placement that cannot start fails the daemon's start with a clear error") {
+    daemon_process d;
+    d.start(scratch().file("g.sock"), {"--set", "prefill=gpu"});
+    const int rc = d.wait_exit(30);
+    CHECK(rc == 1);
+}
