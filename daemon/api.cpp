@@ -255,6 +255,9 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     bool has_seed = body.contains("seed") && !body["seed"].is_null();
     TRY(read_int(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed));
     TRY(read_bool(body, "ignore_eos", base.ignore_eos));
+    int64_t priority = 0;
+    TRY(read_int(body, "priority", -1000, 1000, priority));
+    base.priority = int32_t(priority);
     TRY(read_stop(body, base.stop));
     TRY(read_logit_bias(body, tok.n_vocab(), base.sampling.logit_bias));
     if (auto it = body.find("best_of"); it != body.end() && !it->is_null() && *it != json(n))
