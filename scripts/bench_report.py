@@ -111,6 +111,12 @@ def markdown(runs, args, machine, date, commit, load):
       "another 16-token suffix (warm); `reused` is the change of `prefix_cache_hit_tokens` across the warm "
       "request. Until the daemon has a prefix cache the two are about equal.")
     w("")
+    w("Reading the numbers: at concurrency above `max_running`, TTFT is mostly time spent waiting for a "
+      "slot. A step that also computes prompt chunks (up to the engine's token budget per step) takes as "
+      "long as those chunks, so the streams already decoding see a long gap then: that is ITL P99 far above "
+      "P50 once requests arrive while others decode. KV waste is high while prompts are being computed (their "
+      "pages are reserved, nothing is stored yet) and falls as a reservation fills.")
+    w("")
     for r in runs:
         j = r["result"]
         w("## {}".format(r["name"]))
