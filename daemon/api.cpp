@@ -497,6 +497,11 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             j["kv_pages_used"] = es.n_pages_used;
             j["kv_pages_total"] = es.n_pages_total;
             j["kv_page_size"] = es.page_size;
+            j["kv_tokens_stored"] = es.n_kv_tokens;
+            j["kv_pages_cached"] = es.n_pages_cached;
+            j["prefix_cache_hit_tokens"] = es.n_prefix_hits;
+            j["preemptions"] = es.n_preemptions;
+            j["worker_restarts"] = es.n_worker_restarts;
             j["limits"] = {{"max_running", st.cfg.max_running},
                            {"max_waiting", st.cfg.max_waiting},
                            {"max_prompt_tokens", ms->max_prompt_tokens},

@@ -27,6 +27,14 @@ void register_offline(CLI::App& app, registry& reg);
 // quantize, perplexity, eval-drift, bench: INT8 and measurement (cli_bench.cpp).
 void register_bench(CLI::App& app, registry& reg);
 
+// `tandem bench --serve` (cli_bench_serve.cpp): adds its flags to the `bench` subcommand;
+// `flag` is --serve, `run` measures the daemon (printing JSON when `json` is set by then).
+struct serve_bench {
+    CLI::Option* flag;
+    std::function<int()> run;
+};
+serve_bench add_bench_serve(CLI::App* bench, const bool& json);
+
 // The daemon's client: bare `tandem "prompt"` (the main app's positional prompt; its entry
 // has sub == &app and runs when no subcommand was given), `chat` and `status`.
 void register_client(CLI::App& app, registry& reg);

@@ -388,7 +388,8 @@ void register_bench(CLI::App& app, registry& reg) {
     }
 
     auto bo = std::make_shared<bench_opts>();
-    auto* bench = app.add_subcommand("bench", "load time, prefill and decode speed, roofline, memory");
+    auto* bench = app.add_subcommand(
+        "bench", "load time, prefill and decode speed, roofline, memory; with --serve, a running daemon under load");
     bench->add_option("-m,--model", bo->model, "GGUF model (default: $TANDEM_MODEL)");
     bench->add_option("-p,--n-prompt", bo->n_prompt, "prefill tokens")->check(CLI::Range(1, 1 << 16));
     bench->add_option("-n,--n-gen", bo->n_gen, "decode steps per batch size")->check(CLI::Range(1, 1 << 16));
@@ -397,7 +398,8 @@ void register_bench(CLI::App& app, registry& reg) {
     add_precision_flags(bench, bo->load);
     bench->add_flag("--no-raw", bo->no_raw, "skip the oneDNN raw matmul measurement");
     bench->add_flag("--json", bo->json, "print one JSON object");
-    reg.push_back({bench, [bo] { return cmd_bench(*bo); }});
+    const serve_bench serve = add_bench_serve(bench, bo->json);
+    reg.push_back({bench, [bo, serve] { return serve.flag->count() ? serve.run() : cmd_bench(*bo); }});
 }
 
 } // namespace tandem::cli

@@ -109,11 +109,19 @@ std::string metrics::render(const engine_stats* e) const {
             "# TYPE tandem_engine_prompt_tokens_total counter\ntandem_engine_prompt_tokens_total {}\n"
             "# HELP tandem_engine_generated_tokens_total Tokens sampled by the engine (cancelled work included).\n"
             "# TYPE tandem_engine_generated_tokens_total counter\ntandem_engine_generated_tokens_total {}\n"
-            "# HELP tandem_prefix_cache_hits_total Prompt tokens reused from a prefix cache. Prefix caching is "
-            "not implemented yet, so this is always 0.\n"
-            "# TYPE tandem_prefix_cache_hits_total counter\ntandem_prefix_cache_hits_total {}\n",
+            "# HELP tandem_prefix_cache_hits_total Prompt tokens reused from the prefix cache instead of computed.\n"
+            "# TYPE tandem_prefix_cache_hits_total counter\ntandem_prefix_cache_hits_total {}\n"
+            "# HELP tandem_kv_tokens_stored Token positions stored in referenced KV pages (shared pages once).\n"
+            "# TYPE tandem_kv_tokens_stored gauge\ntandem_kv_tokens_stored {}\n"
+            "# HELP tandem_kv_pages_cached Free KV pages still holding a cached prefix (evicted on demand).\n"
+            "# TYPE tandem_kv_pages_cached gauge\ntandem_kv_pages_cached {}\n"
+            "# HELP tandem_preemptions_total Sequences sent back to wait, their pages freed, to be recomputed.\n"
+            "# TYPE tandem_preemptions_total counter\ntandem_preemptions_total {}\n"
+            "# HELP tandem_worker_restarts_total Worker processes restarted after a crash.\n"
+            "# TYPE tandem_worker_restarts_total counter\ntandem_worker_restarts_total {}\n",
             e->n_running, e->n_waiting, e->n_pages_used, e->n_pages_total, e->n_steps, e->n_prompt_tokens,
-            e->n_generated_tokens, e->n_prefix_hits);
+            e->n_generated_tokens, e->n_prefix_hits, e->n_kv_tokens, e->n_pages_cached, e->n_preemptions,
+            e->n_worker_restarts);
     }
     return out;
 }

@@ -98,7 +98,9 @@ response client::exchange(std::string_view method, std::string_view target, std:
     while (!p.is_done()) {
         p.get().body().data = chunk.data();
         p.get().body().size = chunk.size();
-        http::read(sock, buf, p, ec);
+        // read_some: hand over what has arrived; read() would wait for the buffer to fill,
+        // holding streamed tokens back until 8 KiB of them had come.
+        http::read_some(sock, buf, p, ec);
         if (ec == http::error::need_buffer) ec = {};
         if (ec) return io_fail("reading the response: " + ec.message());
         const std::string_view got(chunk.data(), chunk.size() - p.get().body().size);

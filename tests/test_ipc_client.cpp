@@ -119,6 +119,27 @@ TEST_CASE("client: streams events as they come, chunked or close-delimited") {
     CHECK(n == 0);
 }
 
+TEST_CASE("client: each event reaches the callback when it arrives, not when a read buffer fills") {
+    test::scratch_dir dir("ipc-timely");
+    test::fake_daemon d(dir.file("d.sock"));
+    for (bool chunked : {false, true}) {
+        // each event completes 300 ms after the previous one (the fake pauses inside it)
+        d.route("POST /v1/completions", [&](const auto&, auto& s) {
+            test::fake::reply_sse(s, {R"({"n":1})", R"({"n":2})", "[DONE]"}, chunked, 300ms);
+        });
+        std::vector<std::chrono::steady_clock::time_point> at;
+        auto r = ipc::client(d.path()).post_stream("/v1/completions", "{}", [&](std::string_view) {
+            at.push_back(std::chrono::steady_clock::now());
+            return true;
+        });
+        INFO(chunked);
+        CHECK(r.ok());
+        REQUIRE(at.size() == 3);
+        CHECK(at[1] - at[0] >= 150ms); // a client that waited for more bytes would see them together
+        CHECK(at[2] - at[1] >= 150ms);
+    }
+}
+
 TEST_CASE("client: a callback that returns false closes the connection (the daemon sees it)") {
     test::scratch_dir dir("ipc-cancel");
     test::fake_daemon d(dir.file("d.sock"));

@@ -74,13 +74,18 @@ TEST_CASE("health, models, metrics, status") {
     REQUIRE(st.status == 200);
     CHECK(st.j()["status"] == "ready");
     CHECK(st.j()["kv_pages_total"].get<int>() > 0);
+    for (const char* k : {"kv_tokens_stored", "kv_pages_cached", "prefix_cache_hit_tokens", "preemptions",
+                          "worker_restarts"})
+        CHECK_MESSAGE((st.j().contains(k) && st.j()[k].is_number_integer() && st.j()[k].get<int64_t>() >= 0), k);
     auto met = request(s, "GET", "/metrics");
     REQUIRE(met.status == 200);
     CHECK(met.headers["content-type"].find("text/plain") == 0);
     for (const char* name : {"tandem_requests_running", "tandem_requests_waiting", "tandem_kv_pages_used",
                              "tandem_kv_pages_total", "tandem_prefix_cache_hits_total", "tandem_prompt_tokens_total",
                              "tandem_generation_tokens_total", "tandem_time_to_first_token_seconds_count",
-                             "tandem_inter_token_latency_seconds_count", "tandem_queue_time_seconds_count"})
+                             "tandem_inter_token_latency_seconds_count", "tandem_queue_time_seconds_count",
+                             "tandem_kv_tokens_stored", "tandem_kv_pages_cached", "tandem_preemptions_total",
+                             "tandem_worker_restarts_total"})
         CHECK_MESSAGE(metric(met.body, name) >= 0, name);
     CHECK(metric(met.body, "tandem_prefix_cache_hits_total") == 0);
 }
@@ -263,6 +268,59 @@ TEST_CASE("16 concurrent streams all complete, each equal to its solo output at 
     }
     // batched: far fewer steps than tokens
     CHECK(steps1 - steps0 < n_tokens / 2);
+}
+
+TEST_CASE("tandem bench --serve: throughput, TTFT, inter-token latency and KV waste per level, prefix TTFT") {
+    const auto& s = shared_socket();
+    // --kv-interval-ms 1: these levels last milliseconds; the default 20 ms would see nothing.
+    const auto r = run_tandem({"bench", "--serve", "--socket", s, "--concurrency", "1,2", "--requests", "2",
+                               "--max-tokens", "4", "--shared-prefix", "64", "--kv-interval-ms", "1", "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const json j = json::parse(r.out);
+    CHECK(j["model"] == "stories260K");
+    CHECK(j["prompt_tokens"] == 128);
+    CHECK(j["max_tokens"] == 4);
+    REQUIRE(j["levels"].size() == 2);
+    for (int li = 0; li < 2; ++li) {
+        const json& l = j["levels"][size_t(li)];
+        CAPTURE(l.dump());
+        CHECK(l["concurrency"] == li + 1);
+        CHECK(l["requests"] == 2);
+        CHECK(l["errors"] == 0);
+        CHECK(l["generated_tokens"] == 8); // ignore_eos: exactly max_tokens each
+        CHECK(l["tok_s"].get<double>() > 0);
+        CHECK(l["wall_s"].get<double>() > 0);
+        for (const char* k : {"ttft_ms", "itl_ms"}) {
+            const json& lat = l[k];
+            REQUIRE(lat["p50"].is_number());
+            CHECK(lat["p50"].get<double>() >= 0);
+            CHECK(lat["p99"].get<double>() >= lat["p50"].get<double>());
+        }
+        CHECK(l["ttft_ms"]["n"] == 2);
+        CHECK(l["itl_ms"]["n"] == 6); // 3 gaps per 4-token stream
+        // a sample sees the pages of a running request (held for prompt + max_tokens)
+        REQUIRE(l["kv_samples"].get<int>() > 0);
+        CHECK(l["kv_pages_used_max"].get<int>() >= 9); // ceil((128 + 4) / 16) pages per request
+        const double w = l["kv_waste"].get<double>();
+        CHECK(w >= 0);
+        CHECK(w <= 1);
+        CHECK(l["kv_waste_max"].get<double>() >= w);
+    }
+    const json& p = j["prefix"];
+    CHECK(p["prefix_tokens"] == 64);
+    CHECK(p["cold_ttft_ms"].get<double>() > 0);
+    CHECK(p["warm_ttft_ms"].get<double>() > 0);
+    CHECK(p["warm_hit_tokens"].get<int64_t>() >= 0);
+
+    // the table form, and usage errors
+    const auto t = run_tandem({"bench", "--serve", "--socket", s, "--concurrency", "1", "--requests", "1",
+                               "--max-tokens", "2", "--shared-prefix", "0"});
+    CHECK(t.rc == 0);
+    CHECK(t.out.find("concurrency") != std::string::npos);
+    CHECK(run_tandem({"bench", "--concurrency", "2"}).rc == 2); // serve flags need --serve
+    CHECK(run_tandem({"bench", "--serve", "--socket", s, "--requests", "1", "--duration", "1"}).rc == 2);
+    CHECK(run_tandem({"bench", "--serve", "--socket", scratch().file("nobody.sock")}).rc == 3);
 }
 
 TEST_CASE("a client that disconnects cancels its request: compute stops and pages are freed") {
