@@ -23,11 +23,13 @@ struct channel_config {
 // reads it to reset, and drains the ring.
 class channel {
 public:
-    // Supervisor side: a fresh memfd-backed area and two eventfds, all close-on-exec except
-    // when handed to a child through child_fds().
+    // Supervisor side: a fresh memfd-backed area (sealed at its size) and two eventfds, all
+    // close-on-exec except when handed to a child through child_fds(). Throws tandem::error
+    // on a bad config or a failed system call.
     static std::unique_ptr<channel> create(const channel_config& cfg);
     // Worker side: maps what the supervisor passed (fd numbers from the command line);
-    // throws tandem::error when the area's header does not match.
+    // throws tandem::error when the area's header does not match. Owns (closes) the fds
+    // once it returns; after a throw they are still the caller's.
     static std::unique_ptr<channel> attach(int memfd, int to_worker_efd, int to_supervisor_efd);
     ~channel();
 
@@ -57,7 +59,8 @@ private:
 };
 
 // Waits until one of `fds` is readable or `timeout` passes; returns the indices of the
-// readable ones (POLLIN, POLLHUP or POLLERR), empty on timeout. EINTR is retried.
+// readable ones (POLLIN, POLLHUP, POLLERR, or POLLNVAL for an fd that is not open), empty on
+// timeout. EINTR is retried for the time left. Negative fds are ignored.
 std::vector<size_t> wait_readable(const std::vector<int>& fds, std::chrono::milliseconds timeout);
 
 } // namespace tandem::ipc

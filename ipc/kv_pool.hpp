@@ -61,8 +61,6 @@ public:
     void publish_entry(int32_t page, uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
                        uint64_t last_use);
 
-    // Marks the header clean/dirty (diagnostics only: a dirty adopt is still fine because
-    // entries are individually valid or not).
     void unlink_file(); // removes the file (the mapping stays valid until destruction)
 
 private:

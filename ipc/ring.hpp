@@ -21,24 +21,34 @@ struct ring_header {
 
 class ring {
 public:
-    // `mem` points at a ring_header followed by `capacity` bytes. init() formats it (the
-    // creator, before the peer starts); attach() checks the magic and capacity.
+    static constexpr uint64_t min_capacity = 64;
+    static constexpr uint64_t max_capacity = uint64_t(1) << 32;
+    static constexpr uint32_t pad_type = 0xffffffffu; // reserved for the wrap record
+
+    // `mem` (64-byte aligned) points at a ring_header followed by `capacity` bytes, a power
+    // of two in [min_capacity, max_capacity]. init() formats it (the creator, before the
+    // peer starts); attach() checks the magic and capacity. Both throw tandem::error.
     static ring init(void* mem, uint64_t capacity);
     static ring attach(void* mem, uint64_t capacity);
     static uint64_t bytes_for(uint64_t capacity) { return sizeof(ring_header) + capacity; }
 
-    // False when the message does not fit now (the ring is full) or ever (too big).
+    // False when the message does not fit now (the ring is full) or ever (too big, or
+    // type == pad_type). A message that fits only after the wrap may publish the pad record
+    // alone and return false: it fits once the consumer has read up to the wrap.
     bool push(uint32_t type, std::span<const uint8_t> payload);
-    // Copies the next message out; false when the ring is empty. A corrupt record (size past
-    // the published tail) resets the ring and returns false: the caller treats the peer as
-    // broken.
+    // Copies the next message out; false when the ring is empty. Every shared field is
+    // checked against this view's capacity: a corrupt ring (size past the published tail,
+    // positions further apart than the capacity, capacity changed) marks the view corrupt,
+    // and it stays so (push and pop return false): the caller treats the peer as broken.
     bool pop(uint32_t& type, std::vector<uint8_t>& payload);
     bool empty() const;
     bool corrupt() const { return corrupt_; }
 
 private:
+    bool broken(); // marks corrupt, returns false
     ring_header* h_ = nullptr;
     uint8_t* data_ = nullptr;
+    uint64_t cap_ = 0; // this side's copy: the shared field is only checked against it
     bool corrupt_ = false;
 };
 

@@ -45,8 +45,14 @@ struct done_msg {
     double compute_s = 0;      // time in the forward pass
 };
 
+// What a decoder accepts. Encoders assert the counts and cut longer strings.
+inline constexpr uint32_t wire_max_seqs = 65536;         // seqs in one run_msg
+inline constexpr uint32_t wire_max_tokens = 1u << 24;    // tokens, and block-table entries, per seq
+inline constexpr uint32_t wire_max_string = 64 * 1024;   // bytes of a string
+
 // Encoders append to `out`; decoders return nullopt on any malformed payload (short,
-// trailing bytes, negative or oversized counts) and never read past `in`.
+// trailing bytes, negative or oversized counts, negative n_past or page numbers, a
+// logits_row below -1, a bool not 0/1) and never read past `in`.
 void encode(const hello_msg& m, std::vector<uint8_t>& out);
 void encode(const run_msg& m, std::vector<uint8_t>& out);
 void encode(const done_msg& m, std::vector<uint8_t>& out);

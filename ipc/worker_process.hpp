@@ -12,10 +12,12 @@ namespace tandem::ipc {
 
 class worker_process {
 public:
-    // Starts argv[0] with argv. In the child, before exec: PR_SET_PDEATHSIG(SIGKILL) (exits
-    // if the parent is already gone), every fd >= 3 close-on-exec except `keep_fds`. Only
-    // async-signal-safe calls run between fork and exec. PR_SET_PDEATHSIG fires when the
-    // *thread* that forked exits, so call this from a thread that outlives the child.
+    // Starts argv[0] (a path: no PATH search) with argv. In the child, before exec:
+    // PR_SET_PDEATHSIG(SIGKILL) (exits if the parent is already gone), every fd >= 3
+    // close-on-exec except `keep_fds`, the parent's signal handlers reset and no signal
+    // blocked. Only async-signal-safe calls run between fork and exec. PR_SET_PDEATHSIG
+    // fires when the *thread* that forked exits, so call this from a thread that outlives
+    // the child.
     // Throws tandem::error when fork or pidfd_open fails; exec failure shows as exit 127.
     static std::unique_ptr<worker_process> spawn(const std::vector<std::string>& argv, std::span<const int> keep_fds);
     ~worker_process(); // kills (SIGKILL) and reaps a child still running
@@ -32,6 +34,8 @@ public:
 
 private:
     worker_process() = default;
+    void send_signal(int sig);              // through the pidfd; nothing once reaped
+    std::optional<int> reap(bool block);
     int pid_ = -1;
     int pidfd_ = -1;
     bool reaped_ = false;

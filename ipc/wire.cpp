@@ -1,0 +1,176 @@
+// Wire encoding of the worker messages: fixed-size host-order fields, bounds-checked decoding.
+#include "ipc/wire.hpp"
+
+#include "runtime/error.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace tandem::ipc {
+
+namespace {
+
+constexpr uint32_t max_seqs = wire_max_seqs;
+constexpr uint32_t max_seq_tokens = wire_max_tokens;
+constexpr uint32_t max_blocks = wire_max_tokens;
+constexpr uint32_t max_string = wire_max_string;
+
+// Both ends are the same build on the same host: fields are memcpy'd in host order.
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const size_t at = out.size();
+    out.resize(at + sizeof v);
+    std::memcpy(out.data() + at, &v, sizeof v);
+}
+
+void put_string(std::vector<uint8_t>& out, const std::string& s) {
+    // Longer text (an exception message, a device name) is cut rather than refused.
+    const uint32_t n = uint32_t(std::min<size_t>(s.size(), max_string));
+    put(out, n);
+    out.insert(out.end(), s.begin(), s.begin() + n);
+}
+
+void put_i32s(std::vector<uint8_t>& out, const std::vector<int32_t>& v) {
+    put(out, uint32_t(v.size()));
+    const size_t at = out.size();
+    out.resize(at + v.size() * sizeof(int32_t));
+    if (!v.empty()) std::memcpy(out.data() + at, v.data(), v.size() * sizeof(int32_t));
+}
+
+// A cursor over the input; every get fails (and stays failed) rather than read past the end.
+struct reader {
+    std::span<const uint8_t> in;
+    size_t at = 0;
+    bool ok = true;
+
+    size_t left() const { return in.size() - at; }
+
+    template <class T>
+    T get() {
+        static_assert(std::is_trivially_copyable_v<T>);
+        T v{};
+        if (!ok || left() < sizeof v) {
+            ok = false;
+            return v;
+        }
+        std::memcpy(&v, in.data() + at, sizeof v);
+        at += sizeof v;
+        return v;
+    }
+
+    bool get_bool() {
+        const uint8_t b = get<uint8_t>();
+        if (b > 1) ok = false;
+        return b == 1;
+    }
+
+    std::string get_string() {
+        const uint32_t n = get<uint32_t>();
+        if (!ok || n > max_string || n > left()) {
+            ok = false;
+            return {};
+        }
+        std::string s(reinterpret_cast<const char*>(in.data() + at), n);
+        at += n;
+        return s;
+    }
+
+    // A count-prefixed int32 array of at most `cap` elements, each >= `min_value`.
+    std::vector<int32_t> get_i32s(uint32_t cap, int32_t min_value) {
+        const uint32_t n = get<uint32_t>();
+        // Checked against the bytes left before allocating: garbage cannot ask for gigabytes.
+        if (!ok || n > cap || uint64_t(n) * sizeof(int32_t) > left()) {
+            ok = false;
+            return {};
+        }
+        std::vector<int32_t> v(n);
+        if (n) std::memcpy(v.data(), in.data() + at, size_t(n) * sizeof(int32_t));
+        at += size_t(n) * sizeof(int32_t);
+        for (int32_t x : v)
+            if (x < min_value) {
+                ok = false;
+                return {};
+            }
+        return v;
+    }
+
+    bool finished() const { return ok && at == in.size(); } // trailing bytes are an error
+};
+
+} // namespace
+
+void encode(const hello_msg& m, std::vector<uint8_t>& out) {
+    put(out, m.pid);
+    put(out, m.n_threads);
+    put(out, m.fingerprint);
+    put_string(out, m.device);
+}
+
+void encode(const run_msg& m, std::vector<uint8_t>& out) {
+    TANDEM_ASSERT(m.seqs.size() <= max_seqs, "run_msg with {} sequences", m.seqs.size());
+    put(out, m.batch_id);
+    put(out, uint32_t(m.seqs.size()));
+    for (const seq_work& s : m.seqs) {
+        TANDEM_ASSERT(s.tokens.size() <= max_seq_tokens && s.block_table.size() <= max_blocks,
+                      "seq_work with {} tokens, {} blocks", s.tokens.size(), s.block_table.size());
+        put(out, s.seq_id);
+        put(out, s.n_past);
+        put(out, s.logits_row);
+        put_i32s(out, s.tokens);
+        put_i32s(out, s.block_table);
+    }
+}
+
+void encode(const done_msg& m, std::vector<uint8_t>& out) {
+    put(out, m.batch_id);
+    put(out, uint8_t(m.ok ? 1 : 0));
+    put_string(out, m.error);
+    put(out, m.compute_s);
+}
+
+std::optional<hello_msg> decode_hello(std::span<const uint8_t> in) {
+    reader r{in};
+    hello_msg m;
+    m.pid = r.get<int32_t>();
+    m.n_threads = r.get<int32_t>();
+    m.fingerprint = r.get<uint64_t>();
+    m.device = r.get_string();
+    if (!r.finished() || m.pid <= 0 || m.n_threads < 0) return std::nullopt;
+    return m;
+}
+
+std::optional<run_msg> decode_run(std::span<const uint8_t> in) {
+    reader r{in};
+    run_msg m;
+    m.batch_id = r.get<uint64_t>();
+    const uint32_t n_seqs = r.get<uint32_t>();
+    // Each sequence takes at least 24 bytes, so a count the input cannot hold fails here.
+    if (!r.ok || n_seqs > max_seqs || uint64_t(n_seqs) * 24 > r.left()) return std::nullopt;
+    m.seqs.resize(n_seqs);
+    for (seq_work& s : m.seqs) {
+        s.seq_id = r.get<uint64_t>();
+        s.n_past = r.get<int32_t>();
+        s.logits_row = r.get<int32_t>();
+        s.tokens = r.get_i32s(max_seq_tokens, std::numeric_limits<int32_t>::min());
+        s.block_table = r.get_i32s(max_blocks, 0);
+        if (!r.ok || s.n_past < 0 || s.logits_row < -1) return std::nullopt;
+    }
+    if (!r.finished()) return std::nullopt;
+    return m;
+}
+
+std::optional<done_msg> decode_done(std::span<const uint8_t> in) {
+    reader r{in};
+    done_msg m;
+    m.batch_id = r.get<uint64_t>();
+    m.ok = r.get_bool();
+    m.error = r.get_string();
+    m.compute_s = r.get<double>();
+    if (!r.finished()) return std::nullopt;
+    return m;
+}
+
+} // namespace tandem::ipc
