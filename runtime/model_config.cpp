@@ -75,6 +75,9 @@ model_config model_config::from_gguf(const gguf::file& f) {
 
     // The vocabulary size comes from the tokenizer or the embedding; the loader checks both.
     if (auto nv = f.get_int(p + "vocab_size")) c.n_vocab = require_int(f, p + "vocab_size", 1, int64_t(1) << 24);
+    else if (const auto* emb = f.find_tensor("token_embd.weight"); emb && emb->ne.size() == 2 && emb->ne[1] > 0 &&
+                                                                    emb->ne[1] <= (int64_t(1) << 24))
+        c.n_vocab = int32_t(emb->ne[1]);
     return c;
 }
 

@@ -3,6 +3,7 @@
 #include "cpu/thread_pool.hpp"
 #include "daemon_client.hpp"
 #include "runtime/generate.hpp"
+#include "runtime/gguf.hpp"
 
 #include <doctest/doctest.h>
 
@@ -117,6 +118,9 @@ TEST_CASE("workers: two worker processes share the pool; outputs equal the offli
     CHECK(st["placement"]["prefill"] == "cpu");
     CHECK(st["placement"]["decode"] == "cpu");
     CHECK(st["placement"]["workers"] == true);
+    // the priority field is checked like every other
+    CHECK(post(d.sock, "/v1/completions", {{"prompt", "x"}, {"priority", "high"}}).status == 400);
+    CHECK(post(d.sock, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}, {"priority", 7}}).status == 200);
 
     const json one = completion(d.sock, prompts[0], 60);
     REQUIRE(one.contains("choices"));
@@ -141,7 +145,8 @@ TEST_CASE("workers: kill -9 of a worker mid-stream; its requests resume, pages r
     daemon_process d;
     d.start(scratch().file("k.sock"));
     REQUIRE(d.wait_ready());
-    const int n = 400;
+    const int n = 1000;
+    int restarts = 0;
     for (const std::string role : {"decode", "prefill"}) {
         CAPTURE(role);
         const pid_t victim = worker_pid(d.pid, role);
@@ -152,6 +157,7 @@ TEST_CASE("workers: kill -9 of a worker mid-stream; its requests resume, pages r
         // once tokens flow, kill it
         REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        CHECK(status(d.sock)["running"].get<int>() >= 1); // killed while streaming
         const auto t_kill = std::chrono::steady_clock::now();
         REQUIRE(::kill(victim, SIGKILL) == 0);
         // a new worker within a second or two (model load included)
@@ -166,6 +172,7 @@ TEST_CASE("workers: kill -9 of a worker mid-stream; its requests resume, pages r
             CHECK_MESSAGE(s.text == offline_text(prompts[i], n), "request ", i);
         }
         CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+        CHECK(status(d.sock)["worker_restarts"] == ++restarts);
     }
     // and it still serves
     CHECK(completion(d.sock, prompts[5], 20)["choices"][0]["text"] == offline_text(prompts[5], 20));
