@@ -82,9 +82,9 @@ const std::vector<std::pair<std::string, setter>>& setters() {
              if (v != "auto" && v != "cpu" && v != "gpu" && v != "local") return "expected auto, cpu, gpu or local";
              c.placement = v;
              c.workers = v != "local";
-             c.prefill = v == "gpu" ? "gpu" : v == "cpu" || v == "local" ? "cpu" : "auto";
-             c.decode = v == "auto" ? "auto" : v == "gpu" ? "gpu" : "cpu";
-             if (v == "gpu") c.decode = "cpu"; // GPU prefill, CPU decode: the default split
+             // gpu: GPU prefill with CPU decode, the split the daemon is built around
+             c.prefill = v == "auto" ? "auto" : v == "gpu" ? "gpu" : "cpu";
+             c.decode = v == "auto" ? "auto" : "cpu";
              return std::nullopt;
          }},
         {"prefill", [](config& c, const std::string& v) { return parse_device(v, c.prefill); }},

@@ -48,8 +48,8 @@ need user/tandemd.socket 'ListenStream=%t/tandem/tandem.sock'
 grep -q '^WatchdogSec=' "$src/tandemd.service" || { echo "tandemd.service lacks WatchdogSec"; exit 1; }
 
 # The sample configuration names every key the daemon reads.
-for key in model socket socket_group listen_tcp threads placement kv_size_mb page_size max_body_bytes \
-           max_prompt_tokens max_tokens_limit max_running max_waiting allowed_users allowed_groups log_level; do
+for key in model socket socket_group listen_tcp threads placement kv_cache_mb page_size max_body_bytes \
+           prefill_threads decode_threads kv_dtype prefix_cache max_prompt_tokens max_tokens_limit max_running max_waiting allowed_users allowed_groups log_level; do
   grep -Eq "^$key =( |$)" "$src/tandemd.conf" || { echo "tandemd.conf lacks the key $key"; exit 1; }
 done
 echo "unit contents and sample config: ok"

@@ -32,9 +32,21 @@ TEST_CASE("config: key = value lines, comments, errors with file and line") {
 
     CHECK(c.set("threads", "-1").has_value());
     CHECK(c.set("max_running", "0").has_value());
-    CHECK(c.set("placement", "gpu").has_value());
+    CHECK(c.set("placement", "tpu").has_value());
+    CHECK_FALSE(c.set("placement", "gpu").has_value());
+    CHECK(c.prefill == "gpu");
+    CHECK(c.decode == "cpu");
+    CHECK_FALSE(c.set("placement", "local").has_value());
+    CHECK_FALSE(c.workers);
+    CHECK(c.set("decode", "fpga").has_value());
+    CHECK(c.set("prefix_cache", "maybe").has_value());
+    CHECK_FALSE(c.set("kv_size_mb", "64").has_value()); // the old name still works
+    CHECK(c.kv_cache_mb == 64);
+    CHECK(c.set("kv_dtype", "f8").has_value());
     CHECK(c.set("nonsense", "1") == std::optional<std::string>("unknown key"));
     CHECK_FALSE(c.set("placement", "cpu").has_value());
+    CHECK(c.workers);
+    CHECK(c.prefill == "cpu");
     CHECK(c.set("listen_tcp", "0.0.0.0:80") == std::nullopt);
     CHECK_THROWS_AS(c.validate(), error); // not loopback
 
