@@ -63,7 +63,7 @@ bench() {
   local name="$1" model="$2" conc="$3" reqs="$4" max_tok="$5"
   local sock="$run_dir/$name.sock" log="$out/$name.tandemd.log" result="$out/$name.json"
   # shellcheck disable=SC2206
-  local daemon_cmd=("$tandemd" --model "$model" --socket "$sock" --threads "$threads" --log warn ${BENCH_DAEMON_ARGS:-})
+  local daemon_cmd=("$tandemd" --model "$model" --socket "$sock" --threads "$threads" --log warn --set kv_pool_persist=false ${BENCH_DAEMON_ARGS:-})
   local bench_cmd=("$tandem" bench --serve --socket "$sock" --concurrency "$conc" --requests "$reqs"
                    --prompt-tokens "$prompt_tokens" --max-tokens "$max_tok" --shared-prefix "$shared_prefix" --json)
   echo "bench-serve: $name: ${daemon_cmd[*]}" >&2

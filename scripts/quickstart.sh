@@ -10,7 +10,7 @@ prompt="${1:-Once upon a time}"
 run_dir="$(mktemp -d /tmp/tandem-quickstart.XXXXXX)"
 export TANDEM_SOCKET="$run_dir/tandem.sock"
 
-./build/daemon/tandemd --model "$model" --socket "$TANDEM_SOCKET" 2>"$run_dir/tandemd.log" &
+./build/daemon/tandemd --model "$model" --socket "$TANDEM_SOCKET" --set kv_pool_persist=false 2>"$run_dir/tandemd.log" &
 daemon_pid=$!
 cleanup() {
   kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null

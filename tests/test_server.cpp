@@ -602,7 +602,7 @@ TEST_CASE("socket activation through systemd-socket-activate") {
     daemon_process d;
     d.sock = scratch().file("activated.sock");
     d.spawn({"-l", d.sock, binary_dir() + "/daemon/tandemd", "--model", model_path("stories260K.gguf"), "--threads",
-             "1", "--log", "warn"},
+             "1", "--log", "warn", "--set", "kv_pool=" + d.sock + ".kv"},
             {}, "systemd-socket-activate");
     // the first connection may arrive before tandemd runs: systemd holds it in the backlog
     REQUIRE(d.wait_ready());
