@@ -334,13 +334,15 @@ scheduler_stats scheduler::stats() const {
     st.n_preemptions = n_preemptions_;
     st.n_prefix_hit_tokens = n_hit_tokens_;
     st.n_prompt_tokens = n_prompt_tokens_;
-    // Positions held in referenced pages; a page shared by several sequences counts once,
-    // with the most positions any of them has in it.
+    // Positions held in referenced pages, those a batch is writing now included (their
+    // pages were taken for them); a page shared by several sequences counts once, with the
+    // most positions any of them has in it.
     const int32_t ps = o_.page_size;
     std::unordered_map<int32_t, int32_t> shared;
     for (const seq* s : running_) {
+        const int32_t held = s->n_computed + (s->busy >= 0 ? s->n_inflight : 0);
         for (size_t j = 0; j < s->pages.size(); ++j) {
-            const int32_t fill = std::clamp(s->n_computed - int32_t(j) * ps, 0, ps);
+            const int32_t fill = std::clamp(held - int32_t(j) * ps, 0, ps);
             const int32_t p = s->pages[j];
             if (pool_.ref_count(p) > 1) shared[p] = std::max(shared[p], fill);
             else st.n_kv_tokens += fill;

@@ -51,7 +51,7 @@ enum class work_kind : uint8_t { prefill = 1, decode = 2, both = 3 };
 struct scheduler_stats {
     int32_t n_running = 0, n_waiting = 0;
     int32_t n_pages_used = 0, n_pages_cached = 0;
-    int64_t n_kv_tokens = 0;                // positions stored in referenced pages, shared once
+    int64_t n_kv_tokens = 0;                // positions stored (or being written) in referenced pages, shared once
     uint64_t n_preemptions = 0;
     uint64_t n_prefix_hit_tokens = 0;       // prompt tokens reused at first admission
     uint64_t n_prompt_tokens = 0;           // prompt tokens at first admission

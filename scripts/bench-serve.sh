@@ -17,7 +17,8 @@
 #   LARGE_CONCURRENCY    TinyLlama levels (default: 1,4,16; it decodes a few to ~20 tok/s here)
 #   LARGE_REQUESTS       TinyLlama requests per level (default: 2,4,16)
 #   LARGE_MAX_TOKENS     TinyLlama tokens per request (default: BENCH_MAX_TOKENS)
-#   LARGE_MODEL          the synthetic model's path (default: $BUILD_DIR/bench/tinyllama-1.1b-synth.gguf)
+#   LARGE_MODEL          the synthetic model's path (default: $BUILD_DIR/bench/tinyllama-1.1b-synth-int8.gguf)
+#   BENCH_LOCAL=0        skip the in-process (placement = local) stories260K run
 #   BENCH_OUT            where the JSON results and daemon logs go (default: $BUILD_DIR/bench)
 #   BENCH_NOTE           a line on the conditions for the doc
 #   BENCH_DOCS=0         keep the JSON only; do not rewrite docs/performance.{md,svg}
@@ -37,7 +38,7 @@ prompt_tokens="${BENCH_PROMPT_TOKENS:-128}"
 max_tokens="${BENCH_MAX_TOKENS:-64}"
 shared_prefix="${BENCH_SHARED_PREFIX:-1000}"
 out="${BENCH_OUT:-$build/bench}"
-large_model="${LARGE_MODEL:-$build/bench/tinyllama-1.1b-synth.gguf}"
+large_model="${LARGE_MODEL:-$build/bench/tinyllama-1.1b-synth-int8.gguf}"
 mkdir -p "$out"
 load_at_start="$(cut -d' ' -f1-3 /proc/loadavg | sed 's/ /, /g')"
 
@@ -58,12 +59,14 @@ trap cleanup EXIT
 
 report_args=()
 
-# bench NAME MODEL CONCURRENCY REQUESTS MAX_TOKENS
+# bench NAME MODEL CONCURRENCY REQUESTS MAX_TOKENS [TANDEMD ARGS...]
 bench() {
   local name="$1" model="$2" conc="$3" reqs="$4" max_tok="$5"
+  shift 5
   local sock="$run_dir/$name.sock" log="$out/$name.tandemd.log" result="$out/$name.json"
   # shellcheck disable=SC2206
-  local daemon_cmd=("$tandemd" --model "$model" --socket "$sock" --threads "$threads" --log warn --set kv_pool_persist=false ${BENCH_DAEMON_ARGS:-})
+  local daemon_cmd=("$tandemd" --model "$model" --socket "$sock" --threads "$threads" --log warn
+                    --set kv_pool_persist=false "$@" ${BENCH_DAEMON_ARGS:-})
   local bench_cmd=("$tandem" bench --serve --socket "$sock" --concurrency "$conc" --requests "$reqs"
                    --prompt-tokens "$prompt_tokens" --max-tokens "$max_tok" --shared-prefix "$shared_prefix" --json)
   echo "bench-serve: $name: ${daemon_cmd[*]}" >&2
@@ -93,12 +96,20 @@ bench() {
 
 bench stories260K ../shared/models/stories260K.gguf "${SMALL_CONCURRENCY:-1,4,16,64}" \
   "${SMALL_REQUESTS:-16,32,64,128}" "$max_tokens"
+# the same in one process (placement = local), side by side: what the worker split costs or gains
+if [[ "${BENCH_LOCAL:-1}" != 0 ]]; then
+  bench stories260K-local ../shared/models/stories260K.gguf "${SMALL_CONCURRENCY:-1,4,16,64}" \
+    "${SMALL_REQUESTS:-16,32,64,128}" "$max_tokens" --set placement=local
+fi
 
 if [[ "${BENCH_LARGE:-1}" != 0 ]]; then
   if [[ ! -f "$large_model" ]]; then
-    echo "bench-serve: making $large_model (tandem synth --preset tinyllama-1.1b)" >&2
+    # pre-quantized (tandem quantize): both workers map the same INT8 weights
+    echo "bench-serve: making $large_model (tandem synth --preset tinyllama-1.1b; tandem quantize)" >&2
     mkdir -p "$(dirname "$large_model")"
-    "$tandem" synth --preset tinyllama-1.1b -o "$large_model"
+    "$tandem" synth --preset tinyllama-1.1b -o "$large_model.q8_0.tmp"
+    "$tandem" quantize "$large_model.q8_0.tmp" "$large_model"
+    rm -f "$large_model.q8_0.tmp"
   fi
   bench tinyllama-1.1b-synth "$large_model" "${LARGE_CONCURRENCY:-1,4,16}" "${LARGE_REQUESTS:-2,4,16}" \
     "${LARGE_MAX_TOKENS:-$max_tokens}"
