@@ -19,6 +19,8 @@ std::vector<device_info> list_devices(std::string* why) {
         return out;
     }
     if (n == 0 && why) *why = "no CUDA device";
+    int current = 0;
+    cudaGetDevice(&current); // restored below: the query must not move the caller's device
     for (int i = 0; i < n; ++i) {
         cudaDeviceProp p{};
         if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
@@ -34,6 +36,7 @@ std::vector<device_info> list_devices(std::string* why) {
             d.free_mem = free_b;
         out.push_back(std::move(d));
     }
+    if (n > 0) cudaSetDevice(current);
     return out;
 }
 

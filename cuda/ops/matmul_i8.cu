@@ -38,8 +38,13 @@ gemm_i8_tiled_kernel(float* out, const int8_t* qx, const float* sx, const int8_t
             int2 a = make_int2(0, 0), b = make_int2(0, 0);
             if (m0 + lr < M && k < K) a = *reinterpret_cast<const int2*>(qx + (m0 + lr) * K + k);
             if (n0 + lr < N && k < K) b = *reinterpret_cast<const int2*>(qw + (n0 + lr) * K + k);
-            *reinterpret_cast<int2*>(&as[lr][lc]) = a;
-            *reinterpret_cast<int2*>(&bs[lr][lc]) = b;
+            // Rows are 36 bytes apart (4-byte aligned, not 8): two int stores each.
+            int* sa = reinterpret_cast<int*>(&as[lr][lc]);
+            int* sb = reinterpret_cast<int*>(&bs[lr][lc]);
+            sa[0] = a.x;
+            sa[1] = a.y;
+            sb[0] = b.x;
+            sb[1] = b.y;
         } else {
             for (int j = 0; j < 8; ++j) {
                 const bool in_k = k + j < K;
