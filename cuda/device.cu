@@ -1,8 +1,11 @@
-// CUDA device discovery and per-device context.
+// CUDA device discovery, per-device context, device buffers, host registration.
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
 
 #include <fmt/format.h>
+
+#include <cstdint>
+#include <utility>
 
 namespace tandem::cuda {
 
@@ -16,6 +19,8 @@ std::vector<device_info> list_devices(std::string* why) {
         return out;
     }
     if (n == 0 && why) *why = "no CUDA device";
+    int current = 0;
+    cudaGetDevice(&current); // restored below: the query must not move the caller's device
     for (int i = 0; i < n; ++i) {
         cudaDeviceProp p{};
         if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
@@ -31,28 +36,51 @@ std::vector<device_info> list_devices(std::string* why) {
             d.free_mem = free_b;
         out.push_back(std::move(d));
     }
+    if (n > 0) cudaSetDevice(current);
     return out;
 }
+
+namespace {
+// cuBLASLt's recommended workspace for Hopper is 32 MiB; smaller GPUs use less of it.
+constexpr size_t workspace_size = size_t(32) << 20;
+} // namespace
 
 struct context::impl {
     cudaStream_t stream = nullptr;
     cublasLtHandle_t blaslt = nullptr;
+    void* workspace = nullptr;
 };
 
 context::context(int device) : device_(device), impl_(std::make_unique<impl>()) {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&impl_->blaslt));
+    // Stream-ordered allocations come back to the pool instead of the driver at every
+    // synchronize, so per-batch scratch costs no cudaMalloc after the first batch.
+    cudaMemPool_t pool = nullptr;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    impl_->workspace = alloc(workspace_size);
 }
 
 context::~context() {
     cudaSetDevice(device_);
+    if (impl_->stream) cudaStreamSynchronize(impl_->stream);
+    if (impl_->workspace) cudaFreeAsync(impl_->workspace, impl_->stream);
     if (impl_->blaslt) cublasLtDestroy(impl_->blaslt);
-    if (impl_->stream) cudaStreamDestroy(impl_->stream);
+    if (impl_->stream) {
+        cudaStreamSynchronize(impl_->stream);
+        cudaStreamDestroy(impl_->stream);
+    }
 }
 
 void* context::stream() const { return impl_->stream; }
 void* context::blaslt() const { return impl_->blaslt; }
+void* context::workspace() const { return impl_->workspace; }
+size_t context::workspace_bytes() const { return workspace_size; }
+
+void context::make_current() const { CUDA_CHECK(cudaSetDevice(device_)); }
 
 void context::synchronize() const {
     CUDA_CHECK(cudaSetDevice(device_));
@@ -79,5 +107,59 @@ void context::free(void* p) const {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaFreeAsync(p, impl_->stream));
 }
+
+void context::upload(void* dst_dev, const void* src_host, size_t bytes) const {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, impl_->stream));
+}
+
+void context::download(void* dst_host, const void* src_dev, size_t bytes) const {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, impl_->stream));
+}
+
+void context::copy(void* dst_dev, const void* src_dev, size_t bytes) const {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+}
+
+buffer::buffer(const context& ctx, size_t bytes) : ctx_(&ctx), p_(bytes ? ctx.alloc(bytes) : nullptr), bytes_(bytes) {}
+
+buffer::~buffer() { release(); }
+
+buffer::buffer(buffer&& o) noexcept
+    : ctx_(std::exchange(o.ctx_, nullptr)), p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+
+buffer& buffer::operator=(buffer&& o) noexcept {
+    if (this != &o) {
+        release();
+        ctx_ = std::exchange(o.ctx_, nullptr);
+        p_ = std::exchange(o.p_, nullptr);
+        bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+}
+
+void buffer::release() noexcept {
+    if (p_ && ctx_) {
+        // A destructor must not throw; a failed free leaks at worst.
+        cudaSetDevice(ctx_->device());
+        cudaFreeAsync(p_, static_cast<cudaStream_t>(ctx_->stream()));
+    }
+    p_ = nullptr;
+    bytes_ = 0;
+}
+
+buffer to_device(const context& ctx, const void* host, size_t bytes) {
+    buffer b(ctx, bytes);
+    ctx.upload(b.get(), host, bytes);
+    return b;
+}
+
+void register_host(void* p, size_t bytes) {
+    CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+}
+
+void unregister_host(void* p) { CUDA_CHECK(cudaHostUnregister(p)); }
 
 } // namespace tandem::cuda

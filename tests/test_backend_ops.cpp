@@ -1,6 +1,7 @@
 // Every op on every backend and ISA level this machine runs, against the scalar reference.
 #include "cpu/dnnl_matmul.hpp"
 #include "cpu/isa.hpp"
+#include "cpu/ref/ops_ref.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/fp16.hpp"
 #include "runtime/kv_cache.hpp"
@@ -9,12 +10,21 @@
 #include "runtime/ops/matmul.hpp"
 #include "runtime/ops/quant.hpp"
 #include "quant/int8.hpp"
+#if TANDEM_HAVE_CUDA
+#include "cuda/device.hpp"
+#include "cuda/ops/ops.hpp"
+#include "cuda/weights.hpp"
+#endif
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <list>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,10 +64,121 @@ constexpr double tol_i8_fused = 1e-5;
 // F16/INT8 KV: pages hold the same bytes on every backend, so only summation order differs.
 constexpr double tol_kv = 1e-9;
 
+#if TANDEM_HAVE_CUDA
+// The CUDA device the CUDA rows run on (device 0), or null: then each row prints as skipped.
+cuda::context* cuda_device() {
+    static std::string why;
+    static const std::unique_ptr<cuda::context> ctx = []() -> std::unique_ptr<cuda::context> {
+        if (cuda::list_devices(&why).empty()) return nullptr;
+        return std::make_unique<cuda::context>(0);
+    }();
+    return ctx.get();
+}
+#endif
+
+// Memory for one run of an op. On ref/cpu it hands back the host vectors themselves; on CUDA
+// device copies of them (one per vector, made on first use), a device view of a weight, or a
+// kv_cache over a device copy of the pages; finish() reads outputs (and pages) back.
+class op_mem {
+public:
+    explicit op_mem(const exec_ctx& ctx) : ctx_(ctx) {}
+    op_mem(const op_mem&) = delete;
+    op_mem& operator=(const op_mem&) = delete;
+
+    template <class T> const T* in(const std::vector<T>& v) { return dev(v.data(), v.size() * sizeof(T), nullptr); }
+    // Read and written by the op: uploaded, and read back by finish().
+    template <class T> T* out(std::vector<T>& v) { return dev(v.data(), v.size() * sizeof(T), v.data()); }
+
+    const weight& w(const weight& host) {
+#if TANDEM_HAVE_CUDA
+        if (ctx_.be == backend::cuda) return weights_.emplace_back(*ctx_.cuda, host).view();
+#endif
+        return host;
+    }
+
+    kv_cache& kv(kv_cache& host) {
+#if TANDEM_HAVE_CUDA
+        if (ctx_.be == backend::cuda) {
+            uint8_t* d = dev(host.base(), size_t(host.bytes()), host.base());
+            return caches_.emplace_back(host.layout(), host.n_pages(), d);
+        }
+#endif
+        return host;
+    }
+
+    void finish() {
+#if TANDEM_HAVE_CUDA
+        if (ctx_.be != backend::cuda) return;
+        for (const auto& [host, d] : reads_) ctx_.cuda->download(host, d.first, d.second);
+        ctx_.cuda->synchronize();
+#endif
+    }
+
+private:
+    template <class T> T* dev(T* host, size_t bytes, void* read_back) {
+#if TANDEM_HAVE_CUDA
+        if (ctx_.be == backend::cuda) {
+            auto it = copies_.find(host);
+            if (it == copies_.end())
+                it = copies_.emplace(host, cuda::to_device(*ctx_.cuda, host, std::max<size_t>(bytes, 1))).first;
+            if (read_back) reads_[read_back] = {it->second.get(), bytes};
+            return static_cast<T*>(it->second.get());
+        }
+#endif
+        (void)bytes;
+        (void)read_back;
+        return host;
+    }
+
+    const exec_ctx& ctx_;
+#if TANDEM_HAVE_CUDA
+    std::map<const void*, cuda::buffer> copies_;
+    std::map<void*, std::pair<void*, size_t>> reads_;
+    std::list<cuda::device_weight> weights_;
+    std::list<kv_cache> caches_;
+#endif
+};
+
+// Whether an op has a CUDA twin to compare; one without prints as skipped.
+enum class cuda_row { compare, none };
+
+// Runs `op` on CUDA (device 0) and compares with `want`, or says why it cannot.
+void run_cuda_row(const std::function<std::vector<float>(const exec_ctx&)>& op, const std::vector<float>& want,
+                  double tol, const std::string& what) {
+#if TANDEM_HAVE_CUDA
+    cuda::context* c = cuda_device();
+    if (!c) {
+        MESSAGE(what, ": cuda skipped: no CUDA device");
+        return;
+    }
+    const std::vector<float> got = op(exec_ctx{backend::cuda, nullptr, c});
+    const double e = nmse(want, got);
+    INFO(what, " backend=cuda nmse=", e);
+    CHECK(e <= tol);
+#else
+    (void)op;
+    (void)want;
+    (void)tol;
+    MESSAGE(what, ": cuda skipped: this build has no CUDA backend");
+#endif
+}
+
+// Whether CUDA rows can run here; prints why not under `what` when they cannot.
+bool cuda_available(const std::string& what) {
+#if TANDEM_HAVE_CUDA
+    if (cuda_device()) return true;
+    MESSAGE(what, ": cuda skipped: no CUDA device");
+#else
+    MESSAGE(what, ": cuda skipped: this build has no CUDA backend");
+#endif
+    return false;
+}
+
 // Runs `op` once on the reference backend and then on the CPU at every ISA level this
-// machine supports and with 1 and 3 threads, comparing each result with the reference's.
+// machine supports and with 1 and 3 threads, and on CUDA, comparing each result with the
+// reference's.
 void for_each_cpu_variant(const std::function<std::vector<float>(const exec_ctx&)>& op, double tol,
-                          const std::string& what) {
+                          const std::string& what, cuda_row cuda = cuda_row::compare) {
     const std::vector<float> want = op(exec_ctx{backend::ref, nullptr});
     for (int lvl = 0; lvl <= int(cpu::detect_isa()); ++lvl) {
         const cpu::isa level = cpu::force_isa(cpu::isa(lvl));
@@ -70,8 +191,12 @@ void for_each_cpu_variant(const std::function<std::vector<float>(const exec_ctx&
         }
     }
     cpu::force_isa(cpu::detect_isa());
-    // There is no CUDA twin on this build's CPU path yet; say so rather than pass silently.
-    MESSAGE(what, ": cuda skipped (no CUDA implementation of this op yet)");
+    if (cuda == cuda_row::none) {
+        // No CUDA twin (the CUDA forward is INT8-only); say so rather than pass silently.
+        MESSAGE(what, ": cuda skipped (no CUDA implementation of this op)");
+        return;
+    }
+    run_cuda_row(op, want, tol, what);
 }
 
 } // namespace
@@ -96,7 +221,7 @@ TEST_CASE("matmul vs reference on odd shapes") {
                     std::vector<float> out(size_t(n_tok * n_out), NAN);
                     ops::matmul(ctx, out.data(), x.data(), n_tok, w, with_bias ? &b : nullptr);
                     return out;
-                }, tol_f32, "matmul n_in=" + std::to_string(n_in) + " n_tok=" + std::to_string(n_tok));
+                }, tol_f32, "matmul n_in=" + std::to_string(n_in) + " n_tok=" + std::to_string(n_tok), cuda_row::none);
             }
         }
     }
@@ -111,7 +236,7 @@ TEST_CASE("matmul vs reference on shapes large enough to split across threads") 
             std::vector<float> out(size_t(n_tok * n_out), NAN);
             ops::matmul(ctx, out.data(), x.data(), n_tok, w);
             return out;
-        }, tol_f32, "matmul large n_tok=" + std::to_string(n_tok));
+        }, tol_f32, "matmul large n_tok=" + std::to_string(n_tok), cuda_row::none);
     }
 }
 
@@ -151,19 +276,25 @@ TEST_CASE("int8 activation quantization ops vs reference (plain, fused RMSNorm, 
             for_each_cpu_variant([&](const exec_ctx& ctx) {
                 std::vector<int8_t> q(x.size());
                 std::vector<float> sc(static_cast<size_t>(n_tok));
-                ops::quantize_rows(ctx, {q.data(), sc.data()}, x.data(), n_tok, n);
+                op_mem m(ctx);
+                ops::quantize_rows(ctx, {m.out(q), m.out(sc)}, m.in(x), n_tok, n);
+                m.finish();
                 return dequant(q, sc, n);
             }, tol_i8, "quantize_rows" + tag);
             for_each_cpu_variant([&](const exec_ctx& ctx) {
                 std::vector<int8_t> q(x.size());
                 std::vector<float> sc(static_cast<size_t>(n_tok));
-                ops::rms_norm_quant(ctx, {q.data(), sc.data()}, x.data(), w.data(), n_tok, n, 1e-5f);
+                op_mem m(ctx);
+                ops::rms_norm_quant(ctx, {m.out(q), m.out(sc)}, m.in(x), m.in(w), n_tok, n, 1e-5f);
+                m.finish();
                 return dequant(q, sc, n);
             }, tol_i8, "rms_norm_quant" + tag);
             for_each_cpu_variant([&](const exec_ctx& ctx) {
                 std::vector<int8_t> q(x.size());
                 std::vector<float> sc(static_cast<size_t>(n_tok));
-                ops::swiglu_quant(ctx, {q.data(), sc.data()}, x.data(), u.data(), n_tok, n);
+                op_mem m(ctx);
+                ops::swiglu_quant(ctx, {m.out(q), m.out(sc)}, m.in(x), m.in(u), n_tok, n);
+                m.finish();
                 return dequant(q, sc, n);
             }, tol_i8_fused, "swiglu_quant" + tag);
         }
@@ -178,8 +309,10 @@ TEST_CASE("two-term int8 activation quantization vs reference, and its error") {
             for_each_cpu_variant([&](const exec_ctx& ctx) {
                 std::vector<int8_t> q(2 * x.size());
                 std::vector<float> s(size_t(2 * n_tok));
-                ops::quantize_rows_split(ctx, {q.data(), s.data()}, {q.data() + x.size(), s.data() + n_tok}, x.data(),
+                op_mem m(ctx);
+                ops::quantize_rows_split(ctx, {m.out(q), m.out(s)}, {m.out(q) + x.size(), m.out(s) + n_tok}, m.in(x),
                                          n_tok, n);
+                m.finish();
                 return dequant(q, s, n);
             }, tol_i8, "quantize_rows_split" + tag);
             // hi + lo reproduces x far closer than one int8 term
@@ -210,7 +343,9 @@ TEST_CASE("int8 matmul (GEMV, small GEMM, oneDNN for batches >= 32) vs reference
             for (bool with_bias : {false, true}) {
                 for_each_cpu_variant([&](const exec_ctx& ctx) {
                     std::vector<float> out(size_t(n_tok * n_out), NAN);
-                    ops::matmul_i8(ctx, out.data(), qx.data(), sx.data(), n_tok, w, with_bias ? &b : nullptr);
+                    op_mem m(ctx);
+                    ops::matmul_i8(ctx, m.out(out), m.in(qx), m.in(sx), n_tok, m.w(w), with_bias ? &b : nullptr);
+                    m.finish();
                     return out;
                 }, tol_i8,
                    "matmul_i8 n_in=" + std::to_string(n_in) + " n_tok=" + std::to_string(n_tok));
@@ -230,7 +365,9 @@ TEST_CASE("int8 matmul on shapes large enough to split across threads, and close
         ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
         for_each_cpu_variant([&](const exec_ctx& ctx) {
             std::vector<float> out(size_t(n_tok * n_out), NAN);
-            ops::matmul_i8(ctx, out.data(), qx.data(), sx.data(), n_tok, w);
+            op_mem m(ctx);
+            ops::matmul_i8(ctx, m.out(out), m.in(qx), m.in(sx), n_tok, m.w(w));
+            m.finish();
             return out;
         }, tol_i8, "matmul_i8 large n_tok=" + std::to_string(n_tok));
         // W8A8 against the F32 product: the quantization error itself, well under 1e-3
@@ -252,7 +389,9 @@ TEST_CASE("int8-weight f32-activation matmul (W8A32) vs reference on odd shapes"
             for (bool with_bias : {false, true}) {
                 for_each_cpu_variant([&](const exec_ctx& ctx) {
                     std::vector<float> out(size_t(n_tok * n_out), NAN);
-                    ops::matmul_w8a32(ctx, out.data(), x.data(), n_tok, w, with_bias ? &b : nullptr);
+                    op_mem m(ctx);
+                    ops::matmul_w8a32(ctx, m.out(out), m.in(x), n_tok, m.w(w), with_bias ? &b : nullptr);
+                    m.finish();
                     return out;
                 }, tol_f32, "matmul_w8a32 n_in=" + std::to_string(n_in) + " n_tok=" + std::to_string(n_tok));
             }
@@ -268,7 +407,9 @@ TEST_CASE("W8A32 matmul on shapes large enough to split across threads, and clos
         const auto x = randn(size_t(n_tok * n_in), 32);
         for_each_cpu_variant([&](const exec_ctx& ctx) {
             std::vector<float> out(size_t(n_tok * n_out), NAN);
-            ops::matmul_w8a32(ctx, out.data(), x.data(), n_tok, w);
+            op_mem m(ctx);
+            ops::matmul_w8a32(ctx, m.out(out), m.in(x), n_tok, m.w(w));
+            m.finish();
             return out;
         }, tol_f32, "matmul_w8a32 large n_tok=" + std::to_string(n_tok));
         // only the weights' rounding is left: less error than W8A8 on the same weights
@@ -311,7 +452,9 @@ TEST_CASE("rms_norm vs reference") {
             const auto x = randn(size_t(n * n_tok), 1), w = randn(size_t(n), 2);
             for_each_cpu_variant([&](const exec_ctx& ctx) {
                 std::vector<float> out(x.size(), NAN);
-                ops::rms_norm(ctx, out.data(), x.data(), w.data(), n_tok, n, 1e-5f);
+                op_mem m(ctx);
+                ops::rms_norm(ctx, m.out(out), m.in(x), m.in(w), n_tok, n, 1e-5f);
+                m.finish();
                 return out;
             }, tol_f32, "rms_norm n=" + std::to_string(n));
         }
@@ -329,7 +472,9 @@ TEST_CASE("rope vs reference, both styles, partial rotation, linear scaling") {
             for (float scale : {1.0f, 0.25f}) {
                 for_each_cpu_variant([&](const exec_ctx& ctx) {
                     auto y = x;
-                    ops::rope(ctx, y.data(), pos.data(), n_tok, n_head, hd, n_rot, 10000.0f, scale, neox);
+                    op_mem m(ctx);
+                    ops::rope(ctx, m.out(y), m.in(pos), n_tok, n_head, hd, n_rot, 10000.0f, scale, neox);
+                    m.finish();
                     return y;
                 }, tol_transcendental, std::string("rope neox=") + (neox ? "1" : "0"));
             }
@@ -354,12 +499,16 @@ TEST_CASE("swiglu and add vs reference") {
     const auto g = randn(1001, 4, 3.0f), u = randn(1001, 5);
     for_each_cpu_variant([&](const exec_ctx& ctx) {
         std::vector<float> out(g.size(), NAN);
-        ops::swiglu(ctx, out.data(), g.data(), u.data(), int64_t(g.size()));
+        op_mem m(ctx);
+        ops::swiglu(ctx, m.out(out), m.in(g), m.in(u), int64_t(g.size()));
+        m.finish();
         return out;
     }, tol_transcendental, "swiglu");
     for_each_cpu_variant([&](const exec_ctx& ctx) {
         auto x = g;
-        ops::add(ctx, x.data(), u.data(), int64_t(x.size()));
+        op_mem m(ctx);
+        ops::add(ctx, m.out(x), m.in(u), int64_t(x.size()));
+        m.finish();
         return x;
     }, 0.0, "add");
 }
@@ -383,10 +532,13 @@ TEST_CASE("paged attention vs reference: KV dtypes, GQA ratios, page sizes, pref
                 const auto q = randn(size_t(n_tok * n_head * hd), 10);
                 const int il = 1;
                 for_each_cpu_variant([&](const exec_ctx& ctx) {
-                    ops::kv_store(ctx, cache, il, table, 0, k.data(), v.data(), n_pos);
+                    op_mem m(ctx);
+                    kv_cache& kc = m.kv(cache);
+                    ops::kv_store(ctx, kc, il, table, 0, m.in(k), m.in(v), n_pos);
                     std::vector<float> out(q.size(), NAN);
-                    ops::attention(ctx, out.data(), q.data(), n_tok, n_past, n_head, cache, il, table,
+                    ops::attention(ctx, m.out(out), m.in(q), n_tok, n_past, n_head, kc, il, table,
                                    1.0f / std::sqrt(float(hd)));
+                    m.finish();
                     return out;
                 }, tol_kv,
                    "attention kv=" + std::string(name_of(dt)) + " hd=" + std::to_string(hd) + " gqa=" +
@@ -423,12 +575,188 @@ TEST_CASE("attention with one position equals that position's value") {
     std::vector<int32_t> table{0};
     const std::vector<float> k{1, 2, 3, 4}, v{5, 6, 7, 8}, q{0.3f, -1, 2, 0.5f};
     cpu::thread_pool pool(1);
-    for (backend be : {backend::ref, backend::cpu}) {
+    for (backend be : {backend::ref, backend::cpu, backend::cuda}) {
         exec_ctx ctx{be, &pool};
-        ops::kv_store(ctx, cache, 0, table, 0, k.data(), v.data(), 1);
+        if (be == backend::cuda) {
+            if (!cuda_available("attention one position")) continue;
+#if TANDEM_HAVE_CUDA
+            ctx.cuda = cuda_device();
+#endif
+        }
+        op_mem m(ctx);
+        kv_cache& kc = m.kv(cache);
+        ops::kv_store(ctx, kc, 0, table, 0, m.in(k), m.in(v), 1);
         std::vector<float> out(4);
-        ops::attention(ctx, out.data(), q.data(), 1, 0, 1, cache, 0, table, 0.5f);
+        ops::attention(ctx, m.out(out), m.in(q), 1, 0, 1, kc, 0, table, 0.5f);
+        m.finish();
+        INFO(name_of(be));
         CHECK(out == v);
+    }
+}
+
+TEST_CASE("kv_store writes the reference's page bytes on every backend (f32, f16, i8; split writes)") {
+    for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16, kv_dtype::i8}) {
+        for (int hd : {8, 64, 80}) {
+            for (int page_size : {1, 4, 16}) {
+                const int n_kv = 3;
+                kv_layout lay{2, n_kv, hd, page_size, dt};
+                const int32_t n_pos = 29;
+                const int32_t n_pages = (n_pos + page_size - 1) / page_size;
+                std::vector<int32_t> table(static_cast<size_t>(n_pages));
+                for (int32_t i = 0; i < n_pages; ++i) table[size_t(i)] = (i * 5 + 2) % (n_pages + 3);
+                auto k = randn(size_t(n_pos * n_kv * hd), 18, 2.0f), v = randn(size_t(n_pos * n_kv * hd), 19);
+                k[7] = INFINITY; // saturates in i8, overflows to inf in f16
+                v[3] = 1e6f;
+                const std::string what = "kv_store kv=" + std::string(name_of(dt)) + " hd=" + std::to_string(hd) +
+                                         " page=" + std::to_string(page_size);
+                // Positions 0..10 and then 11..28: the second write starts inside a page.
+                auto write = [&](const exec_ctx& ctx, kv_cache& cache) {
+                    op_mem m(ctx);
+                    kv_cache& kc = m.kv(cache);
+                    ops::kv_store(ctx, kc, 1, table, 0, m.in(k), m.in(v), 11);
+                    const std::vector<float> k2(k.begin() + 11 * n_kv * hd, k.end()),
+                        v2(v.begin() + 11 * n_kv * hd, v.end());
+                    ops::kv_store(ctx, kc, 1, table, 11, m.in(k2), m.in(v2), n_pos - 11);
+                    m.finish();
+                };
+                kv_cache want(lay, n_pages + 3);
+                write(exec_ctx{backend::ref}, want);
+                auto same_bytes = [&](const kv_cache& got) {
+                    return std::memcmp(want.base(), got.base(), size_t(want.bytes())) == 0;
+                };
+                cpu::thread_pool pool(2);
+                kv_cache on_cpu(lay, n_pages + 3);
+                write(exec_ctx{backend::cpu, &pool}, on_cpu);
+                INFO(what);
+                CHECK(same_bytes(on_cpu));
+                if (!cuda_available(what)) continue;
+#if TANDEM_HAVE_CUDA
+                kv_cache on_cuda(lay, n_pages + 3);
+                write(exec_ctx{backend::cuda, nullptr, cuda_device()}, on_cuda);
+                CHECK(same_bytes(on_cuda));
+#endif
+            }
+        }
+    }
+}
+
+TEST_CASE("CUDA int8 GEMMs (tiled dp4a and cuBLASLt) vs reference on model-like shapes") {
+    if (!cuda_available("matmul_i8 cuBLASLt shapes")) return;
+#if TANDEM_HAVE_CUDA
+    cuda::context& c = *cuda_device();
+    struct shape { int64_t n_tok, n_out, n_in; };
+    // stories260K's own shapes, odd token counts, K larger than a tile, TinyLlama-like rows.
+    for (const shape sh : {shape{64, 172, 64}, shape{64, 64, 172}, shape{17, 32, 64}, shape{33, 256, 128},
+                           shape{128, 512, 1024}, shape{300, 96, 2048}, shape{1, 5632, 256}, shape{16, 100, 100}}) {
+        const auto wf = randn(size_t(sh.n_out * sh.n_in), uint32_t(sh.n_out + sh.n_in));
+        const weight w = quantize_weight(wf.data(), sh.n_out, sh.n_in);
+        const auto bias = randn(size_t(sh.n_out), 5);
+        const auto x = randn(size_t(sh.n_tok * sh.n_in), uint32_t(sh.n_tok), 3.0f);
+        std::vector<int8_t> qx(x.size() + 16);
+        std::vector<float> sx(static_cast<size_t>(sh.n_tok));
+        ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), sh.n_tok, sh.n_in);
+        std::vector<float> want(size_t(sh.n_tok * sh.n_out));
+        cpu::ref::matmul_i8(want.data(), qx.data(), sx.data(), sh.n_tok, w.q(), w.scale(), w.q_sum.data(), sh.n_out,
+                            sh.n_in, bias.data());
+        const cuda::device_weight dw(c, w);
+        // qx again at a 4-byte offset: cuBLASLt's 16-byte alignment fails, the tiled kernel runs it.
+        std::vector<int8_t> qx_off(qx.size() + 4);
+        std::memcpy(qx_off.data() + 4, qx.data(), qx.size());
+        const cuda::buffer d_qx = cuda::to_device(c, qx.data(), qx.size());
+        const cuda::buffer d_qx_off = cuda::to_device(c, qx_off.data(), qx_off.size());
+        const cuda::buffer d_sx = cuda::to_device(c, sx.data(), sx.size() * 4);
+        const cuda::buffer d_bias = cuda::to_device(c, bias.data(), bias.size() * 4);
+        const cuda::buffer d_out(c, want.size() * 4);
+        for (cuda::gemm_impl impl : {cuda::gemm_impl::tiled, cuda::gemm_impl::cublaslt, cuda::gemm_impl::automatic}) {
+            for (bool offset : {false, true}) {
+                const int8_t* a = offset ? d_qx_off.as<int8_t>() + 4 : d_qx.as<int8_t>();
+                const cuda::gemm_impl ran = cuda::matmul_i8(c, d_out.as<float>(), a, d_sx.as<float>(), sh.n_tok, dw.q(),
+                                                            dw.scale(), sh.n_out, sh.n_in, d_bias.as<float>(), impl);
+                std::vector<float> got(want.size(), NAN);
+                c.download(got.data(), d_out.get(), got.size() * 4);
+                c.synchronize();
+                const bool lt_shape = sh.n_out % 4 == 0 && sh.n_in % 4 == 0 && !offset;
+                INFO("n_tok=", sh.n_tok, " n_out=", sh.n_out, " n_in=", sh.n_in, " impl=", int(impl),
+                     " ran=", int(ran), " offset=", offset);
+                CHECK(nmse(want, got) <= tol_i8);
+                if (impl == cuda::gemm_impl::tiled || !lt_shape) CHECK(ran == cuda::gemm_impl::tiled);
+                if (impl == cuda::gemm_impl::cublaslt && lt_shape) CHECK(ran == cuda::gemm_impl::cublaslt);
+            }
+        }
+        // The benchmark's baseline: cuBLASLt's raw int32 dots equal the reference's.
+        if (sh.n_out % 4 == 0 && sh.n_in % 4 == 0) {
+            const cuda::buffer d_i32(c, want.size() * 4);
+            REQUIRE(cuda::gemm_i8_i32_cublaslt(c, d_i32.as<int32_t>(), d_qx.as<int8_t>(), sh.n_tok, dw.q(), sh.n_out,
+                                               sh.n_in));
+            std::vector<int32_t> got(want.size());
+            c.download(got.data(), d_i32.get(), got.size() * 4);
+            c.synchronize();
+            bool exact = true;
+            for (int64_t t = 0; t < sh.n_tok && exact; ++t)
+                for (int64_t o = 0; o < sh.n_out && exact; ++o)
+                    exact = got[size_t(t * sh.n_out + o)] ==
+                            dot_i8_ref(&qx[size_t(t * sh.n_in)], w.q() + o * sh.n_in, sh.n_in);
+            CHECK(exact);
+        }
+    }
+#endif
+}
+
+TEST_CASE("CUDA embedding rows equal weight::row_f32 (INT8 and F32 tables)") {
+    if (!cuda_available("embed")) return;
+#if TANDEM_HAVE_CUDA
+    cuda::context& c = *cuda_device();
+    const int64_t n_vocab = 37, n_embd = 70;
+    const auto table = randn(size_t(n_vocab * n_embd), 3);
+    const std::vector<int32_t> tokens{0, 36, 5, 5, 17, 1};
+    for (bool i8 : {true, false}) {
+        const weight w = i8 ? quantize_weight(table.data(), n_vocab, n_embd) : weight{table, n_vocab, n_embd};
+        std::vector<float> want(tokens.size() * size_t(n_embd)), got(want.size(), NAN);
+        for (size_t t = 0; t < tokens.size(); ++t) w.row_f32(tokens[t], &want[t * size_t(n_embd)]);
+        const cuda::device_weight dw(c, w);
+        const cuda::buffer d_tok = cuda::to_device(c, tokens.data(), tokens.size() * 4);
+        const cuda::buffer d_out(c, got.size() * 4);
+        cuda::embed(c, d_out.as<float>(), d_tok.as<int32_t>(), int64_t(tokens.size()), dw.q(), dw.scale(), dw.f32(),
+                    n_embd);
+        c.download(got.data(), d_out.get(), got.size() * 4);
+        c.synchronize();
+        INFO("i8=", i8);
+        CHECK(got == want);
+    }
+#endif
+}
+
+TEST_CASE("CUDA attention on long contexts, large heads and odd page sizes vs reference") {
+    if (!cuda_available("attention long")) return;
+    struct config { kv_dtype dt; int hd, n_kv, n_gqa, page_size; int64_t n_tok; int32_t n_past; };
+    for (const config cf : {config{kv_dtype::f16, 128, 2, 4, 16, 300, 0},     // prefill over many tiles
+                            config{kv_dtype::i8, 256, 1, 2, 16, 20, 100},      // head_dim 256: > 48 KiB smem
+                            config{kv_dtype::f32, 64, 4, 1, 16, 1, 1500},      // decode, long context
+                            config{kv_dtype::f16, 64, 2, 8, 7, 70, 33},        // page size not a power of 2
+                            config{kv_dtype::i8, 96, 2, 3, 32, 41, 64}}) {     // GQA 3, head_dim 96
+        const int n_head = cf.n_kv * cf.n_gqa;
+        kv_layout lay{3, cf.n_kv, cf.hd, cf.page_size, cf.dt};
+        const int32_t n_pos = cf.n_past + int32_t(cf.n_tok);
+        const int32_t n_pages = (n_pos + cf.page_size - 1) / cf.page_size;
+        std::vector<int32_t> table(static_cast<size_t>(n_pages));
+        for (int32_t i = 0; i < n_pages; ++i) table[size_t(i)] = n_pages - 1 - i; // reversed
+        kv_cache cache(lay, n_pages);
+        const auto k = randn(size_t(n_pos) * size_t(cf.n_kv * cf.hd), 81, 1.5f);
+        const auto v = randn(size_t(n_pos) * size_t(cf.n_kv * cf.hd), 82);
+        const auto q = randn(size_t(cf.n_tok) * size_t(n_head * cf.hd), 83, 1.5f);
+        const std::string what = "attention kv=" + std::string(name_of(cf.dt)) + " hd=" + std::to_string(cf.hd) +
+                                 " n_tok=" + std::to_string(cf.n_tok) + " n_past=" + std::to_string(cf.n_past);
+        auto run = [&](const exec_ctx& ctx) {
+            op_mem m(ctx);
+            kv_cache& kc = m.kv(cache);
+            ops::kv_store(ctx, kc, 2, table, 0, m.in(k), m.in(v), n_pos);
+            std::vector<float> out(q.size(), NAN);
+            ops::attention(ctx, m.out(out), m.in(q), cf.n_tok, cf.n_past, n_head, kc, 2, table,
+                           1.0f / std::sqrt(float(cf.hd)));
+            m.finish();
+            return out;
+        };
+        run_cuda_row(run, run(exec_ctx{backend::ref}), tol_kv, what);
     }
 }
 

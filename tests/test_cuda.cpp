@@ -1,11 +1,23 @@
-// CUDA backend basics: device discovery, context, error checks, out-of-memory reporting.
-// Without a device every case prints "skipped: no CUDA device" and passes.
+// CUDA backend: device discovery, context, error checks, out-of-memory reporting, and the CUDA
+// runner against the CPU runner (same greedy tokens, K/V pages handed over both ways).
+// Without a device every case that needs one prints "skipped: no CUDA device" and passes.
+#include "cpu/ref/ops_ref.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
+#include "cuda/runner.hpp"
+#include "runtime/generate.hpp"
+#include "runtime/gguf.hpp"
+#include "runtime/synth.hpp"
+#include "test_util.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <string>
+#include <vector>
 
 using namespace tandem;
 
@@ -67,10 +79,291 @@ TEST_CASE("out of device memory is a clear error, and the context stays usable")
         ctx.alloc(too_much);
         FAIL("no throw");
     } catch (const error& e) {
+        const std::string msg = e.what();
+        MESSAGE(msg);
+        CHECK(msg.find("out of memory") != std::string::npos);
+        CHECK(msg.find("CUDA device 0") != std::string::npos);
+        CHECK(msg.find(std::to_string(too_much >> 20) + " MiB") != std::string::npos); // names the size
+    }
+    try {
+        cuda::buffer b(ctx, too_much);
+        FAIL("no throw");
+    } catch (const error& e) {
         CHECK(std::string(e.what()).find("out of memory") != std::string::npos);
     }
     void* p = ctx.alloc(4096);
     CHECK(p != nullptr);
     ctx.free(p);
     ctx.synchronize();
+}
+
+// ---- the CUDA runner against the CPU runner on stories260K (INT8 weights)
+
+namespace {
+
+// One sequence through a runner: forward steps of the given tokens at the sequence's end.
+// `r` may change between steps: another device continues on the same pages.
+struct seq_driver {
+    runner* r;
+    kv_cache& kv;
+    sequence_kv seq;
+    int32_t n_past = 0;
+    std::vector<float> logits;
+
+    seq_driver(runner& r_, kv_cache& kv_, int32_t n_vocab) : r(&r_), kv(kv_), seq(kv_), logits(size_t(n_vocab)) {}
+
+    // Returns the argmax of the logits after the last token.
+    token_id step(std::span<const token_id> toks) {
+        REQUIRE(seq.reserve(n_past + int32_t(toks.size())));
+        const batch_seq b{toks, n_past, seq.block_table()};
+        r->forward(std::span(&b, 1), kv, logits.data());
+        n_past += int32_t(toks.size());
+        return token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    // The prompt in chunks of `chunk` tokens; the argmax after it.
+    token_id prefill(const std::vector<token_id>& prompt, size_t chunk) {
+        token_id next = -1;
+        for (size_t i = 0; i < prompt.size(); i += chunk)
+            next = step(std::span(prompt).subspan(i, std::min(chunk, prompt.size() - i)));
+        return next;
+    }
+    // n greedy tokens starting from `next` (itself included).
+    std::vector<token_id> decode(token_id next, int n) {
+        std::vector<token_id> out;
+        for (int i = 0; i < n; ++i) {
+            out.push_back(next);
+            next = step(std::span(&out.back(), 1));
+        }
+        return out;
+    }
+};
+
+double nmse(std::span<const float> want, std::span<const float> got) {
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        err += double(want[i] - got[i]) * double(want[i] - got[i]);
+        ref += double(want[i]) * double(want[i]);
+    }
+    return ref > 0 ? err / ref : err;
+}
+
+// The decoded K and V of positions [0, n) of one sequence in every layer, flattened.
+std::vector<float> read_kv(const kv_cache& kv, const std::vector<int32_t>& table, int32_t n) {
+    const kv_layout& lay = kv.layout();
+    std::vector<float> out, row(static_cast<size_t>(lay.head_dim));
+    for (int il = 0; il < lay.n_layer; ++il)
+        for (bool is_v : {false, true})
+            for (int h = 0; h < lay.n_head_kv; ++h)
+                for (int32_t p = 0; p < n; ++p) {
+                    const uint8_t* page = kv.base() + int64_t(table[size_t(p / lay.page_size)]) * lay.page_bytes();
+                    cpu::ref::kv_read(page, lay, il, is_v, h, p % lay.page_size, 1, row.data());
+                    out.insert(out.end(), row.begin(), row.end());
+                }
+    return out;
+}
+
+std::string join(const std::vector<token_id>& t) {
+    std::string s;
+    for (auto id : t) s += std::to_string(id) + " ";
+    return s;
+}
+
+constexpr int n_greedy = 32;
+
+} // namespace
+
+TEST_CASE("make_cuda_runner without that device is a clear error") {
+    model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    try {
+        make_cuda_runner(*b.mdl, 99);
+        FAIL("no throw");
+    } catch (const error& e) {
+        MESSAGE(e.what());
+        CHECK(std::string(e.what()).find("no CUDA device 99") == 0);
+    }
+}
+
+TEST_CASE("CUDA runner: greedy tokens on stories260K equal the CPU runner's (every KV dtype, two page sizes)") {
+    if (!have_device()) return;
+    model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    model& m = *b.mdl;
+    const auto prompt = b.tok->encode("Once upon a time, there was a little girl named Lily.", true);
+    auto gpu = make_cuda_runner(m, 0);
+    auto cpu = make_cpu_runner(m, 2);
+    MESSAGE(gpu->device());
+    for (kv_dtype dt : {kv_dtype::f16, kv_dtype::f32, kv_dtype::i8}) {
+        for (int32_t ps : {16, 5}) {
+            kv_layout lay = m.make_kv_layout(ps);
+            lay.dtype = dt;
+            kv_cache kv_cpu(lay, 64), kv_gpu(lay, 64);
+            seq_driver c(*cpu, kv_cpu, m.config().n_vocab), g(*gpu, kv_gpu, m.config().n_vocab);
+            const token_id c0 = c.prefill(prompt, prompt.size());
+            const token_id g0 = g.prefill(prompt, prompt.size());
+            const double e = nmse(c.logits, g.logits);
+            INFO("kv=", name_of(dt), " page=", ps, " prompt logits nmse=", e);
+            CHECK(e < 1e-4);
+            const auto want = c.decode(c0, n_greedy), got = g.decode(g0, n_greedy);
+            INFO("cpu:  ", join(want));
+            INFO("cuda: ", join(got));
+            CHECK(got == want);
+            // The pages the CUDA runner wrote hold what the CPU's hold (up to rounding).
+            const int32_t n = int32_t(prompt.size()) + n_greedy;
+            CHECK(nmse(read_kv(kv_cpu, c.seq.block_table(), n), read_kv(kv_gpu, g.seq.block_table(), n)) < 1e-6);
+        }
+    }
+}
+
+TEST_CASE("CUDA runner: K/V hand-off through host pages, both ways, with chunked prefill") {
+    if (!have_device()) return;
+    model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    model& m = *b.mdl;
+    const int32_t n_vocab = m.config().n_vocab;
+    const auto prompt = b.tok->encode("The cat sat on the mat and looked at the big red ball.", true);
+    auto gpu = make_cuda_runner(m, 0);
+    auto cpu = make_cpu_runner(m, 2);
+    const kv_layout lay = m.make_kv_layout(16); // F16, the engine's default
+    kv_cache kv_ref(lay, 64);
+    seq_driver ref(*cpu, kv_ref, n_vocab);
+    const auto want = ref.decode(ref.prefill(prompt, prompt.size()), n_greedy);
+
+    // GPU prefill (in chunks of 7: pages half full between chunks) into registered host pages,
+    // then the CPU decodes from those very pages.
+    {
+        kv_cache kv(lay, 64);
+        cuda::register_host(kv.base(), size_t(kv.bytes()));
+        seq_driver d(*gpu, kv, n_vocab);
+        const token_id next = d.prefill(prompt, 7);
+        const auto* st = cuda::stats_of(*gpu);
+        REQUIRE(st != nullptr);
+        MESSAGE("last chunk: hand-off ", st->handoff_bytes, " bytes in ", st->handoff_s * 1e6, " us, uploaded ",
+                st->upload_bytes, " bytes");
+        CHECK(st->handoff_bytes > 0);
+        CHECK(st->upload_bytes > 0); // the chunk had past pages to bring over
+        d.r = cpu.get();
+        const auto got = d.decode(next, n_greedy);
+        INFO("cpu only:         ", join(want));
+        INFO("gpu prefill, cpu: ", join(got));
+        CHECK(got == want);
+        cuda::unregister_host(kv.base());
+    }
+    // CPU prefill, then the GPU decodes (its mirror brings the CPU's pages over every step).
+    {
+        kv_cache kv(lay, 64);
+        seq_driver d(*cpu, kv, n_vocab);
+        const token_id next = d.prefill(prompt, prompt.size());
+        d.r = gpu.get();
+        const auto got = d.decode(next, n_greedy);
+        INFO("cpu only:         ", join(want));
+        INFO("cpu prefill, gpu: ", join(got));
+        CHECK(got == want);
+    }
+}
+
+TEST_CASE("CUDA runner: a flat batch of sequences (prefill and decode) matches the CPU runner") {
+    if (!have_device()) return;
+    model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    model& m = *b.mdl;
+    const int32_t n_vocab = m.config().n_vocab;
+    auto gpu = make_cuda_runner(m, 0);
+    auto cpu = make_cpu_runner(m, 2);
+    std::mt19937 rng(5);
+    std::vector<std::vector<token_id>> prompts;
+    for (size_t len : {20, 3, 37, 1, 16}) {
+        std::vector<token_id> p(len);
+        for (auto& t : p) t = token_id(rng() % uint32_t(n_vocab));
+        prompts.push_back(p);
+    }
+    const kv_layout lay = m.make_kv_layout(16);
+    kv_cache kv_c(lay, 64), kv_g(lay, 64);
+    std::vector<std::unique_ptr<sequence_kv>> sc, sg;
+    std::vector<batch_seq> bc, bg;
+    for (const auto& p : prompts) {
+        sc.push_back(std::make_unique<sequence_kv>(kv_c));
+        sg.push_back(std::make_unique<sequence_kv>(kv_g));
+        REQUIRE(sc.back()->reserve(int32_t(p.size()) + 1));
+        REQUIRE(sg.back()->reserve(int32_t(p.size()) + 1));
+        bc.push_back({p, 0, sc.back()->block_table()});
+        bg.push_back({p, 0, sg.back()->block_table()});
+    }
+    std::vector<float> lc(prompts.size() * size_t(n_vocab)), lg(lc.size());
+    cpu->forward(bc, kv_c, lc.data());
+    gpu->forward(bg, kv_g, lg.data());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const std::span<const float> c(&lc[i * size_t(n_vocab)], size_t(n_vocab)), g(&lg[i * size_t(n_vocab)], size_t(n_vocab));
+        INFO("prefill sequence ", i);
+        CHECK(nmse(c, g) < 1e-4);
+        CHECK(std::max_element(c.begin(), c.end()) - c.begin() == std::max_element(g.begin(), g.end()) - g.begin());
+    }
+    std::vector<token_id> next(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        next[i] = token_id((i * 101 + 7) % size_t(n_vocab));
+        bc[i] = {std::span(&next[i], 1), int32_t(prompts[i].size()), sc[i]->block_table()};
+        bg[i] = {std::span(&next[i], 1), int32_t(prompts[i].size()), sg[i]->block_table()};
+    }
+    cpu->forward(bc, kv_c, lc.data());
+    gpu->forward(bg, kv_g, lg.data());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        INFO("decode sequence ", i);
+        CHECK(nmse(std::span(&lc[i * size_t(n_vocab)], size_t(n_vocab)),
+                   std::span(&lg[i * size_t(n_vocab)], size_t(n_vocab))) < 1e-4);
+    }
+}
+
+TEST_CASE("CUDA runner: Qwen2-style synth (biases, NeoX RoPE, tied output, GQA 4:1, scaled RoPE) tracks the CPU") {
+    if (!have_device()) return;
+    test::scratch_dir dir("cuda-qwen2");
+    synth_params p = synth_preset("tiny");
+    p.arch = "qwen2";
+    p.tied_output = true;
+    p.rope_scale = 4;
+    p.n_head = 8;
+    p.n_head_kv = 2;
+    const std::string path = dir.file("qwen2.gguf");
+    synth_write(p, path);
+    model_bundle b = load_model(path);
+    model& m = *b.mdl;
+    REQUIRE(m.config().qkv_bias);
+    const int32_t n_vocab = m.config().n_vocab;
+    auto gpu = make_cuda_runner(m, 0);
+    auto cpu = make_cpu_runner(m, 2);
+    kv_cache kv_c(m.make_kv_layout(16), 16), kv_g(m.make_kv_layout(16), 16);
+    seq_driver c(*cpu, kv_c, n_vocab), g(*gpu, kv_g, n_vocab);
+    std::vector<token_id> toks;
+    for (int i = 0; i < 40; ++i) toks.push_back(token_id((i * 37 + 11) % n_vocab));
+    c.prefill({toks.begin(), toks.begin() + 30}, 30);
+    g.prefill({toks.begin(), toks.begin() + 30}, 30);
+    CHECK(nmse(c.logits, g.logits) < 1e-4);
+    for (int i = 30; i < 40; ++i) { // teacher-forced decode
+        c.step(std::span(&toks[size_t(i)], 1));
+        g.step(std::span(&toks[size_t(i)], 1));
+        INFO("step ", i);
+        CHECK(nmse(c.logits, g.logits) < 1e-4);
+    }
+}
+
+TEST_CASE("CUDA runner refuses F32 weights with a clear error") {
+    if (!have_device()) return;
+    model_bundle b = load_model(test::model_path("stories260K.gguf"), {weight_format::f32, kv_dtype::f32});
+    try {
+        make_cuda_runner(*b.mdl, 0);
+        FAIL("no throw");
+    } catch (const error& e) {
+        CHECK(std::string(e.what()).find("INT8") != std::string::npos);
+    }
+}
+
+TEST_CASE("host registration round trip") {
+    if (!have_device()) return;
+    std::vector<uint8_t> host(size_t(1) << 20, 7);
+    cuda::register_host(host.data(), host.size());
+    cuda::context ctx(0);
+    cuda::buffer d(ctx, host.size());
+    CUDA_CHECK(cudaMemsetAsync(d.get(), 0x33, host.size(), static_cast<cudaStream_t>(ctx.stream())));
+    ctx.download(host.data(), d.get(), host.size());
+    ctx.synchronize();
+    CHECK(host.front() == 0x33);
+    CHECK(host.back() == 0x33);
+    cuda::unregister_host(host.data());
+    CHECK_THROWS_AS(cuda::unregister_host(host.data()), error); // not registered any more
 }

@@ -3,19 +3,48 @@
 
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
+#if TANDEM_HAVE_CUDA
+#include "cuda/device.hpp"
+#include "cuda/ops/ops.hpp"
+#endif
 
 namespace tandem::ops {
 namespace {
+
+#if TANDEM_HAVE_CUDA
+// On CUDA the pages are device memory but the block table is the host's (checked here): the
+// op copies the entries covering positions [0, n_end) over.
+::tandem::cuda::buffer device_table(const ::tandem::cuda::context& c, const kv_layout& lay, const int32_t* table,
+                                    int64_t n_end) {
+    const int64_t n = (n_end + lay.page_size - 1) / lay.page_size;
+    return ::tandem::cuda::to_device(c, table, size_t(n) * sizeof(int32_t));
+}
+#endif
 
 struct kv_store_op {
     static constexpr std::string_view name = "kv_store";
     static constexpr auto ref = ::tandem::cpu::ref::kv_store;
     static constexpr auto cpu = ::tandem::cpu::kv_store;
+#if TANDEM_HAVE_CUDA
+    static void cuda(const ::tandem::cuda::context& c, uint8_t* kv_base, const kv_layout& lay, int il,
+                     const int32_t* block_table, int32_t pos0, const float* k, const float* v, int64_t n_tok) {
+        const auto t = device_table(c, lay, block_table, pos0 + n_tok);
+        ::tandem::cuda::kv_store(c, kv_base, lay, il, t.as<int32_t>(), pos0, k, v, n_tok);
+    }
+#endif
 };
 struct attention_op {
     static constexpr std::string_view name = "attention";
     static constexpr auto ref = ::tandem::cpu::ref::attention;
     static constexpr auto cpu = ::tandem::cpu::attention;
+#if TANDEM_HAVE_CUDA
+    static void cuda(const ::tandem::cuda::context& c, float* out, const float* q, int64_t n_tok, int32_t n_past,
+                     int n_head, const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
+                     float scale) {
+        const auto t = device_table(c, lay, block_table, n_past + n_tok);
+        ::tandem::cuda::attention(c, out, q, n_tok, n_past, n_head, kv_base, lay, il, t.as<int32_t>(), scale);
+    }
+#endif
 };
 
 // The sequence's pages must cover positions [0, n_end).

@@ -9,6 +9,10 @@
 
 namespace tandem::ops {
 
+// On backend::cuda q, k, v, out are device memory and `kv` a view over device pages
+// (kv_cache(layout, n_pages, device_base)); block_table stays in host memory, where it is
+// checked, and the op copies the entries it needs over.
+
 // Writes k, v [n_tok, n_head_kv * head_dim] at positions pos0.. into the sequence's pages.
 void kv_store(const exec_ctx& ctx, kv_cache& kv, int il, std::span<const int32_t> block_table, int32_t pos0,
               const float* k, const float* v, int64_t n_tok);

@@ -9,6 +9,7 @@
 namespace tandem {
 
 namespace cpu { class thread_pool; }
+namespace cuda { class context; }
 
 enum class backend { ref, cpu, cuda };
 
@@ -25,10 +26,15 @@ inline std::string_view name_of(backend b) {
 struct exec_ctx {
     backend be = backend::cpu;
     cpu::thread_pool* pool = nullptr; // required by backend::cpu
+    // Required by backend::cuda: the device, stream and cuBLASLt handle (cuda/device.hpp),
+    // opaque here so runtime/ includes no CUDA header. On backend::cuda an op's pointers are
+    // device memory and it is queued on the context's stream; each op header says what stays
+    // on the host (block tables, biases).
+    cuda::context* cuda = nullptr;
 };
 
 // Op is a struct with a `name` and static `ref(...)`, `cpu(pool, ...)` and optionally
-// `cuda(...)` members; a backend the op lacks is an error naming both.
+// `cuda(context, ...)` members; a backend the op lacks is an error naming both.
 template <class Op, class... Args>
 void dispatch(const exec_ctx& ctx, Args&&... args) {
     switch (ctx.be) {
@@ -38,8 +44,9 @@ void dispatch(const exec_ctx& ctx, Args&&... args) {
         Op::cpu(*ctx.pool, std::forward<Args>(args)...);
         return;
     case backend::cuda:
-        if constexpr (requires { Op::cuda(std::forward<Args>(args)...); }) {
-            Op::cuda(std::forward<Args>(args)...);
+        if constexpr (requires { Op::cuda(*ctx.cuda, std::forward<Args>(args)...); }) {
+            TANDEM_ASSERT(ctx.cuda != nullptr, "op {} on CUDA needs a cuda::context", Op::name);
+            Op::cuda(*ctx.cuda, std::forward<Args>(args)...);
             return;
         }
         break;

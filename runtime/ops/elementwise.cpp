@@ -3,6 +3,9 @@
 
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
+#if TANDEM_HAVE_CUDA
+#include "cuda/ops/ops.hpp"
+#endif
 
 namespace tandem::ops {
 namespace {
@@ -11,21 +14,33 @@ struct rms_norm_op {
     static constexpr std::string_view name = "rms_norm";
     static constexpr auto ref = ::tandem::cpu::ref::rms_norm;
     static constexpr auto cpu = ::tandem::cpu::rms_norm;
+#if TANDEM_HAVE_CUDA
+    static constexpr auto cuda = ::tandem::cuda::rms_norm;
+#endif
 };
 struct rope_op {
     static constexpr std::string_view name = "rope";
     static constexpr auto ref = ::tandem::cpu::ref::rope;
     static constexpr auto cpu = ::tandem::cpu::rope;
+#if TANDEM_HAVE_CUDA
+    static constexpr auto cuda = ::tandem::cuda::rope;
+#endif
 };
 struct swiglu_op {
     static constexpr std::string_view name = "swiglu";
     static constexpr auto ref = ::tandem::cpu::ref::swiglu;
     static constexpr auto cpu = ::tandem::cpu::swiglu;
+#if TANDEM_HAVE_CUDA
+    static constexpr auto cuda = ::tandem::cuda::swiglu;
+#endif
 };
 struct add_op {
     static constexpr std::string_view name = "add";
     static constexpr auto ref = ::tandem::cpu::ref::add;
     static constexpr auto cpu = ::tandem::cpu::add;
+#if TANDEM_HAVE_CUDA
+    static constexpr auto cuda = ::tandem::cuda::add;
+#endif
 };
 
 } // namespace

@@ -7,6 +7,8 @@
 
 namespace tandem::ops {
 
+// On backend::cuda every pointer (weights and positions included) is device memory.
+
 // out [n_tok, n] = x / rms(x) * w [n]
 void rms_norm(const exec_ctx& ctx, float* out, const float* x, const float* w, int64_t n_tok, int64_t n, float eps);
 

@@ -3,6 +3,10 @@
 
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
+#if TANDEM_HAVE_CUDA
+#include "cuda/device.hpp"
+#include "cuda/ops/ops.hpp"
+#endif
 
 namespace tandem::ops {
 namespace {
@@ -11,21 +15,33 @@ struct quantize_rows_op {
     static constexpr std::string_view name = "quantize_rows";
     static constexpr auto ref = ::tandem::cpu::ref::quantize_rows;
     static constexpr auto cpu = ::tandem::cpu::quantize_rows;
+#if TANDEM_HAVE_CUDA
+    static constexpr auto cuda = ::tandem::cuda::quantize_rows;
+#endif
 };
 struct quantize_rows_split_op {
     static constexpr std::string_view name = "quantize_rows_split";
     static constexpr auto ref = ::tandem::cpu::ref::quantize_rows_split;
     static constexpr auto cpu = ::tandem::cpu::quantize_rows_split;
+#if TANDEM_HAVE_CUDA
+    static constexpr auto cuda = ::tandem::cuda::quantize_rows_split;
+#endif
 };
 struct rms_norm_quant_op {
     static constexpr std::string_view name = "rms_norm_quant";
     static constexpr auto ref = ::tandem::cpu::ref::rms_norm_quant;
     static constexpr auto cpu = ::tandem::cpu::rms_norm_quant;
+#if TANDEM_HAVE_CUDA
+    static constexpr auto cuda = ::tandem::cuda::rms_norm_quant;
+#endif
 };
 struct swiglu_quant_op {
     static constexpr std::string_view name = "swiglu_quant";
     static constexpr auto ref = ::tandem::cpu::ref::swiglu_quant;
     static constexpr auto cpu = ::tandem::cpu::swiglu_quant;
+#if TANDEM_HAVE_CUDA
+    static constexpr auto cuda = ::tandem::cuda::swiglu_quant;
+#endif
 };
 struct matmul_i8_op {
     static constexpr std::string_view name = "matmul_i8";
@@ -37,6 +53,15 @@ struct matmul_i8_op {
                     const weight& w, const float* bias) {
         ::tandem::cpu::matmul_i8(pool, out, qx, sx, n_tok, w, bias);
     }
+#if TANDEM_HAVE_CUDA
+    // w is a device view (cuda::device_weight::view()); the bias comes from a host weight.
+    static void cuda(const ::tandem::cuda::context& c, float* out, const int8_t* qx, const float* sx, int64_t n_tok,
+                     const weight& w, const float* bias) {
+        const auto b = bias ? ::tandem::cuda::to_device(c, bias, size_t(w.n_out) * sizeof(float))
+                            : ::tandem::cuda::buffer();
+        ::tandem::cuda::matmul_i8(c, out, qx, sx, n_tok, w.q(), w.scale(), w.n_out, w.n_in, b.as<float>());
+    }
+#endif
 };
 
 struct matmul_w8a32_op {
@@ -45,6 +70,14 @@ struct matmul_w8a32_op {
         ::tandem::cpu::ref::matmul_w8a32(out, x, n_tok, w.q(), w.scale(), w.n_out, w.n_in, bias);
     }
     static constexpr auto cpu = ::tandem::cpu::matmul_w8a32;
+#if TANDEM_HAVE_CUDA
+    static void cuda(const ::tandem::cuda::context& c, float* out, const float* x, int64_t n_tok, const weight& w,
+                     const float* bias) {
+        const auto b = bias ? ::tandem::cuda::to_device(c, bias, size_t(w.n_out) * sizeof(float))
+                            : ::tandem::cuda::buffer();
+        ::tandem::cuda::matmul_w8a32(c, out, x, n_tok, w.q(), w.scale(), w.n_out, w.n_in, b.as<float>());
+    }
+#endif
 };
 
 } // namespace

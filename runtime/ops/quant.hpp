@@ -8,6 +8,10 @@
 
 namespace tandem::ops {
 
+// On backend::cuda every pointer is device memory and `w` is a device view
+// (cuda::device_weight::view(): q() and scale() on the device); a bias stays a host weight
+// (the op copies its n_out values over).
+
 // Quantized activations of a flat batch: row t ~= s[t] * q[t].
 struct act_i8 {
     int8_t* q;   // [n_tok, n]
