@@ -12,7 +12,8 @@
 #include "runtime/gguf.hpp"
 #include "runtime/log.hpp"
 #include "runtime/runner.hpp"
-#ifdef TANDEM_HAVE_CUDA_RUNNER
+#ifdef TANDEM_HAVE_CUDA
+#include "cuda/device.hpp"
 #include "cuda/runner.hpp"
 #endif
 
@@ -263,9 +264,12 @@ int run_worker(const worker_args_parsed& a) {
     if (s.device == "cpu") {
         run = make_cpu_runner(*b.mdl, s.n_threads);
     } else {
-#ifdef TANDEM_HAVE_CUDA_RUNNER
+#ifdef TANDEM_HAVE_CUDA
         const int dev = s.device.size() > 5 ? std::atoi(s.device.c_str() + 5) : 0;
-        run = cuda::make_cuda_runner(*b.mdl, dev);
+        run = make_cuda_runner(*b.mdl, dev);
+        // Pinned pages: K/V copies to and from the pool run asynchronously at full bus speed.
+        // (This makes the whole pool resident; the worker keeps it registered until it exits.)
+        cuda::register_host(pool->pages(), size_t(kv.bytes()));
 #else
         fail("device {}: this build has no CUDA runner", s.device);
 #endif
