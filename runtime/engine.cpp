@@ -193,17 +193,19 @@ private:
             if (sync_result || progressed) continue; // results to take at once, or work freed up
             wait_for_news(in_flight);
         }
-        // Shutting down: batches in flight end, then whatever is left ends as cancelled.
+        // Shutting down: batches in flight end (a worker gets 30 s), then whatever is left
+        // ends as cancelled.
+        const auto deadline = clock_type::now() + std::chrono::seconds(30);
         for (size_t i = 0; i < parts_.executors.size(); ++i) {
-            if (started[i]) {
-                for (int spins = 0; spins < 100000; ++spins) {
-                    if (auto out = parts_.executors[i]->poll()) {
-                        finish_batch(int(i), *out);
-                        break;
-                    }
-                    wait_for_news(true);
+            while (started[i] && clock_type::now() < deadline) {
+                if (auto out = parts_.executors[i]->poll()) {
+                    finish_batch(int(i), *out);
+                    started[i] = false;
+                    break;
                 }
+                wait_for_news(true);
             }
+            if (started[i]) sched_->complete(int(i), false); // abandoned: its pages are freed below
             parts_.executors[i]->shutdown();
         }
         {

@@ -53,3 +53,26 @@ for key in model socket socket_group listen_tcp threads placement kv_cache_mb pa
   grep -Eq "^$key =( |$)" "$src/tandemd.conf" || { echo "tandemd.conf lacks the key $key"; exit 1; }
 done
 echo "unit contents and sample config: ok"
+
+# The system calls the worker split makes (fork/exec of workers, pidfds, memfd channels,
+# eventfds, close_range, the parent-death signal, flock on the pool, AMX permission) pass
+# the unit's filter: allowed by @system-service, not denied by the ~ groups.
+expand() {
+  systemd-analyze syscall-filter "$1" 2>/dev/null | sed -n '/^@/,$p' | tail -n +2 | grep -v '^ *#' |
+    awk '{print $1}' | while read -r x; do
+      [[ -z "$x" ]] && continue
+      if [[ "$x" == @* ]]; then expand "$x"; else echo "$x"; fi
+    done
+}
+allowed="$(expand @system-service | sort -u)"
+if [[ -z "$allowed" ]]; then
+  echo "systemd-analyze cannot list syscall groups: filter check skipped"
+  exit 0
+fi
+denied="$(for g in $(grep '^SystemCallFilter=~' "$src/tandemd.service" | sed 's/^SystemCallFilter=~//'); do expand "$g"; done | sort -u)"
+for sc in clone3 execve pidfd_open memfd_create eventfd2 close_range prctl flock ftruncate mmap madvise poll \
+          kill arch_prctl; do
+  grep -qx "$sc" <<<"$allowed" || { echo "the unit's SystemCallFilter does not allow $sc"; exit 1; }
+  if grep -qx "$sc" <<<"$denied"; then echo "the unit's SystemCallFilter denies $sc"; exit 1; fi
+done
+echo "system calls of the worker split: allowed"
