@@ -26,6 +26,18 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+// Fills the defaults: the model's context, a pool of max_running full contexts, and never
+// less than one full context (so any request the context allows can run).
+engine_options resolve(engine_options o, const model_config& c) {
+    if (o.n_ctx <= 0 || o.n_ctx > c.n_ctx_train) o.n_ctx = c.n_ctx_train;
+    o.max_running = std::max(1, o.max_running);
+    o.step_tokens = std::max(o.step_tokens, o.max_running + 1);
+    const int32_t pages_per_ctx = (o.n_ctx + o.page_size - 1) / o.page_size;
+    if (o.n_pages <= 0) o.n_pages = pages_per_ctx * o.max_running;
+    o.n_pages = std::max(o.n_pages, pages_per_ctx);
+    return o;
+}
+
 // A request inside the engine, from submission to its done event. Its tokens and pages
 // live in the scheduler under the same id.
 struct request_state {
@@ -51,11 +63,7 @@ public:
     engine_impl(const model_config& cfg, const tokenizer& tok, const engine_options& o, engine_parts parts)
         : tok_(tok), n_vocab_(cfg.n_vocab), opts_(o), parts_(std::move(parts)) {
         TANDEM_ASSERT(!parts_.executors.empty());
-        if (opts_.n_ctx <= 0 || opts_.n_ctx > cfg.n_ctx_train) opts_.n_ctx = cfg.n_ctx_train;
-        opts_.max_running = std::max(1, opts_.max_running);
-        opts_.step_tokens = std::max(opts_.step_tokens, opts_.max_running + 1);
-        const int32_t pages_per_ctx = (opts_.n_ctx + opts_.page_size - 1) / opts_.page_size;
-        if (opts_.n_pages <= 0) opts_.n_pages = pages_per_ctx * opts_.max_running;
+        opts_ = resolve(opts_, cfg);
         scheduler_options so;
         so.page_size = opts_.page_size;
         so.n_pages = opts_.n_pages;
@@ -458,13 +466,9 @@ private:
 // The local engine owns its page pool, store and runner alongside the engine.
 class local_engine final : public engine {
 public:
-    local_engine(model& mdl, const tokenizer& tok, engine_options o) {
+    local_engine(model& mdl, const tokenizer& tok, const engine_options& opts) {
         const auto& c = mdl.config();
-        if (o.n_ctx <= 0 || o.n_ctx > c.n_ctx_train) o.n_ctx = c.n_ctx_train;
-        o.max_running = std::max(1, o.max_running);
-        const int32_t pages_per_ctx = (o.n_ctx + o.page_size - 1) / o.page_size;
-        if (o.n_pages <= 0) o.n_pages = pages_per_ctx * o.max_running;
-        o.n_pages = std::max(o.n_pages, pages_per_ctx); // any request the context allows can run
+        const engine_options o = resolve(opts, c);
         kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(o.page_size), o.n_pages);
         store_ = std::make_unique<local_store>(*kv_);
         engine_parts parts;

@@ -8,7 +8,7 @@
 #   BUILD_DIR            build tree (default: build)
 #   BENCH_THREADS        tandemd --threads (default: 2)
 #   BENCH_DAEMON_ARGS    more tandemd arguments, e.g. "--set max_running=64" (default: none)
-#   BENCH_PROMPT_TOKENS  prompt tokens per request (default: 128)
+#   BENCH_PROMPT_TOKENS  prompt tokens per request (default: 512)
 #   BENCH_MAX_TOKENS     tokens generated per request (default: 64)
 #   BENCH_SHARED_PREFIX  prefix test length, 0 skips it (default: 1000)
 #   SMALL_CONCURRENCY    stories260K levels (default: 1,4,16,64)
@@ -34,7 +34,7 @@ done
 command -v python3 >/dev/null || { echo "bench-serve: python3 is needed for the report" >&2; exit 1; }
 
 threads="${BENCH_THREADS:-2}"
-prompt_tokens="${BENCH_PROMPT_TOKENS:-128}"
+prompt_tokens="${BENCH_PROMPT_TOKENS:-512}"
 max_tokens="${BENCH_MAX_TOKENS:-64}"
 shared_prefix="${BENCH_SHARED_PREFIX:-1000}"
 out="${BENCH_OUT:-$build/bench}"

@@ -104,18 +104,18 @@ def markdown(runs, args, machine, date, commit, load):
     w("- **ITL**: gaps between consecutive token events of one stream, over all streams.")
     w("- **KV waste**: from `/v1/tandem/status` sampled while the level runs: page slots allocated "
       "(`kv_pages_used × kv_page_size`) minus tokens stored (`kv_tokens_stored`), over slots allocated, summed "
-      "over the samples (mean) and the worst sample (max). A request reserves pages for its prompt plus "
-      "`max_tokens` when it joins the batch, and holds none of its tokens until its prompt has been computed, "
-      "so waste counts reserved-but-unwritten slots as well as the unused tail of the last page.")
+      "over the samples (mean) and the worst sample (max). Pages are taken as positions are computed (a "
+      "batch's positions count as stored while it writes them), so what is left is the unused tail of each "
+      "sequence's last page: about half a page per sequence, 8 of 16 slots, whatever else runs.")
     w("- **Prefix TTFT**: one request with a long random prompt (cold), then one with the same prefix and "
       "another 16-token suffix (warm); `reused` is the change of `prefix_cache_hit_tokens` across the warm "
-      "request. Until the daemon has a prefix cache the two are about equal.")
+      "request: the warm one computes only the suffix (and the last, partly shared page).")
     w("")
     w("Reading the numbers: at concurrency above `max_running`, TTFT is mostly time spent waiting for a "
-      "slot. A step that also computes prompt chunks (up to the engine's token budget per step) takes as "
-      "long as those chunks, so the streams already decoding see a long gap then: that is ITL P99 far above "
-      "P50 once requests arrive while others decode. KV waste is high while prompts are being computed (their "
-      "pages are reserved, nothing is stored yet) and falls as a reservation fills.")
+      "slot. With the worker split (the default) prompts are computed by the prefill worker while the "
+      "decode worker keeps stepping, so a long prompt no longer stalls the streams already decoding; on "
+      "these 2 cores the two workers share the cores, so a busy prefill still slows decode steps. The "
+      "`-local` run is the same daemon computing in one process (`placement = local`), for comparison.")
     w("")
     for r in runs:
         j = r["result"]
