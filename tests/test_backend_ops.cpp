@@ -329,9 +329,9 @@ TEST_CASE("two-term int8 activation quantization vs reference, and its error") {
     }
 }
 
-TEST_CASE("int8 matmul (GEMV, small GEMM, oneDNN for batches >= 32) vs reference on odd shapes") {
+TEST_CASE("int8 matmul (GEMV, small GEMM, oneDNN for batches >= 64) vs reference on odd shapes") {
     for (int64_t n_in : {2, 7, 31, 64, 65, 100, 257}) {
-        for (int64_t n_tok : {1, 2, 3, 4, 5, 9, 16, 31, 32, 33}) {
+        for (int64_t n_tok : {1, 2, 3, 4, 5, 9, 16, 31, 32, 33, 63, 64, 65}) {
             const int64_t n_out = 13 + n_in % 7;
             const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in * 31 + n_tok));
             const weight w = quantize_weight(wf.data(), n_out, n_in);
@@ -355,7 +355,7 @@ TEST_CASE("int8 matmul (GEMV, small GEMM, oneDNN for batches >= 32) vs reference
 }
 
 TEST_CASE("int8 matmul on shapes large enough to split across threads, and close to F32") {
-    for (int64_t n_tok : {1, 6, 16, 48}) {
+    for (int64_t n_tok : {1, 6, 16, 48, 70}) {
         const int64_t n_in = 1031, n_out = 301;
         const auto wf = randn(size_t(n_out * n_in), 11);
         const weight w = quantize_weight(wf.data(), n_out, n_in);

@@ -24,11 +24,19 @@ namespace {
 constexpr int tile_rows = 4; // weight rows sharing each activation load
 constexpr int tile_tok = 4;  // tokens sharing each weight load
 
+// What a tile pass prefetches: for each 64 bytes of K it walks, `lines` cache lines from p
+// onwards, in order. The driver points it at the next tile's rows (contiguous) and
+// spreads them over the passes of the token blocks.
+struct prefetch_plan {
+    const int8_t* p = nullptr;
+    int lines = 0;
+    bool to_l1 = false; // one pass (one token block): into L1, as the GEMV always did
+};
+
 // acc[r][t] = dot(w + r * n_in, x + t * n_in) for r < tile_rows, t < T; rows past the
 // matrix's end point at its last row (their sums are dropped by the caller).
-using tile_fn = void (*)(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, int32_t acc[tile_rows][tile_tok]);
-
-void tile_scalar(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, int32_t acc[tile_rows][tile_tok]) {
+void tile_scalar(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, const prefetch_plan&,
+                 int32_t acc[tile_rows][tile_tok]) {
     for (int r = 0; r < tile_rows; ++r)
         for (int t = 0; t < nt; ++t) acc[r][t] = dot_i8_ref(w[r], x + t * n_in, n_in);
 }
@@ -67,7 +75,8 @@ __attribute__((target("avx2,fma"))) void tile_avx2_t(const int8_t* const* w, con
     }
 }
 
-void tile_avx2(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, int32_t acc[tile_rows][tile_tok]) {
+void tile_avx2(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, const prefetch_plan&,
+               int32_t acc[tile_rows][tile_tok]) {
     switch (nt) {
     case 1: tile_avx2_t<1>(w, x, n_in, acc); return;
     case 2: tile_avx2_t<2>(w, x, n_in, acc); return;
@@ -76,63 +85,125 @@ void tile_avx2(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, in
     }
 }
 
-// VNNI: vpdpbusd multiplies u8 by s8, so activations go in as u8 = s8 + 128 (an xor of the
-// sign bit) and the caller subtracts 128 * sum(w row). The K tail is a masked load of zeros.
-// Software prefetch distance in bytes: measured on the 1.1B shape with one thread, decode went
-// from 71% to 88% of the read roofline with 8 KiB (16 KiB: the same; 2 KiB: 77%).
-constexpr int64_t pf_dist = 8192;
+// VNNI: vpdpbusd multiplies u8 by s8, so activations go in as u8 = s8 + 128 (the caller flips
+// the sign bits once per call) and the caller subtracts 128 * sum(w row). The K tail is a
+// masked load of zeros.
+#define TANDEM_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
-template <int T>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile_vnni_t(const int8_t* const* w,
-                                                                                const int8_t* x, int64_t n_in,
-                                                                                int32_t acc[tile_rows][tile_tok]) {
-    __m512i a[tile_rows][T];
-    for (int r = 0; r < tile_rows; ++r)
-        for (int t = 0; t < T; ++t) a[r][t] = _mm512_setzero_si512();
-    const __m512i flip = _mm512_set1_epi8(char(0x80));
-    for (int64_t i = 0; i < n_in; i += 64) {
-        const __mmask64 m = n_in - i >= 64 ? ~__mmask64(0) : (__mmask64(1) << (n_in - i)) - 1;
-        __m512i wv[tile_rows];
-        for (int r = 0; r < tile_rows; ++r) {
-            // the next tile's rows follow these in memory: ask for them a tile ahead
-            _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + pf_dist), _MM_HINT_T0);
-            wv[r] = _mm512_maskz_loadu_epi8(m, w[r] + i);
-        }
-        for (int t = 0; t < T; ++t) {
-            const __m512i xu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, x + t * n_in + i), flip);
-            for (int r = 0; r < tile_rows; ++r) a[r][t] = _mm512_dpbusd_epi32(a[r][t], xu, wv[r]);
-        }
-    }
+// acc += dot4(u8 x, s8 w) per lane. In asm because GCC 12 ties the intrinsic's accumulator
+// badly: it copies each one to a spare register and back around every vpdpbusd, which ran the
+// 4x4 tile at a third of the core's vpdpbusd rate (2.3x slower than this at 16 tokens).
+TANDEM_VNNI inline __attribute__((always_inline)) void dpbusd(__m512i& acc, __m512i xu, __m512i w) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(xu), "v"(w));
+}
+
+#define TANDEM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+// Sums of 16 vectors in one: lane j = sum of v[j]'s lanes (int32, or f32 held in __m512i). Four
+// levels that each halve the width and pair up vectors (15 adds and 30 shuffles for 16 sums,
+// against ~8 ops per sum one vector at a time); the order of the inputs in reduce16 makes the
+// output lanes come out in order.
+template <bool f32>
+TANDEM_AVX512 inline __m512i add_lanes(__m512i a, __m512i b) {
+    if constexpr (f32) return _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
+    else return _mm512_add_epi32(a, b);
+}
+template <bool f32>
+TANDEM_AVX512 inline __m512i halve_512(__m512i a, __m512i b) { // [a0+a2 a1+a3 | b0+b2 b1+b3] (128-bit blocks)
+    return add_lanes<f32>(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xee));
+}
+template <bool f32>
+TANDEM_AVX512 inline __m512i halve_256(__m512i a, __m512i b) { // [a0+a1 | a2+a3 | b0+b1 | b2+b3]
+    return add_lanes<f32>(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
+}
+template <bool f32>
+TANDEM_AVX512 inline __m512i halve_128(__m512i a, __m512i b) { // per 128-bit block: [a0+a2 a1+a3 b0+b2 b1+b3]
+    return add_lanes<f32>(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+template <bool f32>
+TANDEM_AVX512 inline __m512i halve_64(__m512i a, __m512i b) { // per 128-bit block: [a0+a1 a2+a3 b0+b1 b2+b3]
+    const __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
+    return add_lanes<f32>(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0x88)),
+                          _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0xdd)));
+}
+template <bool f32>
+TANDEM_AVX512 inline __m512i reduce16(const __m512i v[16]) {
+    const __m512i a0 = halve_512<f32>(v[0], v[4]), a1 = halve_512<f32>(v[1], v[5]), a2 = halve_512<f32>(v[2], v[6]),
+                  a3 = halve_512<f32>(v[3], v[7]), a8 = halve_512<f32>(v[8], v[12]),
+                  a9 = halve_512<f32>(v[9], v[13]), a10 = halve_512<f32>(v[10], v[14]),
+                  a11 = halve_512<f32>(v[11], v[15]);
+    return halve_64<f32>(halve_128<f32>(halve_256<f32>(a0, a8), halve_256<f32>(a1, a9)),
+                         halve_128<f32>(halve_256<f32>(a2, a10), halve_256<f32>(a3, a11)));
+}
+
+inline __attribute__((always_inline)) void prefetch_step(const prefetch_plan& pf, int64_t i) {
+    const char* p = reinterpret_cast<const char*>(pf.p) + (i >> 6) * pf.lines * 64;
+    if (pf.to_l1)
+        for (int j = 0; j < pf.lines; ++j) _mm_prefetch(p + j * 64, _MM_HINT_T0);
+    else
+        for (int j = 0; j < pf.lines; ++j) _mm_prefetch(p + j * 64, _MM_HINT_T1);
+}
+
+// One 64-byte step of K for the tile: a[r * tile_tok + t] += w[r][i..] . x[t][i..]
+template <int T, bool masked>
+TANDEM_VNNI inline __attribute__((always_inline)) void vnni_step(__m512i a[16], const int8_t* const w[tile_rows],
+                                                                 const uint8_t* x, int64_t n_in, int64_t i,
+                                                                 __mmask64 m, const prefetch_plan& pf) {
+    prefetch_step(pf, i);
+    __m512i wv[tile_rows];
+#pragma GCC unroll 4
     for (int r = 0; r < tile_rows; ++r) {
-        for (int t = 0; t < T; ++t) {
-            const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(a[r][t]), _mm512_extracti64x4_epi64(a[r][t], 1));
-            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-            acc[r][t] = _mm_cvtsi128_si32(s);
-        }
+        wv[r] = masked ? _mm512_maskz_loadu_epi8(m, w[r] + i) : _mm512_loadu_si512(w[r] + i);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+        const __m512i xu = masked ? _mm512_maskz_loadu_epi8(m, x + t * n_in + i) : _mm512_loadu_si512(x + t * n_in + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < tile_rows; ++r) dpbusd(a[r * tile_tok + t], xu, wv[r]);
     }
 }
 
-void tile_vnni(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, int32_t acc[tile_rows][tile_tok]) {
+// x: u8 activations (s8 + 128). acc[r][t] is lane r * tile_tok + t of the reduced tile.
+template <int T>
+TANDEM_VNNI void tile_vnni_t(const int8_t* const* w, const uint8_t* x, int64_t n_in, const prefetch_plan& pf,
+                             int32_t acc[tile_rows][tile_tok]) {
+    static_assert(tile_rows * tile_tok == 16, "one reduce16 per tile");
+    __m512i a[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_si512();
+    const int8_t* const rows[tile_rows] = {w[0], w[1], w[2], w[3]};
+    int64_t i = 0;
+    for (; i + 64 <= n_in; i += 64) vnni_step<T, false>(a, rows, x, n_in, i, 0, pf);
+    if (i < n_in) vnni_step<T, true>(a, rows, x, n_in, i, (__mmask64(1) << (n_in - i)) - 1, pf);
+    _mm512_storeu_si512(&acc[0][0], reduce16<false>(a));
+}
+
+void tile_vnni(const int8_t* const* w, const uint8_t* x, int64_t n_in, int nt, const prefetch_plan& pf,
+               int32_t acc[tile_rows][tile_tok]) {
     switch (nt) {
-    case 1: tile_vnni_t<1>(w, x, n_in, acc); return;
-    case 2: tile_vnni_t<2>(w, x, n_in, acc); return;
-    case 3: tile_vnni_t<3>(w, x, n_in, acc); return;
-    default: tile_vnni_t<4>(w, x, n_in, acc); return;
+    case 1: tile_vnni_t<1>(w, x, n_in, pf, acc); return;
+    case 2: tile_vnni_t<2>(w, x, n_in, pf, acc); return;
+    case 3: tile_vnni_t<3>(w, x, n_in, pf, acc); return;
+    default: tile_vnni_t<4>(w, x, n_in, pf, acc); return;
     }
 }
 
-// Batches from this size go to oneDNN; both read the weights once per call. Measured on the
-// 1.1B shape: with one thread, batch-16 decode ran at 74 tok/s on the GEMV and 90 on oneDNN,
-// but with two threads 143 on the GEMV and 65 on oneDNN (its OpenMP threads and this pool's
-// spinning workers share the two cores), so decode batches stay on the GEMV.
-constexpr int64_t dnnl_min_tokens = 32;
+// Batches from this size go to oneDNN; both read the weights once per call. Measured with two
+// threads (OMP_WAIT_POLICY=PASSIVE, as tandem runs) on the 1.1B down projection, 2048 x 5632,
+// two runs each: 32 tokens took 1.4-1.6 ms on the VNNI small GEMM and 1.8-2.3 on oneDNN, 64
+// tokens 2.5-2.9 against 2.2-3.4, 128 tokens 4.9-6.1 against 3.8-4.6. Batch-16 decode passes
+// 32 rows to the down projection (two int8 terms), which went to oneDNN at the old bound of 32.
+constexpr int64_t dnnl_min_tokens = 64;
 
 // The driver both GEMVs share: tiles of tile_rows weight rows x tile_tok tokens, each tile's
 // rows (a few KiB) kept in L1 while every token block passes over them, and chunks of
 // ~128 KiB of weights handed out dynamically (the cores may be shared); a matrix too small
 // to be worth a second thread runs on one. epilogue(t, o, acc) writes out[t][o].
+// Each tile's passes prefetch the next tile's rows into L2, spread evenly over the passes:
+// with 16 tokens (four passes) and one thread, the gate/up matrices of the 1.1B shape took
+// 62 ms a step this way against 80 ms with each pass prefetching 8 KiB ahead in its own rows
+// (the first pass then asks for everything and the other three for lines already there).
+// At one token it is the same distance as before (the next tile is 8 KiB on at n_in 2048).
 template <class Acc, class X, class Tile, class Epilogue>
 void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, Tile tile, const Epilogue& epilogue) {
     const int64_t n_out = w.n_out, n_in = w.n_in;
@@ -145,9 +216,15 @@ void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, T
             const int nr = int(std::min<int64_t>(tile_rows, o1 - o));
             const int8_t* rows[tile_rows];
             for (int r = 0; r < tile_rows; ++r) rows[r] = q + (o + std::min(r, nr - 1)) * n_in;
+            const int8_t* next = o + tile_rows < n_out ? q + (o + tile_rows) * n_in : nullptr;
             for (int64_t t0 = 0; t0 < n_tok; t0 += tile_tok) {
                 const int nt = int(std::min<int64_t>(tile_tok, n_tok - t0));
-                tile(rows, x + t0 * n_in, n_in, nt, acc);
+                // pass p of n_pass fetches `lines` rows' worth of the next tile
+                const int64_t pass = t0 / tile_tok, n_pass = (n_tok + tile_tok - 1) / tile_tok;
+                const int lines = int(std::max<int64_t>(1, (tile_rows + n_pass - 1) / n_pass));
+                prefetch_plan pf;
+                if (next && pass * lines < tile_rows) pf = {next + pass * lines * n_in, lines, n_pass == 1};
+                tile(rows, x + t0 * n_in, n_in, nt, pf, acc);
                 for (int r = 0; r < nr; ++r)
                     for (int t = 0; t < nt; ++t) epilogue(t0 + t, o + r, acc[r][t]);
             }
@@ -157,6 +234,22 @@ void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, T
     else pool.parallel_for_dynamic(n_out, chunk, body);
 }
 
+// The activations as u8 (s8 + 128) for the kernels that take them so, in a buffer of the
+// calling thread's (workers only see the pointer).
+const uint8_t* flip_to_u8(thread_pool& pool, const int8_t* qx, int64_t n) {
+    thread_local std::vector<uint8_t> buf;
+    buf.resize(size_t(n));
+    uint8_t* xu = buf.data();
+    if (n < (int64_t(1) << 16)) {
+        for (int64_t i = 0; i < n; ++i) xu[i] = uint8_t(qx[i] ^ int8_t(-128));
+    } else {
+        pool.parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) xu[i] = uint8_t(qx[i] ^ int8_t(-128));
+        });
+    }
+    return xu;
+}
+
 } // namespace
 
 void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
@@ -164,15 +257,17 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
     const int64_t n_out = w.n_out, n_in = w.n_in;
     const float* sw = w.scale();
     const isa level = active_isa();
-    if (level == isa::avx512 && n_tok >= dnnl_min_tokens) {
-        // oneDNN's fast int8 kernels take u8 activations; the int32 sums land in `out` itself
-        // and are turned into floats in place with the GEMV's own expression.
-        thread_local std::vector<uint8_t> xu_buf; // the caller's; workers see only the pointer
-        xu_buf.resize(size_t(n_tok * n_in));
-        uint8_t* xu = xu_buf.data();
-        pool.parallel_for(n_tok * n_in, 1 << 16, [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) xu[i] = uint8_t(qx[i] ^ int8_t(-128));
-        });
+    const auto epilogue = [&](int64_t t, int64_t o, int32_t a) {
+        out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
+    };
+    if (level != isa::avx512) {
+        tiled_rows<int32_t>(pool, w, qx, n_tok, level == isa::avx2 ? tile_avx2 : tile_scalar, epilogue);
+        return;
+    }
+    // VNNI and oneDNN both take u8 activations: subtract 128 * row sum from every dot.
+    const uint8_t* xu = flip_to_u8(pool, qx, n_tok * n_in);
+    if (n_tok >= dnnl_min_tokens) {
+        // The int32 sums land in `out` itself and are turned into floats in place.
         int32_t* acc = reinterpret_cast<int32_t*>(out); // same size, converted element by element
         if (dnnl_matmul_u8s8(pool, acc, xu, n_tok, w)) {
             pool.parallel_for(n_tok, thread_pool::grain_for(n_out), [&](int64_t t0, int64_t t1) {
@@ -180,28 +275,22 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
                     for (int64_t o = 0; o < n_out; ++o) {
                         int32_t a; // read as int32 through memcpy: the same bytes are then written as a float
                         std::memcpy(&a, &out[t * n_out + o], sizeof a);
-                        a -= 128 * w.q_sum[size_t(o)];
-                        out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
+                        epilogue(t, o, a - 128 * w.q_sum[size_t(o)]);
                     }
             });
             return;
         }
     }
-    const tile_fn tile = level == isa::avx512 ? tile_vnni : level == isa::avx2 ? tile_avx2 : tile_scalar;
-    const bool offset = level == isa::avx512; // u8 activations: subtract 128 * row sum
-    tiled_rows<int32_t>(pool, w, qx, n_tok, tile, [&](int64_t t, int64_t o, int32_t a) {
-        const int32_t corr = offset ? 128 * w.q_sum[size_t(o)] : 0;
-        out[t * n_out + o] = float(a - corr) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
-    });
+    tiled_rows<int32_t>(pool, w, xu, n_tok, tile_vnni,
+                        [&](int64_t t, int64_t o, int32_t a) { epilogue(t, o, a - 128 * w.q_sum[size_t(o)]); });
 }
 
 namespace {
 
 // W8A32: the same tiling over f32 activations; each int8 weight is widened to f32 in
 // registers, so the weights are still read once per step as bytes.
-using tile_f_fn = void (*)(const int8_t* const* w, const float* x, int64_t n_in, int nt, float acc[tile_rows][tile_tok]);
-
-void tile_f_scalar(const int8_t* const* w, const float* x, int64_t n_in, int nt, float acc[tile_rows][tile_tok]) {
+void tile_f_scalar(const int8_t* const* w, const float* x, int64_t n_in, int nt, const prefetch_plan&,
+                   float acc[tile_rows][tile_tok]) {
     for (int r = 0; r < tile_rows; ++r)
         for (int t = 0; t < nt; ++t) acc[r][t] = dot_i8_f32_ref(w[r], x + t * n_in, n_in);
 }
@@ -234,7 +323,8 @@ __attribute__((target("avx2,fma"))) void tile_f_avx2_t(const int8_t* const* w, c
     }
 }
 
-void tile_f_avx2(const int8_t* const* w, const float* x, int64_t n_in, int nt, float acc[tile_rows][tile_tok]) {
+void tile_f_avx2(const int8_t* const* w, const float* x, int64_t n_in, int nt, const prefetch_plan&,
+                 float acc[tile_rows][tile_tok]) {
     switch (nt) {
     case 1: tile_f_avx2_t<1>(w, x, n_in, acc); return;
     case 2: tile_f_avx2_t<2>(w, x, n_in, acc); return;
@@ -243,35 +333,56 @@ void tile_f_avx2(const int8_t* const* w, const float* x, int64_t n_in, int nt, f
     }
 }
 
-// 16 weights per step; the K tail is a masked load of zeros.
-template <int T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void tile_f_avx512_t(const int8_t* const* w, const float* x,
-                                                                         int64_t n_in, float acc[tile_rows][tile_tok]) {
-    __m512 a[tile_rows][T];
-    for (int r = 0; r < tile_rows; ++r)
-        for (int t = 0; t < T; ++t) a[r][t] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n_in; i += 16) {
-        const __mmask16 m = n_in - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n_in - i)) - 1);
-        __m512 wv[tile_rows];
+// 16 weights a step and a prefetch every 4 steps (a cache line of each row); the K tail is
+// masked loads of zeros. Sums reduced as in the VNNI tile: acc[r][t] is lane r * tile_tok + t.
+template <int T, bool masked>
+TANDEM_AVX512 inline __attribute__((always_inline)) void f_step(__m512i a[16], const int8_t* const w[tile_rows],
+                                                                const float* x, int64_t n_in, int64_t i,
+                                                                __mmask16 m) {
+    __m512 wv[tile_rows];
+#pragma GCC unroll 4
+    for (int r = 0; r < tile_rows; ++r) {
+        const __m128i q = masked ? _mm_maskz_loadu_epi8(m, w[r] + i) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + i));
+        wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+        const __m512 xv = masked ? _mm512_maskz_loadu_ps(m, x + t * n_in + i) : _mm512_loadu_ps(x + t * n_in + i);
+#pragma GCC unroll 4
         for (int r = 0; r < tile_rows; ++r) {
-            if ((i & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + pf_dist), _MM_HINT_T0);
-            wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w[r] + i)));
-        }
-        for (int t = 0; t < T; ++t) {
-            const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * n_in + i);
-            for (int r = 0; r < tile_rows; ++r) a[r][t] = _mm512_fmadd_ps(wv[r], xv, a[r][t]);
+            __m512& acc = reinterpret_cast<__m512&>(a[r * tile_tok + t]);
+            acc = _mm512_fmadd_ps(wv[r], xv, acc);
         }
     }
-    for (int r = 0; r < tile_rows; ++r)
-        for (int t = 0; t < T; ++t) acc[r][t] = _mm512_reduce_add_ps(a[r][t]);
 }
 
-void tile_f_avx512(const int8_t* const* w, const float* x, int64_t n_in, int nt, float acc[tile_rows][tile_tok]) {
+template <int T>
+TANDEM_AVX512 void tile_f_avx512_t(const int8_t* const* w, const float* x, int64_t n_in, const prefetch_plan& pf,
+                                   float acc[tile_rows][tile_tok]) {
+    __m512i a[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_si512();
+    const int8_t* const rows[tile_rows] = {w[0], w[1], w[2], w[3]};
+    int64_t i = 0;
+    for (; i + 64 <= n_in; i += 64) {
+        prefetch_step(pf, i);
+#pragma GCC unroll 4
+        for (int j = 0; j < 64; j += 16) f_step<T, false>(a, rows, x, n_in, i + j, 0);
+    }
+    for (; i < n_in; i += 16) {
+        const __mmask16 m = n_in - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n_in - i)) - 1);
+        f_step<T, true>(a, rows, x, n_in, i, m);
+    }
+    _mm512_storeu_si512(&acc[0][0], reduce16<true>(a));
+}
+
+void tile_f_avx512(const int8_t* const* w, const float* x, int64_t n_in, int nt, const prefetch_plan& pf,
+                   float acc[tile_rows][tile_tok]) {
     switch (nt) {
-    case 1: tile_f_avx512_t<1>(w, x, n_in, acc); return;
-    case 2: tile_f_avx512_t<2>(w, x, n_in, acc); return;
-    case 3: tile_f_avx512_t<3>(w, x, n_in, acc); return;
-    default: tile_f_avx512_t<4>(w, x, n_in, acc); return;
+    case 1: tile_f_avx512_t<1>(w, x, n_in, pf, acc); return;
+    case 2: tile_f_avx512_t<2>(w, x, n_in, pf, acc); return;
+    case 3: tile_f_avx512_t<3>(w, x, n_in, pf, acc); return;
+    default: tile_f_avx512_t<4>(w, x, n_in, pf, acc); return;
     }
 }
 
@@ -281,7 +392,7 @@ void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, 
     const int64_t n_out = w.n_out;
     const float* sw = w.scale();
     const isa level = active_isa();
-    const tile_f_fn tile = level == isa::avx512 ? tile_f_avx512 : level == isa::avx2 ? tile_f_avx2 : tile_f_scalar;
+    const auto tile = level == isa::avx512 ? tile_f_avx512 : level == isa::avx2 ? tile_f_avx2 : tile_f_scalar;
     tiled_rows<float>(pool, w, x, n_tok, tile, [&](int64_t t, int64_t o, float a) {
         out[t * n_out + o] = a * sw[o] + (bias ? bias[o] : 0.0f);
     });
