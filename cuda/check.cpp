@@ -1,6 +1,8 @@
 // Error formatting for CUDA_CHECK and CUBLAS_CHECK.
 #include "cuda/check.hpp"
 
+#include "cuda/blaslt.hpp"
+
 #include <fmt/format.h>
 
 namespace tandem::cuda {
@@ -21,7 +23,7 @@ void throw_cuda_error(cudaError_t err, const char* stmt, const char* file, int l
 
 void throw_cublas_error(cublasStatus_t st, const char* stmt, const char* file, int line) {
     throw error(fmt::format("cuBLAS error on device {}: {} ({}) in `{}` at {}:{}", current_device(),
-                            cublasGetStatusString(st), int(st), stmt, file, line));
+                            blaslt_loaded() ? blaslt().GetStatusString(st) : "status", int(st), stmt, file, line));
 }
 
 } // namespace tandem::cuda

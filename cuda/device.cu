@@ -1,4 +1,5 @@
 // CUDA device discovery, per-device context, device buffers, host registration.
+#include "cuda/blaslt.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
 
@@ -54,7 +55,7 @@ struct context::impl {
 context::context(int device) : device_(device), impl_(std::make_unique<impl>()) {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
-    CUBLAS_CHECK(cublasLtCreate(&impl_->blaslt));
+    CUBLAS_CHECK(tandem::cuda::blaslt().Create(&impl_->blaslt));
     // Stream-ordered allocations come back to the pool instead of the driver at every
     // synchronize, so per-batch scratch costs no cudaMalloc after the first batch.
     cudaMemPool_t pool = nullptr;
@@ -68,7 +69,7 @@ context::~context() {
     cudaSetDevice(device_);
     if (impl_->stream) cudaStreamSynchronize(impl_->stream);
     if (impl_->workspace) cudaFreeAsync(impl_->workspace, impl_->stream);
-    if (impl_->blaslt) cublasLtDestroy(impl_->blaslt);
+    if (impl_->blaslt) tandem::cuda::blaslt().Destroy(impl_->blaslt);
     if (impl_->stream) {
         cudaStreamSynchronize(impl_->stream);
         cudaStreamDestroy(impl_->stream);

@@ -2,6 +2,7 @@
 // runner against the CPU runner (same greedy tokens, K/V pages handed over both ways).
 // Without a device every case that needs one prints "skipped: no CUDA device" and passes.
 #include "cpu/ref/ops_ref.hpp"
+#include "cuda/blaslt.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
 #include "cuda/runner.hpp"
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -366,4 +368,25 @@ TEST_CASE("host registration round trip") {
     CHECK(host.back() == 0x33);
     cuda::unregister_host(host.data());
     CHECK_THROWS_AS(cuda::unregister_host(host.data()), error); // not registered any more
+}
+
+TEST_CASE("cuBLASLt is loaded on first use, not at start (runs without a device)") {
+    auto mapped = [] {
+        std::ifstream maps("/proc/self/maps");
+        std::string all((std::istreambuf_iterator<char>(maps)), {});
+        return all.find("libcublasLt") != std::string::npos;
+    };
+    if (!cuda::blaslt_loaded()) CHECK_FALSE(mapped()); // linking alone must not map it
+    const cuda::blaslt_api* api = nullptr;
+    try {
+        api = &cuda::blaslt();
+    } catch (const tandem::error& e) {
+        MESSAGE("skipped: cuBLASLt cannot be loaded here: " << e.what());
+        return;
+    }
+    CHECK(cuda::blaslt_loaded());
+    CHECK(mapped());
+    REQUIRE(bool(api->GetStatusString));
+    CHECK_FALSE(std::string(api->GetStatusString(CUBLAS_STATUS_SUCCESS)).empty());
+    CHECK(bool(api->Matmul));
 }

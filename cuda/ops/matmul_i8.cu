@@ -1,5 +1,6 @@
 // INT8 matmuls on CUDA: W8A8 through cuBLASLt's IMMA kernels (int32 out, then a per-token x
 // per-channel scale kernel) or a hand-written tiled dp4a kernel; the W8A32 logits GEMV.
+#include "cuda/blaslt.hpp"
 #include "cuda/ops/common.cuh"
 #include "cuda/ops/ops.hpp"
 
@@ -123,22 +124,22 @@ const lt_plan& plan_for(const context& c, int64_t M, int64_t N, int64_t K) {
     auto [it, fresh] = plans.try_emplace({c.device(), M, N, K});
     lt_plan& p = it->second;
     if (!fresh) return p;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+    CUBLAS_CHECK(tandem::cuda::blaslt().MatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8I, uint64_t(K), uint64_t(N), K));  // qw: [N][K] row-major
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8I, uint64_t(K), uint64_t(M), K));  // qx: [M][K] row-major
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32I, uint64_t(N), uint64_t(M), N)); // d: [M][N] row-major
+    CUBLAS_CHECK(tandem::cuda::blaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(tandem::cuda::blaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLAS_CHECK(tandem::cuda::blaslt().MatrixLayoutCreate(&p.a, CUDA_R_8I, uint64_t(K), uint64_t(N), K));  // qw: [N][K] row-major
+    CUBLAS_CHECK(tandem::cuda::blaslt().MatrixLayoutCreate(&p.b, CUDA_R_8I, uint64_t(K), uint64_t(M), K));  // qx: [M][K] row-major
+    CUBLAS_CHECK(tandem::cuda::blaslt().MatrixLayoutCreate(&p.d, CUDA_R_32I, uint64_t(N), uint64_t(M), N)); // d: [M][N] row-major
     cublasLtMatmulPreference_t pref = nullptr;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(tandem::cuda::blaslt().MatmulPreferenceCreate(&pref));
     const size_t ws = c.workspace_bytes();
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLAS_CHECK(tandem::cuda::blaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     cublasLtMatmulHeuristicResult_t res{};
     int n_res = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(c.blaslt()), p.desc, p.a,
+    const cublasStatus_t st = tandem::cuda::blaslt().MatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(c.blaslt()), p.desc, p.a,
                                                              p.b, p.d, p.d, pref, 1, &res, &n_res);
-    cublasLtMatmulPreferenceDestroy(pref);
+    tandem::cuda::blaslt().MatmulPreferenceDestroy(pref);
     // Unsupported shapes come back as NOT_SUPPORTED or no result: the tiled kernel runs them.
     if (st == CUBLAS_STATUS_SUCCESS && n_res > 0) {
         p.algo = res.algo;
@@ -156,7 +157,7 @@ bool run_lt(const context& c, int32_t* d, const int8_t* qx, int64_t M, const int
     const lt_plan& p = plan_for(c, M, N, K);
     if (!p.ok) return false;
     const int32_t alpha = 1, beta = 0;
-    CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(c.blaslt()), p.desc, &alpha, qw, p.a, qx, p.b, &beta,
+    CUBLAS_CHECK(tandem::cuda::blaslt().Matmul(static_cast<cublasLtHandle_t>(c.blaslt()), p.desc, &alpha, qw, p.a, qx, p.b, &beta,
                                 d, p.d, d, p.d, &p.algo, c.workspace(), c.workspace_bytes(), stream_of(c)));
     return true;
 }
