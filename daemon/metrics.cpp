@@ -105,7 +105,7 @@ std::string metrics::render(const engine_stats* e) const {
             "# TYPE tandem_kv_pages_total gauge\ntandem_kv_pages_total {}\n"
             "# HELP tandem_engine_steps_total Engine steps (one batched forward each).\n"
             "# TYPE tandem_engine_steps_total counter\ntandem_engine_steps_total {}\n"
-            "# HELP tandem_engine_prompt_tokens_total Prompt tokens computed by the engine.\n"
+            "# HELP tandem_engine_prompt_tokens_total Prompt tokens of requests the engine admitted (prefix-cache hits included).\n"
             "# TYPE tandem_engine_prompt_tokens_total counter\ntandem_engine_prompt_tokens_total {}\n"
             "# HELP tandem_engine_generated_tokens_total Tokens sampled by the engine (cancelled work included).\n"
             "# TYPE tandem_engine_generated_tokens_total counter\ntandem_engine_generated_tokens_total {}\n"

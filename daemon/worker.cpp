@@ -1,7 +1,6 @@
 // Worker processes: the supervisor's executor that drives one, and the worker's main loop.
 #include "daemon/worker.hpp"
 
-#include "cpu/dnnl_matmul.hpp"
 #include "ipc/channel.hpp"
 #include "ipc/kv_pool.hpp"
 #include "ipc/wire.hpp"
@@ -82,7 +81,6 @@ public:
         buf_.clear();
         ipc::encode(m, buf_);
         in_flight_ = true;
-        t_start_ = clock_type::now();
         if (!ch_->commands().push(uint32_t(ipc::msg_type::run), buf_)) {
             // cannot happen with one batch in flight and a ring sized for the largest one
             pending_ = outcome{false, false, fmt::format("batch of {} bytes does not fit the {} worker's ring",
@@ -209,7 +207,7 @@ private:
     int n_early_deaths_ = 0;
     std::vector<int32_t> rows_;                     // [batch] logits row of each entry, -1 none
     std::vector<uint8_t> buf_, msg_;
-    clock_type::time_point t_spawn_{}, t_hello_{}, t_start_{}, next_spawn_{};
+    clock_type::time_point t_spawn_{}, t_hello_{}, next_spawn_{};
 };
 
 // The worker process ---------------------------------------------------------------------

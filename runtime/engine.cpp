@@ -61,7 +61,7 @@ struct request_state {
 class engine_impl final : public engine {
 public:
     engine_impl(const model_config& cfg, const tokenizer& tok, const engine_options& o, engine_parts parts)
-        : tok_(tok), n_vocab_(cfg.n_vocab), opts_(o), parts_(std::move(parts)) {
+        : tok_(tok), opts_(o), parts_(std::move(parts)) {
         TANDEM_ASSERT(!parts_.executors.empty());
         opts_ = resolve(opts_, cfg);
         scheduler_options so;
@@ -380,7 +380,6 @@ private:
     }
 
     const tokenizer& tok_;
-    int32_t n_vocab_;
     engine_options opts_;
     engine_parts parts_;
     std::unique_ptr<scheduler> sched_;

@@ -74,17 +74,17 @@ struct engine_stats {
     int32_t page_size = 0;
     int32_t n_ctx = 0;
     uint64_t n_steps = 0;
-    uint64_t n_prompt_tokens = 0;     // prompt tokens computed
+    uint64_t n_prompt_tokens = 0;     // prompt tokens of admitted requests
     uint64_t n_generated_tokens = 0;  // tokens sampled
     uint64_t n_prefix_hits = 0;       // prompt tokens reused from the prefix cache
-    int64_t n_kv_tokens = 0;          // positions stored in referenced pages (shared pages once)
+    int64_t n_kv_tokens = 0;          // positions stored (or being written) in referenced pages, shared pages once
     int32_t n_pages_cached = 0;       // free pages still holding a cached prefix
     uint64_t n_preemptions = 0;       // sequences sent back to wait (pages freed, recomputed later)
     uint64_t n_worker_restarts = 0;   // worker processes restarted after a crash
 };
 
-// The interface the daemon uses. The in-process engine below is one implementation; the
-// prefill/decode worker split is meant to be another behind the same calls.
+// The interface the daemon uses, whatever computes behind it (one process, or prefill and
+// decode worker processes: make_engine with their executors).
 class engine {
 public:
     virtual ~engine() = default;
