@@ -123,6 +123,7 @@ const std::vector<std::pair<std::string, setter>>& setters() {
         {"max_n", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_n, 1, 128); }},
         {"request_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.request_timeout_s); }},
         {"drain_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.drain_timeout_s); }},
+        {"worker_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.worker_timeout_s); }},
         {"allowed_users",
          [](config& c, const std::string& v) { c.allowed_users = split_list(v); return std::optional<std::string>(); }},
         {"allowed_groups",

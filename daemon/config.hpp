@@ -41,6 +41,7 @@ struct config {
     int32_t max_n = 8;
     double request_timeout_s = 30;     // to read one whole request (idle keep-alive included)
     double drain_timeout_s = 30;
+    double worker_timeout_s = 300;     // a worker silent on one batch this long is killed and restarted
     std::vector<std::string> allowed_users;  // names or uids
     std::vector<std::string> allowed_groups; // names or gids
     std::string log_level = "info";

@@ -201,6 +201,7 @@ void server::load_engine(const config& cfg, model_state& ms) {
     base.max_rows = std::max(1, eo.max_running);
     base.n_vocab = mc.n_vocab;
     base.log_level = cfg.log_level;
+    base.timeout_s = cfg.worker_timeout_s;
     worker_spec pre = base, dec = base;
     pre.role = "prefill";
     pre.device = place(cfg.prefill, true);

@@ -81,6 +81,7 @@ public:
         buf_.clear();
         ipc::encode(m, buf_);
         in_flight_ = true;
+        t_start_ = clock_type::now();
         if (!ch_->commands().push(uint32_t(ipc::msg_type::run), buf_)) {
             // cannot happen with one batch in flight and a ring sized for the largest one
             pending_ = outcome{false, false, fmt::format("batch of {} bytes does not fit the {} worker's ring",
@@ -124,6 +125,8 @@ public:
         }
         if (ch_->results().corrupt()) return died("corrupted its result ring");
         if (auto st = proc_->try_reap()) return died(ipc::worker_process::describe(*st));
+        if (in_flight_ && clock_type::now() - t_start_ > timeout())
+            return died(fmt::format("did not answer a batch within {} s (hung)", spec_.timeout_s));
         return std::nullopt;
     }
 
@@ -140,6 +143,9 @@ public:
     std::chrono::milliseconds poll_interval() const override {
         if (!proc_ && failure_.empty()) return std::max(1ms, std::chrono::duration_cast<std::chrono::milliseconds>(
                                                                  next_spawn_ - clock_type::now()));
+        if (in_flight_) // wake up in time to notice a hung worker
+            return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(t_start_ + timeout() - clock_type::now()),
+                              1ms, 1000ms);
         return 1000ms;
     }
 
@@ -155,6 +161,10 @@ public:
     }
 
 private:
+    clock_type::duration timeout() const {
+        return std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(spec_.timeout_s));
+    }
+
     void spawn() {
         ipc::channel_config cc;
         cc.max_rows = spec_.max_rows;
@@ -207,7 +217,7 @@ private:
     int n_early_deaths_ = 0;
     std::vector<int32_t> rows_;                     // [batch] logits row of each entry, -1 none
     std::vector<uint8_t> buf_, msg_;
-    clock_type::time_point t_spawn_{}, t_hello_{}, next_spawn_{};
+    clock_type::time_point t_spawn_{}, t_hello_{}, t_start_{}, next_spawn_{};
 };
 
 // The worker process ---------------------------------------------------------------------

@@ -27,6 +27,7 @@ struct worker_spec {
     int32_t max_rows = 1;             // logits rows per batch
     int32_t n_vocab = 0;
     std::string log_level = "info";
+    double timeout_s = 300;           // longest a batch may take before the worker counts as hung
 };
 
 // The supervisor's side of one worker: starts it (from the engine thread, on the first

@@ -179,6 +179,29 @@ TEST_CASE("workers: kill -9 of a worker mid-stream; its requests resume, pages r
     CHECK(d.stop() == 0);
 }
 
+TEST_CASE("workers: a hung worker (SIGSTOP) is killed after worker_timeout_s and its batch retried") {
+    daemon_process d;
+    d.start(scratch().file("h.sock"), {"--set", "worker_timeout_s=1"});
+    REQUIRE(d.wait_ready());
+    const pid_t victim = worker_pid(d.pid, "decode");
+    REQUIRE(victim > 0);
+    std::vector<std::future<streamed>> fs;
+    for (size_t i = 0; i < 2; ++i)
+        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 800); }));
+    REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    REQUIRE(::kill(victim, SIGSTOP) == 0);
+    CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, "decode"); return p > 0 && p != victim; }, 4));
+    for (size_t i = 0; i < fs.size(); ++i) {
+        const streamed s = fs[i].get();
+        CHECK(s.finish == "length");
+        CHECK_MESSAGE(s.text == offline_text(prompts[i], 800), "request ", i);
+    }
+    CHECK(status(d.sock)["worker_restarts"] == 1);
+    CHECK_FALSE(alive(victim));
+    CHECK(d.stop() == 0);
+}
+
 TEST_CASE("workers: when the supervisor dies, its workers exit") {
     daemon_process d;
     d.start(scratch().file("s.sock"));
