@@ -5,14 +5,16 @@
 
 namespace tandem::cpu {
 
-enum class isa { scalar = 0, avx2 = 1, avx512 = 2 }; // avx512: F, BW, VL, VNNI
+// avx512: F, BW, VL, VNNI. amx: avx512 plus AMX-TILE and AMX-INT8 tiles that the OS lets this
+// process use (Linux: XCR0 has the tile state and ARCH_REQ_XCOMP_PERM granted it).
+enum class isa { scalar = 0, avx2 = 1, avx512 = 2, amx = 3 };
 
 std::string_view name_of(isa level);
 
 // What this CPU supports.
 isa detect_isa();
 
-// The level kernels use: detect_isa(), lowered by TANDEM_ISA (scalar|avx2|avx512) or by
+// The level kernels use: detect_isa(), lowered by TANDEM_ISA (scalar|avx2|avx512|amx) or by
 // force_isa(). A level above what the CPU supports is never chosen.
 isa active_isa();
 

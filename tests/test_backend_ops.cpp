@@ -1,6 +1,7 @@
 // Every op on every backend and ISA level this machine runs, against the scalar reference.
 #include "cpu/dnnl_matmul.hpp"
 #include "cpu/isa.hpp"
+#include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/fp16.hpp"
@@ -191,6 +192,8 @@ void for_each_cpu_variant(const std::function<std::vector<float>(const exec_ctx&
         }
     }
     cpu::force_isa(cpu::detect_isa());
+    if (cpu::detect_isa() < cpu::isa::amx)
+        MESSAGE(what, ": isa=amx skipped (this CPU or OS gives the process no AMX tiles)");
     if (cuda == cuda_row::none) {
         // No CUDA twin (the CUDA forward is INT8-only); say so rather than pass silently.
         MESSAGE(what, ": cuda skipped (no CUDA implementation of this op)");
@@ -205,7 +208,9 @@ TEST_CASE("isa detection and forcing") {
     const cpu::isa hw = cpu::detect_isa();
     CHECK(cpu::force_isa(cpu::isa::scalar) == cpu::isa::scalar);
     CHECK(cpu::active_isa() == cpu::isa::scalar);
-    CHECK(cpu::force_isa(cpu::isa::avx512) == hw); // never above the hardware
+    CHECK(cpu::force_isa(cpu::isa::amx) == hw); // never above the hardware
+    CHECK(cpu::force_isa(cpu::isa::avx512) == std::min(hw, cpu::isa::avx512));
+    cpu::force_isa(hw);
     MESSAGE("this CPU: ", std::string(cpu::name_of(hw)));
 }
 
@@ -378,6 +383,45 @@ TEST_CASE("int8 matmul on shapes large enough to split across threads, and close
     }
 }
 
+// The AMX kernel (16-row x 64-byte weight tiles, 16-token activation tiles, K tail shifted back,
+// rows past the last 16-row block on the GEMV): on a scalar model of the tiles everywhere, and
+// on the tiles themselves where the CPU has them.
+TEST_CASE("int8 matmul on AMX tiles (emulated everywhere, hardware where present) vs reference") {
+    const bool hw = cpu::detect_isa() == cpu::isa::amx;
+    if (!hw) MESSAGE("AMX hardware rows skipped (this CPU or OS gives the process no AMX tiles); emulated rows run");
+    for (int64_t n_in : {64, 65, 100, 128, 257}) {
+        for (int64_t n_out : {16, 33, 50}) {
+            for (int64_t n_tok : {1, 2, 16, 17, 32, 33, 63}) {
+                const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in * 7 + n_out));
+                const weight w = quantize_weight(wf.data(), n_out, n_in);
+                weight b{randn(size_t(n_out), 9), n_out, 1};
+                const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok + 3));
+                std::vector<int8_t> qx(x.size());
+                std::vector<float> sx(static_cast<size_t>(n_tok));
+                ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
+                std::vector<float> want(size_t(n_tok * n_out));
+                ops::matmul_i8(exec_ctx{backend::ref}, want.data(), qx.data(), sx.data(), n_tok, w, &b);
+                const std::string tag =
+                    " n_in=" + std::to_string(n_in) + " n_out=" + std::to_string(n_out) + " n_tok=" + std::to_string(n_tok);
+                for (int nt : {1, 3}) {
+                    cpu::thread_pool pool(nt);
+                    std::vector<float> got(want.size(), NAN);
+                    cpu::matmul_i8_amx_emulated(pool, got.data(), qx.data(), sx.data(), n_tok, w, b.data.data());
+                    INFO("amx emulated" << tag << " threads=" << nt);
+                    CHECK(nmse(want, got) <= tol_i8);
+                    if (hw) {
+                        cpu::force_isa(cpu::isa::amx);
+                        std::vector<float> got_hw(want.size(), NAN);
+                        ops::matmul_i8(exec_ctx{backend::cpu, &pool}, got_hw.data(), qx.data(), sx.data(), n_tok, w, &b);
+                        INFO("amx hardware" << tag << " threads=" << nt);
+                        CHECK(nmse(want, got_hw) <= tol_i8);
+                    }
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("int8-weight f32-activation matmul (W8A32) vs reference on odd shapes") {
     for (int64_t n_in : {2, 7, 15, 16, 17, 31, 64, 65, 100, 257}) {
         for (int64_t n_tok : {1, 2, 3, 4, 5, 9, 16, 33}) {
@@ -426,7 +470,7 @@ TEST_CASE("W8A32 matmul on shapes large enough to split across threads, and clos
 }
 
 TEST_CASE("int8 matmul with the weights reordered into oneDNN's blocked layout") {
-    if (cpu::detect_isa() != cpu::isa::avx512) {
+    if (cpu::detect_isa() < cpu::isa::avx512) {
         MESSAGE("oneDNN blocked weights: skipped (the oneDNN path runs at avx512 only)");
         return;
     }

@@ -240,7 +240,7 @@ void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int
     const int hd = lay.head_dim;
     const int n_kv = lay.n_head_kv;
     const int n_gqa = n_head / n_kv;
-    if (active_isa() == isa::avx512 && hd % 16 == 0 && hd / 16 <= max_nv) {
+    if (active_isa() >= isa::avx512 && hd % 16 == 0 && hd / 16 <= max_nv) {
         // jobs: (token block, kv head); decode (one token) still gets one job per kv head
         const int64_t n_blocks = (n_tok + tok_block - 1) / tok_block;
         const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2 * std::min<int64_t>(n_tok, tok_block);
@@ -255,7 +255,7 @@ void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int
         });
         return;
     }
-    const auto fn = active_isa() == isa::avx512 ? attend_avx512 : attend_plain;
+    const auto fn = active_isa() >= isa::avx512 ? attend_avx512 : attend_plain;
     const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2; // per job, roughly
     pool.parallel_for(n_tok * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
         scratch w(n_gqa, hd, lay.page_size);

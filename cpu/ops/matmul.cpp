@@ -77,6 +77,7 @@ using dots_fn = void (*)(const float*, const float*, int, int64_t, float*);
 
 dots_fn pick_dots() {
     switch (active_isa()) {
+    case isa::amx:
     case isa::avx512: return dots_avx512;
     case isa::avx2: return dots_avx2;
     case isa::scalar: break;

@@ -2,6 +2,7 @@
 // byte once per step for the whole batch and oneDNN's int8 matmul for prefill batches; and W8A32.
 #include "cpu/dnnl_matmul.hpp"
 #include "cpu/isa.hpp"
+#include "cpu/ops/matmul_i8_amx.hpp"
 #include "cpu/ops/ops.hpp"
 #include "cpu/thread_pool.hpp"
 #include "quant/int8.hpp"
@@ -24,14 +25,20 @@ namespace {
 constexpr int tile_rows = 4; // weight rows sharing each activation load
 constexpr int tile_tok = 4;  // tokens sharing each weight load
 
-// What a tile pass prefetches: for each 64 bytes of K it walks, `lines` cache lines from p
-// onwards, in order. The driver points it at the next tile's rows (contiguous) and
-// spreads them over the passes of the token blocks.
+// What a tile pass prefetches for each 64 bytes of K it walks. One pass (one token block, the
+// memory-bound case): each of its own rows pf_dist bytes ahead, into L1. Several passes: the
+// next tile's rows (contiguous), `lines` cache lines a step from p on, into L2, the driver
+// spreading the next tile over the passes.
 struct prefetch_plan {
+    bool in_row = false;
     const int8_t* p = nullptr;
     int lines = 0;
-    bool to_l1 = false; // one pass (one token block): into L1, as the GEMV always did
 };
+
+// Measured on the 1.1B shape with one thread, batch-1 decode went from 71% to 88% of the read
+// roofline with 8 KiB (16 KiB: the same; 2 KiB: 77%). Fetching the next tile in order instead
+// (the same bytes at n_in 2048) ran batch 1 10% slower.
+constexpr int64_t pf_dist = 8192;
 
 // acc[r][t] = dot(w + r * n_in, x + t * n_in) for r < tile_rows, t < T; rows past the
 // matrix's end point at its last row (their sums are dropped by the caller).
@@ -136,12 +143,14 @@ TANDEM_AVX512 inline __m512i reduce16(const __m512i v[16]) {
                          halve_128<f32>(halve_256<f32>(a2, a10), halve_256<f32>(a3, a11)));
 }
 
-inline __attribute__((always_inline)) void prefetch_step(const prefetch_plan& pf, int64_t i) {
-    const char* p = reinterpret_cast<const char*>(pf.p) + (i >> 6) * pf.lines * 64;
-    if (pf.to_l1)
-        for (int j = 0; j < pf.lines; ++j) _mm_prefetch(p + j * 64, _MM_HINT_T0);
-    else
+inline __attribute__((always_inline)) void prefetch_step(const prefetch_plan& pf, const int8_t* const w[tile_rows],
+                                                          int64_t i) {
+    if (pf.in_row) {
+        for (int r = 0; r < tile_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + pf_dist), _MM_HINT_T0);
+    } else {
+        const char* p = reinterpret_cast<const char*>(pf.p) + (i >> 6) * pf.lines * 64;
         for (int j = 0; j < pf.lines; ++j) _mm_prefetch(p + j * 64, _MM_HINT_T1);
+    }
 }
 
 // One 64-byte step of K for the tile: a[r * tile_tok + t] += w[r][i..] . x[t][i..]
@@ -149,7 +158,7 @@ template <int T, bool masked>
 TANDEM_VNNI inline __attribute__((always_inline)) void vnni_step(__m512i a[16], const int8_t* const w[tile_rows],
                                                                  const uint8_t* x, int64_t n_in, int64_t i,
                                                                  __mmask64 m, const prefetch_plan& pf) {
-    prefetch_step(pf, i);
+    prefetch_step(pf, w, i);
     __m512i wv[tile_rows];
 #pragma GCC unroll 4
     for (int r = 0; r < tile_rows; ++r) {
@@ -199,13 +208,14 @@ constexpr int64_t dnnl_min_tokens = 64;
 // rows (a few KiB) kept in L1 while every token block passes over them, and chunks of
 // ~128 KiB of weights handed out dynamically (the cores may be shared); a matrix too small
 // to be worth a second thread runs on one. epilogue(t, o, acc) writes out[t][o].
-// Each tile's passes prefetch the next tile's rows into L2, spread evenly over the passes:
-// with 16 tokens (four passes) and one thread, the gate/up matrices of the 1.1B shape took
-// 62 ms a step this way against 80 ms with each pass prefetching 8 KiB ahead in its own rows
-// (the first pass then asks for everything and the other three for lines already there).
-// At one token it is the same distance as before (the next tile is 8 KiB on at n_in 2048).
+// With several passes (token blocks) per tile, they prefetch the next tile's rows into L2,
+// spread evenly over the passes: with 16 tokens (four passes) and one thread, the gate/up
+// matrices of the 1.1B shape took 62 ms a step this way against 80 ms with each pass
+// prefetching 8 KiB ahead in its own rows (the first pass then asks for everything and the
+// other three for lines already there).
 template <class Acc, class X, class Tile, class Epilogue>
-void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, Tile tile, const Epilogue& epilogue) {
+void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, Tile tile, const Epilogue& epilogue,
+                int64_t o_begin = 0) {
     const int64_t n_out = w.n_out, n_in = w.n_in;
     const int8_t* q = w.q();
     const int64_t chunk =
@@ -223,15 +233,19 @@ void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, T
                 const int64_t pass = t0 / tile_tok, n_pass = (n_tok + tile_tok - 1) / tile_tok;
                 const int lines = int(std::max<int64_t>(1, (tile_rows + n_pass - 1) / n_pass));
                 prefetch_plan pf;
-                if (next && pass * lines < tile_rows) pf = {next + pass * lines * n_in, lines, n_pass == 1};
+                if (n_pass == 1) pf.in_row = true;
+                else if (next && pass * lines < tile_rows) pf = {false, next + pass * lines * n_in, lines};
                 tile(rows, x + t0 * n_in, n_in, nt, pf, acc);
                 for (int r = 0; r < nr; ++r)
                     for (int t = 0; t < nt; ++t) epilogue(t0 + t, o + r, acc[r][t]);
             }
         }
     };
-    if (n_out * n_in * n_tok < thread_pool::min_parallel_work) body(0, n_out);
-    else pool.parallel_for_dynamic(n_out, chunk, body);
+    const int64_t n_rows = n_out - o_begin;
+    if (n_rows <= 0) return;
+    const auto rows_from = [&](int64_t b, int64_t e) { body(o_begin + b, o_begin + e); };
+    if (n_rows * n_in * n_tok < thread_pool::min_parallel_work) rows_from(0, n_rows);
+    else pool.parallel_for_dynamic(n_rows, chunk, rows_from);
 }
 
 // The activations as u8 (s8 + 128) for the kernels that take them so, in a buffer of the
@@ -252,22 +266,38 @@ const uint8_t* flip_to_u8(thread_pool& pool, const int8_t* qx, int64_t n) {
 
 } // namespace
 
+namespace {
+
+// The GEMV / small GEMM of one ISA level (scalar, avx2 or the VNNI avx512) for the output rows
+// [o_begin, n_out).
+void small_gemm_rows(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
+                     const float* bias, isa level, int64_t o_begin) {
+    const int64_t n_out = w.n_out, n_in = w.n_in;
+    const float* sw = w.scale();
+    const auto epilogue = [&](int64_t t, int64_t o, int32_t a) {
+        out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
+    };
+    if (level < isa::avx512) {
+        tiled_rows<int32_t>(pool, w, qx, n_tok, level == isa::avx2 ? tile_avx2 : tile_scalar, epilogue, o_begin);
+        return;
+    }
+    const uint8_t* xu = flip_to_u8(pool, qx, n_tok * n_in); // u8 activations: subtract 128 * row sum
+    tiled_rows<int32_t>(
+        pool, w, xu, n_tok, tile_vnni,
+        [&](int64_t t, int64_t o, int32_t a) { epilogue(t, o, a - 128 * w.q_sum[size_t(o)]); }, o_begin);
+}
+
+} // namespace
+
 void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const float* bias) {
     const int64_t n_out = w.n_out, n_in = w.n_in;
     const float* sw = w.scale();
     const isa level = active_isa();
-    const auto epilogue = [&](int64_t t, int64_t o, int32_t a) {
-        out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
-    };
-    if (level != isa::avx512) {
-        tiled_rows<int32_t>(pool, w, qx, n_tok, level == isa::avx2 ? tile_avx2 : tile_scalar, epilogue);
-        return;
-    }
-    // VNNI and oneDNN both take u8 activations: subtract 128 * row sum from every dot.
-    const uint8_t* xu = flip_to_u8(pool, qx, n_tok * n_in);
-    if (n_tok >= dnnl_min_tokens) {
-        // The int32 sums land in `out` itself and are turned into floats in place.
+    if (level >= isa::avx512 && n_tok >= dnnl_min_tokens) {
+        // oneDNN takes u8 activations too; the int32 sums land in `out` itself and are turned
+        // into floats in place with the GEMV's expression.
+        const uint8_t* xu = flip_to_u8(pool, qx, n_tok * n_in);
         int32_t* acc = reinterpret_cast<int32_t*>(out); // same size, converted element by element
         if (dnnl_matmul_u8s8(pool, acc, xu, n_tok, w)) {
             pool.parallel_for(n_tok, thread_pool::grain_for(n_out), [&](int64_t t0, int64_t t1) {
@@ -275,14 +305,23 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
                     for (int64_t o = 0; o < n_out; ++o) {
                         int32_t a; // read as int32 through memcpy: the same bytes are then written as a float
                         std::memcpy(&a, &out[t * n_out + o], sizeof a);
-                        epilogue(t, o, a - 128 * w.q_sum[size_t(o)]);
+                        a -= 128 * w.q_sum[size_t(o)];
+                        out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
                     }
             });
             return;
         }
     }
-    tiled_rows<int32_t>(pool, w, xu, n_tok, tile_vnni,
-                        [&](int64_t t, int64_t o, int32_t a) { epilogue(t, o, a - 128 * w.q_sum[size_t(o)]); });
+    int64_t done = 0; // rows the AMX kernel took; the GEMV does the rest
+    if (level == isa::amx && amx_fits(w)) done = matmul_i8_amx(pool, out, qx, sx, n_tok, w, bias, amx_exec::hardware);
+    small_gemm_rows(pool, out, qx, sx, n_tok, w, bias, std::min(level, isa::avx512), done);
+}
+
+void matmul_i8_amx_emulated(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,
+                            const weight& w, const float* bias) {
+    int64_t done = 0;
+    if (amx_fits(w)) done = matmul_i8_amx(pool, out, qx, sx, n_tok, w, bias, amx_exec::emulated);
+    small_gemm_rows(pool, out, qx, sx, n_tok, w, bias, std::min(active_isa(), isa::avx512), done);
 }
 
 namespace {
@@ -365,7 +404,7 @@ TANDEM_AVX512 void tile_f_avx512_t(const int8_t* const* w, const float* x, int64
     const int8_t* const rows[tile_rows] = {w[0], w[1], w[2], w[3]};
     int64_t i = 0;
     for (; i + 64 <= n_in; i += 64) {
-        prefetch_step(pf, i);
+        prefetch_step(pf, rows, i);
 #pragma GCC unroll 4
         for (int j = 0; j < 64; j += 16) f_step<T, false>(a, rows, x, n_in, i + j, 0);
     }
@@ -392,7 +431,7 @@ void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, 
     const int64_t n_out = w.n_out;
     const float* sw = w.scale();
     const isa level = active_isa();
-    const auto tile = level == isa::avx512 ? tile_f_avx512 : level == isa::avx2 ? tile_f_avx2 : tile_f_scalar;
+    const auto tile = level >= isa::avx512 ? tile_f_avx512 : level == isa::avx2 ? tile_f_avx2 : tile_f_scalar;
     tiled_rows<float>(pool, w, x, n_tok, tile, [&](int64_t t, int64_t o, float a) {
         out[t * n_out + o] = a * sw[o] + (bias ? bias[o] : 0.0f);
     });

@@ -50,7 +50,7 @@ using quant_fn = float (*)(const float*, int8_t*, int64_t);
 
 quant_fn pick_quant() {
     // AVX2 gains little here (the row is in L1 and tiny next to the matmul): it uses the reference.
-    return active_isa() == isa::avx512 ? quantize_row_avx512 : quantize_row_i8_ref;
+    return active_isa() >= isa::avx512 ? quantize_row_avx512 : quantize_row_i8_ref;
 }
 
 bool all_finite(const float* x, int64_t n) {
