@@ -299,9 +299,11 @@ TEST_CASE("tandem bench --serve: throughput, TTFT, inter-token latency and KV wa
         }
         CHECK(l["ttft_ms"]["n"] == 2);
         CHECK(l["itl_ms"]["n"] == 6); // 3 gaps per 4-token stream
-        // a sample sees the pages of a running request (held for prompt + max_tokens)
+        // a sample sees the pages of a running request: pages are taken as positions are
+        // computed, so at least the prompt's ceil(128 / 16) = 8 once it is prefilled (a 9th
+        // only from the first decode step on, which a sample may miss)
         REQUIRE(l["kv_samples"].get<int>() > 0);
-        CHECK(l["kv_pages_used_max"].get<int>() >= 9); // ceil((128 + 4) / 16) pages per request
+        CHECK(l["kv_pages_used_max"].get<int>() >= 8);
         const double w = l["kv_waste"].get<double>();
         CHECK(w >= 0);
         CHECK(w <= 1);
