@@ -100,8 +100,10 @@ public:
         std::lock_guard lock(mu_);
         if (stopping_) return {submit_status::stopped, 0};
         const int32_t free_slots = std::max(0, opts_.max_running - n_running_.load());
-        if (int32_t(incoming_.size()) + n_waiting_.load() >= opts_.max_waiting + free_slots)
-            return {submit_status::queue_full, 0};
+        // n_pending_ counts requests not yet admitted wherever they are (incoming, or
+        // handed to the scheduler but not published yet), so the bound holds without races.
+        if (n_pending_.load() >= opts_.max_waiting + free_slots) return {submit_status::queue_full, 0};
+        ++n_pending_;
         const uint64_t id = ++last_id_;
         auto s = std::make_unique<request_state>(id, std::move(req), std::move(sink), tok_);
         s->n_prompt = n_prompt;
@@ -178,6 +180,7 @@ private:
             for (uint64_t id : sched_->take_admitted())
                 if (auto it = reqs_.find(id); it != reqs_.end() && it->second->t_admitted == steady_time{}) {
                     it->second->t_admitted = clock_type::now();
+                    --n_pending_;
                     log_->debug("request {} joins: {} prompt tokens ({} from the prefix cache), up to {} more", id,
                                 it->second->n_prompt, sched_->reused_tokens(id), it->second->max_tokens);
                 }
@@ -316,6 +319,7 @@ private:
         auto it = reqs_.find(id);
         if (it == reqs_.end()) return;
         request_state& s = *it->second;
+        if (s.t_admitted == steady_time{}) --n_pending_; // it leaves without having been admitted
         std::string text;
         if (!s.stops.stopped()) {
             text += s.stops.push(s.dec.flush());
@@ -400,6 +404,7 @@ private:
     mutable std::mutex stats_mu_;
     engine_stats stats_;                                  // guarded by stats_mu_
     std::atomic<int32_t> n_running_{0}, n_waiting_{0};
+    std::atomic<int32_t> n_pending_{0};                   // submitted, not admitted (nor finished) yet
 
     // engine thread only
     std::unordered_map<uint64_t, std::unique_ptr<request_state>> reqs_;
