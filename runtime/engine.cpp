@@ -366,7 +366,6 @@ private:
         for (const auto& e : parts_.executors) restarts += e->n_restarts();
         std::lock_guard lock(stats_mu_);
         n_running_ = ss.n_running;
-        n_waiting_ = ss.n_waiting;
         stats_.n_running = ss.n_running;
         stats_.n_waiting = ss.n_waiting;
         stats_.n_pages_used = ss.n_pages_used;
@@ -403,7 +402,7 @@ private:
 
     mutable std::mutex stats_mu_;
     engine_stats stats_;                                  // guarded by stats_mu_
-    std::atomic<int32_t> n_running_{0}, n_waiting_{0};
+    std::atomic<int32_t> n_running_{0};
     std::atomic<int32_t> n_pending_{0};                   // submitted, not admitted (nor finished) yet
 
     // engine thread only
