@@ -57,6 +57,7 @@ private:
     std::vector<int8_t> xq_;      // [2 * n_tok, max(n_embd, n_ff)] INT8 activations (W8A8 path; two terms for w_down)
     std::vector<float> xs_;       // [2 * n_tok] their per-token scales
     std::vector<int32_t> pos_;    // [n_tok]
+    std::vector<float> logits2_;  // [2 * n_rows, n_vocab] the INT8 logits' two terms
 };
 
 } // namespace tandem

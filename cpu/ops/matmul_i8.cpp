@@ -40,19 +40,19 @@ struct prefetch_plan {
 // (the same bytes at n_in 2048) ran batch 1 10% slower.
 constexpr int64_t pf_dist = 8192;
 
-// acc[r][t] = dot(w + r * n_in, x + t * n_in) for r < tile_rows, t < T; rows past the
+// acc[t][r] = dot(w + r * n_in, x + t * n_in) for r < tile_rows, t < T; rows past the
 // matrix's end point at its last row (their sums are dropped by the caller).
 void tile_scalar(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, const prefetch_plan&,
-                 int32_t acc[tile_rows][tile_tok]) {
+                 int32_t acc[tile_tok][tile_rows]) {
     for (int r = 0; r < tile_rows; ++r)
-        for (int t = 0; t < nt; ++t) acc[r][t] = dot_i8_ref(w[r], x + t * n_in, n_in);
+        for (int t = 0; t < nt; ++t) acc[t][r] = dot_i8_ref(w[r], x + t * n_in, n_in);
 }
 
 // AVX2 has no u8 x s8 dot without 16-bit saturation: |x| (<= 127) times w with x's sign
 // keeps every pair sum of vpmaddubsw within int16, so the result is exact.
 template <int T>
 __attribute__((target("avx2,fma"))) void tile_avx2_t(const int8_t* const* w, const int8_t* x, int64_t n_in,
-                                                     int32_t acc[tile_rows][tile_tok]) {
+                                                     int32_t acc[tile_tok][tile_rows]) {
     __m256i a[tile_rows][T];
     for (int r = 0; r < tile_rows; ++r)
         for (int t = 0; t < T; ++t) a[r][t] = _mm256_setzero_si256();
@@ -77,13 +77,13 @@ __attribute__((target("avx2,fma"))) void tile_avx2_t(const int8_t* const* w, con
             int32_t s = 0;
             for (int32_t v : lanes) s += v;
             for (int64_t j = i; j < n_in; ++j) s += int32_t(w[r][j]) * int32_t(x[t * n_in + j]);
-            acc[r][t] = s;
+            acc[t][r] = s;
         }
     }
 }
 
 void tile_avx2(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, const prefetch_plan&,
-               int32_t acc[tile_rows][tile_tok]) {
+               int32_t acc[tile_tok][tile_rows]) {
     switch (nt) {
     case 1: tile_avx2_t<1>(w, x, n_in, acc); return;
     case 2: tile_avx2_t<2>(w, x, n_in, acc); return;
@@ -143,22 +143,33 @@ TANDEM_AVX512 inline __m512i reduce16(const __m512i v[16]) {
                          halve_128<f32>(halve_256<f32>(a2, a10), halve_256<f32>(a3, a11)));
 }
 
-inline __attribute__((always_inline)) void prefetch_step(const prefetch_plan& pf, const int8_t* const w[tile_rows],
-                                                          int64_t i) {
-    if (pf.in_row) {
-        for (int r = 0; r < tile_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + pf_dist), _MM_HINT_T0);
-    } else {
-        const char* p = reinterpret_cast<const char*>(pf.p) + (i >> 6) * pf.lines * 64;
-        for (int j = 0; j < pf.lines; ++j) _mm_prefetch(p + j * 64, _MM_HINT_T1);
-    }
-}
+// The plan in registers for one tile pass (the hot loops read nothing else from memory).
+struct prefetcher {
+    bool in_row;
+    const char* p; // next-tile mode: where step 0's lines start
+    int lines;     // 1 or 2 in next-tile mode (a pass is one of at least two)
 
-// One 64-byte step of K for the tile: a[r * tile_tok + t] += w[r][i..] . x[t][i..]
+    explicit prefetcher(const prefetch_plan& pf)
+        : in_row(pf.in_row), p(reinterpret_cast<const char*>(pf.p)), lines(pf.p ? pf.lines : 0) {}
+
+    inline __attribute__((always_inline)) void step(const int8_t* const w[tile_rows], int64_t i) const {
+        if (in_row) {
+            for (int r = 0; r < tile_rows; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + pf_dist), _MM_HINT_T0);
+        } else if (lines > 0) {
+            const char* q = p + (i >> 6) * lines * 64;
+            _mm_prefetch(q, _MM_HINT_T1);
+            if (lines > 1) _mm_prefetch(q + 64, _MM_HINT_T1);
+        }
+    }
+};
+
+// One 64-byte step of K for the tile: a[t * tile_rows + r] += w[r][i..] . x[t][i..]
 template <int T, bool masked>
 TANDEM_VNNI inline __attribute__((always_inline)) void vnni_step(__m512i a[16], const int8_t* const w[tile_rows],
                                                                  const uint8_t* x, int64_t n_in, int64_t i,
-                                                                 __mmask64 m, const prefetch_plan& pf) {
-    prefetch_step(pf, w, i);
+                                                                 __mmask64 m, const prefetcher& pf) {
+    pf.step(w, i);
     __m512i wv[tile_rows];
 #pragma GCC unroll 4
     for (int r = 0; r < tile_rows; ++r) {
@@ -168,27 +179,35 @@ TANDEM_VNNI inline __attribute__((always_inline)) void vnni_step(__m512i a[16], 
     for (int t = 0; t < T; ++t) {
         const __m512i xu = masked ? _mm512_maskz_loadu_epi8(m, x + t * n_in + i) : _mm512_loadu_si512(x + t * n_in + i);
 #pragma GCC unroll 4
-        for (int r = 0; r < tile_rows; ++r) dpbusd(a[r * tile_tok + t], xu, wv[r]);
+        for (int r = 0; r < tile_rows; ++r) dpbusd(a[t * tile_rows + r], xu, wv[r]);
     }
 }
 
-// x: u8 activations (s8 + 128). acc[r][t] is lane r * tile_tok + t of the reduced tile.
+// x: u8 activations (s8 + 128). acc[t][r] is lane t * tile_rows + r of the reduced tile.
 template <int T>
 TANDEM_VNNI void tile_vnni_t(const int8_t* const* w, const uint8_t* x, int64_t n_in, const prefetch_plan& pf,
-                             int32_t acc[tile_rows][tile_tok]) {
+                             int32_t acc[tile_tok][tile_rows]) {
     static_assert(tile_rows * tile_tok == 16, "one reduce16 per tile");
     __m512i a[16];
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_si512();
     const int8_t* const rows[tile_rows] = {w[0], w[1], w[2], w[3]};
+    const prefetcher pre(pf);
     int64_t i = 0;
-    for (; i + 64 <= n_in; i += 64) vnni_step<T, false>(a, rows, x, n_in, i, 0, pf);
-    if (i < n_in) vnni_step<T, true>(a, rows, x, n_in, i, (__mmask64(1) << (n_in - i)) - 1, pf);
+    for (; i + 128 <= n_in; i += 128) { // two steps an iteration: the loop's own uops are a tenth, not a fifth
+        vnni_step<T, false>(a, rows, x, n_in, i, 0, pre);
+        vnni_step<T, false>(a, rows, x, n_in, i + 64, 0, pre);
+    }
+    if (i + 64 <= n_in) {
+        vnni_step<T, false>(a, rows, x, n_in, i, 0, pre);
+        i += 64;
+    }
+    if (i < n_in) vnni_step<T, true>(a, rows, x, n_in, i, (__mmask64(1) << (n_in - i)) - 1, pre);
     _mm512_storeu_si512(&acc[0][0], reduce16<false>(a));
 }
 
 void tile_vnni(const int8_t* const* w, const uint8_t* x, int64_t n_in, int nt, const prefetch_plan& pf,
-               int32_t acc[tile_rows][tile_tok]) {
+               int32_t acc[tile_tok][tile_rows]) {
     switch (nt) {
     case 1: tile_vnni_t<1>(w, x, n_in, pf, acc); return;
     case 2: tile_vnni_t<2>(w, x, n_in, pf, acc); return;
@@ -207,7 +226,8 @@ constexpr int64_t dnnl_min_tokens = 64;
 // The driver both GEMVs share: tiles of tile_rows weight rows x tile_tok tokens, each tile's
 // rows (a few KiB) kept in L1 while every token block passes over them, and chunks of
 // ~128 KiB of weights handed out dynamically (the cores may be shared); a matrix too small
-// to be worth a second thread runs on one. epilogue(t, o, acc) writes out[t][o].
+// to be worth a second thread runs on one. epilogue(o, t0, nr, nt, acc) writes a tile's sums
+// out: acc[t * tile_rows + r] is for row o + r, token t0 + t (r < nr, t < nt).
 // With several passes (token blocks) per tile, they prefetch the next tile's rows into L2,
 // spread evenly over the passes: with 16 tokens (four passes) and one thread, the gate/up
 // matrices of the 1.1B shape took 62 ms a step this way against 80 ms with each pass
@@ -221,7 +241,7 @@ void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, T
     const int64_t chunk =
         std::max<int64_t>(tile_rows, (int64_t(1) << 17) / std::max<int64_t>(1, n_in) / tile_rows * tile_rows);
     const auto body = [&](int64_t o0, int64_t o1) {
-        Acc acc[tile_rows][tile_tok];
+        Acc acc[tile_tok][tile_rows];
         for (int64_t o = o0; o < o1; o += tile_rows) {
             const int nr = int(std::min<int64_t>(tile_rows, o1 - o));
             const int8_t* rows[tile_rows];
@@ -236,8 +256,7 @@ void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, T
                 if (n_pass == 1) pf.in_row = true;
                 else if (next && pass * lines < tile_rows) pf = {false, next + pass * lines * n_in, lines};
                 tile(rows, x + t0 * n_in, n_in, nt, pf, acc);
-                for (int r = 0; r < nr; ++r)
-                    for (int t = 0; t < nt; ++t) epilogue(t0 + t, o + r, acc[r][t]);
+                epilogue(o, t0, nr, nt, &acc[0][0]);
             }
         }
     };
@@ -248,19 +267,87 @@ void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, T
     else pool.parallel_for_dynamic(n_rows, chunk, rows_from);
 }
 
+// A tile epilogue from an element one, f(t, o, sum).
+template <class F>
+auto per_element(const F& f) {
+    return [&f](int64_t o, int64_t t0, int nr, int nt, const auto* acc) {
+        for (int t = 0; t < nt; ++t)
+            for (int r = 0; r < nr; ++r) f(t0 + t, o + r, acc[t * tile_rows + r]);
+    };
+}
+
+// Writes v (lane t * tile_rows + r) to out[t0 + t][o + r] for r < nr, t < nt: a token's four
+// rows are one 128-bit block.
+TANDEM_AVX512 inline void store_tile(float* out, int64_t n_out, int64_t o, int64_t t0, int nr, int nt, __m512 v) {
+    const __mmask8 rm = __mmask8((1u << nr) - 1);
+    float* p = out + t0 * n_out + o;
+    _mm_mask_storeu_ps(p, rm, _mm512_castps512_ps128(v));
+    if (nt > 1) _mm_mask_storeu_ps(p + n_out, rm, _mm512_extractf32x4_ps(v, 1));
+    if (nt > 2) _mm_mask_storeu_ps(p + 2 * n_out, rm, _mm512_extractf32x4_ps(v, 2));
+    if (nt > 3) _mm_mask_storeu_ps(p + 3 * n_out, rm, _mm512_extractf32x4_ps(v, 3));
+}
+
+// Four per-row values of rows [o, o + nr) in every 128-bit block (zeros past nr).
+TANDEM_AVX512 inline __m512 row_values(const float* v, int64_t o, int nr) {
+    return _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(__mmask8((1u << nr) - 1), v + o));
+}
+
+// The VNNI tile's epilogue, vectorized (the per-element one cost as much as a fifth of a
+// small GEMM at 16 tokens): out = float(acc - 128 * q_sum[o]) * sx[t] * sw[o] + bias[o], the
+// reference's expression and order (multiplies and an add, no FMA), so results are the same.
+struct vnni_epilogue {
+    float* out;
+    int64_t n_out;
+    const float* sx;
+    const float* sw;
+    const int32_t* q_sum;
+    const float* bias;
+
+    TANDEM_AVX512 void operator()(int64_t o, int64_t t0, int nr, int nt, const int32_t* acc) const {
+        const __mmask8 rm = __mmask8((1u << nr) - 1);
+        const __m512i corr = _mm512_slli_epi32(_mm512_broadcast_i32x4(_mm_maskz_loadu_epi32(rm, q_sum + o)), 7);
+        const __m512 s = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                               _mm512_castps128_ps512(_mm_maskz_loadu_ps(__mmask8((1u << nt) - 1), sx + t0)));
+        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(acc), corr));
+        v = _mm512_mul_ps(_mm512_mul_ps(v, s), row_values(sw, o, nr));
+        v = _mm512_add_ps(v, bias ? row_values(bias, o, nr) : _mm512_setzero_ps());
+        store_tile(out, n_out, o, t0, nr, nt, v);
+    }
+};
+
+// The W8A32 tile's epilogue at avx512: out = acc * sw[o] + bias[o].
+struct f32_epilogue {
+    float* out;
+    int64_t n_out;
+    const float* sw;
+    const float* bias;
+
+    TANDEM_AVX512 void operator()(int64_t o, int64_t t0, int nr, int nt, const float* acc) const {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(acc), row_values(sw, o, nr));
+        v = _mm512_add_ps(v, bias ? row_values(bias, o, nr) : _mm512_setzero_ps());
+        store_tile(out, n_out, o, t0, nr, nt, v);
+    }
+};
+
 // The activations as u8 (s8 + 128) for the kernels that take them so, in a buffer of the
 // calling thread's (workers only see the pointer).
+TANDEM_AVX512 void flip_range(uint8_t* xu, const int8_t* qx, int64_t b, int64_t e) {
+    const __m512i sign = _mm512_set1_epi8(char(0x80));
+    int64_t i = b;
+    for (; i + 64 <= e; i += 64)
+        _mm512_storeu_si512(xu + i, _mm512_xor_si512(_mm512_loadu_si512(qx + i), sign));
+    if (i < e) {
+        const __mmask64 m = (__mmask64(1) << (e - i)) - 1;
+        _mm512_mask_storeu_epi8(xu + i, m, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, qx + i), sign));
+    }
+}
+
 const uint8_t* flip_to_u8(thread_pool& pool, const int8_t* qx, int64_t n) {
     thread_local std::vector<uint8_t> buf;
     buf.resize(size_t(n));
     uint8_t* xu = buf.data();
-    if (n < (int64_t(1) << 16)) {
-        for (int64_t i = 0; i < n; ++i) xu[i] = uint8_t(qx[i] ^ int8_t(-128));
-    } else {
-        pool.parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) xu[i] = uint8_t(qx[i] ^ int8_t(-128));
-        });
-    }
+    if (n < (int64_t(1) << 18)) flip_range(xu, qx, 0, n);
+    else pool.parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) { flip_range(xu, qx, b, e); });
     return xu;
 }
 
@@ -274,17 +361,17 @@ void small_gemm_rows(thread_pool& pool, float* out, const int8_t* qx, const floa
                      const float* bias, isa level, int64_t o_begin) {
     const int64_t n_out = w.n_out, n_in = w.n_in;
     const float* sw = w.scale();
-    const auto epilogue = [&](int64_t t, int64_t o, int32_t a) {
-        out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
-    };
     if (level < isa::avx512) {
-        tiled_rows<int32_t>(pool, w, qx, n_tok, level == isa::avx2 ? tile_avx2 : tile_scalar, epilogue, o_begin);
+        const auto epilogue = [&](int64_t t, int64_t o, int32_t a) {
+            out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
+        };
+        tiled_rows<int32_t>(pool, w, qx, n_tok, level == isa::avx2 ? tile_avx2 : tile_scalar, per_element(epilogue),
+                            o_begin);
         return;
     }
     const uint8_t* xu = flip_to_u8(pool, qx, n_tok * n_in); // u8 activations: subtract 128 * row sum
-    tiled_rows<int32_t>(
-        pool, w, xu, n_tok, tile_vnni,
-        [&](int64_t t, int64_t o, int32_t a) { epilogue(t, o, a - 128 * w.q_sum[size_t(o)]); }, o_begin);
+    tiled_rows<int32_t>(pool, w, xu, n_tok, tile_vnni, vnni_epilogue{out, n_out, sx, sw, w.q_sum.data(), bias},
+                        o_begin);
 }
 
 } // namespace
@@ -329,14 +416,14 @@ namespace {
 // W8A32: the same tiling over f32 activations; each int8 weight is widened to f32 in
 // registers, so the weights are still read once per step as bytes.
 void tile_f_scalar(const int8_t* const* w, const float* x, int64_t n_in, int nt, const prefetch_plan&,
-                   float acc[tile_rows][tile_tok]) {
+                   float acc[tile_tok][tile_rows]) {
     for (int r = 0; r < tile_rows; ++r)
-        for (int t = 0; t < nt; ++t) acc[r][t] = dot_i8_f32_ref(w[r], x + t * n_in, n_in);
+        for (int t = 0; t < nt; ++t) acc[t][r] = dot_i8_f32_ref(w[r], x + t * n_in, n_in);
 }
 
 template <int T>
 __attribute__((target("avx2,fma"))) void tile_f_avx2_t(const int8_t* const* w, const float* x, int64_t n_in,
-                                                       float acc[tile_rows][tile_tok]) {
+                                                       float acc[tile_tok][tile_rows]) {
     __m256 a[tile_rows][T];
     for (int r = 0; r < tile_rows; ++r)
         for (int t = 0; t < T; ++t) a[r][t] = _mm256_setzero_ps();
@@ -357,13 +444,13 @@ __attribute__((target("avx2,fma"))) void tile_f_avx2_t(const int8_t* const* w, c
             s = _mm_add_ss(s, _mm_movehdup_ps(s));
             float v = _mm_cvtss_f32(s);
             for (int64_t j = i; j < n_in; ++j) v += float(w[r][j]) * x[t * n_in + j];
-            acc[r][t] = v;
+            acc[t][r] = v;
         }
     }
 }
 
 void tile_f_avx2(const int8_t* const* w, const float* x, int64_t n_in, int nt, const prefetch_plan&,
-                 float acc[tile_rows][tile_tok]) {
+                 float acc[tile_tok][tile_rows]) {
     switch (nt) {
     case 1: tile_f_avx2_t<1>(w, x, n_in, acc); return;
     case 2: tile_f_avx2_t<2>(w, x, n_in, acc); return;
@@ -373,7 +460,7 @@ void tile_f_avx2(const int8_t* const* w, const float* x, int64_t n_in, int nt, c
 }
 
 // 16 weights a step and a prefetch every 4 steps (a cache line of each row); the K tail is
-// masked loads of zeros. Sums reduced as in the VNNI tile: acc[r][t] is lane r * tile_tok + t.
+// masked loads of zeros. Sums reduced as in the VNNI tile: acc[t][r] is lane t * tile_rows + r.
 template <int T, bool masked>
 TANDEM_AVX512 inline __attribute__((always_inline)) void f_step(__m512i a[16], const int8_t* const w[tile_rows],
                                                                 const float* x, int64_t n_in, int64_t i,
@@ -389,7 +476,7 @@ TANDEM_AVX512 inline __attribute__((always_inline)) void f_step(__m512i a[16], c
         const __m512 xv = masked ? _mm512_maskz_loadu_ps(m, x + t * n_in + i) : _mm512_loadu_ps(x + t * n_in + i);
 #pragma GCC unroll 4
         for (int r = 0; r < tile_rows; ++r) {
-            __m512& acc = reinterpret_cast<__m512&>(a[r * tile_tok + t]);
+            __m512& acc = reinterpret_cast<__m512&>(a[t * tile_rows + r]);
             acc = _mm512_fmadd_ps(wv[r], xv, acc);
         }
     }
@@ -397,14 +484,15 @@ TANDEM_AVX512 inline __attribute__((always_inline)) void f_step(__m512i a[16], c
 
 template <int T>
 TANDEM_AVX512 void tile_f_avx512_t(const int8_t* const* w, const float* x, int64_t n_in, const prefetch_plan& pf,
-                                   float acc[tile_rows][tile_tok]) {
+                                   float acc[tile_tok][tile_rows]) {
     __m512i a[16];
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_si512();
     const int8_t* const rows[tile_rows] = {w[0], w[1], w[2], w[3]};
+    const prefetcher pre(pf);
     int64_t i = 0;
     for (; i + 64 <= n_in; i += 64) {
-        prefetch_step(pf, rows, i);
+        pre.step(rows, i);
 #pragma GCC unroll 4
         for (int j = 0; j < 64; j += 16) f_step<T, false>(a, rows, x, n_in, i + j, 0);
     }
@@ -416,7 +504,7 @@ TANDEM_AVX512 void tile_f_avx512_t(const int8_t* const* w, const float* x, int64
 }
 
 void tile_f_avx512(const int8_t* const* w, const float* x, int64_t n_in, int nt, const prefetch_plan& pf,
-                   float acc[tile_rows][tile_tok]) {
+                   float acc[tile_tok][tile_rows]) {
     switch (nt) {
     case 1: tile_f_avx512_t<1>(w, x, n_in, pf, acc); return;
     case 2: tile_f_avx512_t<2>(w, x, n_in, pf, acc); return;
@@ -431,10 +519,12 @@ void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, 
     const int64_t n_out = w.n_out;
     const float* sw = w.scale();
     const isa level = active_isa();
-    const auto tile = level >= isa::avx512 ? tile_f_avx512 : level == isa::avx2 ? tile_f_avx2 : tile_f_scalar;
-    tiled_rows<float>(pool, w, x, n_tok, tile, [&](int64_t t, int64_t o, float a) {
-        out[t * n_out + o] = a * sw[o] + (bias ? bias[o] : 0.0f);
-    });
+    if (level >= isa::avx512) {
+        tiled_rows<float>(pool, w, x, n_tok, tile_f_avx512, f32_epilogue{out, n_out, sw, bias});
+        return;
+    }
+    const auto epilogue = [&](int64_t t, int64_t o, float a) { out[t * n_out + o] = a * sw[o] + (bias ? bias[o] : 0.0f); };
+    tiled_rows<float>(pool, w, x, n_tok, level == isa::avx2 ? tile_f_avx2 : tile_f_scalar, per_element(epilogue));
 }
 
 } // namespace tandem::cpu
