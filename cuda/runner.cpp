@@ -260,20 +260,23 @@ void cuda_runner::forward(std::span<const batch_seq> batch, kv_cache& kv, float*
         cuda::add(c, x, proj, n_tok * e);
     }
 
-    // Logits of each sequence's last token: W8A32 (model.cpp's reason: the argmax).
+    // Logits of each sequence's last token, as model.cpp computes them: the normed rows as two
+    // int8 terms (hi, then its rounding error), run as 2 * n_seq adjacent rows and summed.
+    const int64_t n_voc = cfg_.n_vocab;
     float* last = last_.get<float>(c, size_t(n_seq * e));
     float* xn = xn_.get<float>(c, size_t(n_seq * e));
-    float* d_logits = logits_.get<float>(c, size_t(n_seq * cfg_.n_vocab));
+    float* d_logits = logits_.get<float>(c, size_t(2 * n_seq * n_voc));
     cuda::gather_rows(c, last, x, d_rows, n_seq, e);
     cuda::rms_norm(c, xn, last, w_.output_norm.f32(), n_seq, e, cfg_.rms_eps);
-    const cuda::device_weight& ow = w_.logits_weight();
-    cuda::matmul_w8a32(c, d_logits, xn, n_seq, ow.q(), ow.scale(), ow.n_out(), ow.n_in(), nullptr);
+    cuda::quantize_rows_split(c, xq, xs, xq + n_seq * e, xs + n_seq, xn, n_seq, e);
+    mm(d_logits, xq, xs, 2 * n_seq, w_.logits_weight(), nullptr);
+    cuda::add(c, d_logits, d_logits + n_seq * n_voc, n_seq * n_voc);
 
     const auto st = static_cast<cudaStream_t>(c.stream());
     CUDA_CHECK(cudaEventRecord(ev_[0], st));
     write_back(batch, kv, mirror);
     CUDA_CHECK(cudaEventRecord(ev_[1], st));
-    c.download(logits, d_logits, size_t(n_seq * cfg_.n_vocab) * sizeof(float));
+    c.download(logits, d_logits, size_t(n_seq * n_voc) * sizeof(float));
     c.synchronize();
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
