@@ -253,6 +253,21 @@ int cmd_bench(const bench_opts& o) {
     }
     const double prefill_tok_s = double(o.n_prompt) / prefill_s;
     log->info("prefill {} tokens: {:.3f} s, {:.1f} tok/s", o.n_prompt, prefill_s, prefill_tok_s);
+    // One more prefill with each op timed: where the prefill's time goes (not in the figure above).
+    op_profile prof;
+    double prof_s = 0;
+    {
+        sequence_kv seq(kv);
+        TANDEM_ASSERT(seq.reserve(seq_len));
+        batch_seq s{prompt, 0, seq.block_table()};
+        exec_ctx pctx = ctx;
+        pctx.profile = &prof;
+        const auto t0 = clock_type::now();
+        m.forward(pctx, std::span(&s, 1), kv, logits.data());
+        prof_s = since(t0);
+    }
+    std::vector<op_profile::entry> prefill_ops = prof.entries();
+    std::sort(prefill_ops.begin(), prefill_ops.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
 
     // decode: each batch size decodes n_gen steps after a short prompt per sequence
     std::map<int, double> batch_tok_s;
@@ -323,6 +338,10 @@ int cmd_bench(const bench_opts& o) {
                      {"peak_rss_mb", peak_rss_mb},
                      {"rss_ratio", peak_rss_mb * 1.048576 / weights_mb}};
     for (auto [nb, v] : batch_tok_s) j["decode_batch_tok_s"][std::to_string(nb)] = v;
+    j["prefill_ops"] = nlohmann::json::array();
+    for (const auto& e : prefill_ops)
+        j["prefill_ops"].push_back({{"op", e.name}, {"calls", e.calls}, {"s", e.seconds}});
+    j["prefill_profiled_s"] = prof_s;
     if (batch_tok_s.count(1) && batch_tok_s.count(16)) j["batch16_speedup"] = batch_tok_s[16] / batch_tok_s[1];
     if (!o.no_raw) {
         j["onednn_raw_shapes"] = raw_shapes;
@@ -345,6 +364,14 @@ int cmd_bench(const bench_opts& o) {
         std::cout << fmt::format("  oneDNN     m={} k={} n={}: {:.0f} GOPS ({})\n", s["m"].get<int64_t>(),
                                  s["k"].get<int64_t>(), s["n"].get<int64_t>(), s["gops"].get<double>(),
                                  s["impl"].get<std::string>());
+    double ops_s = 0;
+    for (const auto& e : prefill_ops) {
+        std::cout << fmt::format("  op         {:<20} {:5d} calls {:8.1f} ms {:5.1f}%\n", e.name, e.calls,
+                                 e.seconds * 1e3, 100.0 * e.seconds / prof_s);
+        ops_s += e.seconds;
+    }
+    std::cout << fmt::format("  op         {:<20} {:>11} {:8.1f} ms {:5.1f}%\n", "(between ops)", "",
+                             (prof_s - ops_s) * 1e3, 100.0 * (prof_s - ops_s) / prof_s);
     for (auto [nb, v] : batch_tok_s)
         std::cout << fmt::format("decode       batch {:2d}: {:.2f} tok/s aggregate\n", nb, v);
     std::cout << fmt::format("roofline     {:.1f} GB/s / {:.0f} MB per step = {:.2f} tok/s; decode at {:.0f}%\n", bw,

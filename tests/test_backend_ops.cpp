@@ -20,8 +20,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <functional>
 #include <list>
 #include <map>
@@ -271,6 +273,29 @@ TEST_CASE("int8 row quantization: round trip, saturation, zero rows") {
     CHECK(qo == std::vector<int8_t>{127, -127, 0, 127});
     const int8_t a[3] = {-127, 5, 127}, b[3] = {-127, -3, 127};
     CHECK(dot_i8_ref(a, b, 3) == 127 * 127 * 2 - 15);
+}
+
+TEST_CASE("int8 activation quantization of rows with inf or NaN gives the reference's bytes") {
+    const int64_t n = 37, n_tok = 5; // a tail of 5 lanes after two full vectors
+    auto x = randn(size_t(n * n_tok), 4, 2.0f);
+    x[3] = INFINITY;                                      // row 0: inf in the first vector
+    x[n + 36] = -INFINITY;                                // row 1: -inf in the tail
+    x[2 * n + 20] = std::numeric_limits<float>::quiet_NaN(); // row 2: NaN in the middle
+    x[3 * n + 0] = 1e30f;                                 // row 3: huge but finite; row 4 plain
+    std::vector<int8_t> want_q(x.size());
+    std::vector<float> want_s(static_cast<size_t>(n_tok));
+    ops::quantize_rows(exec_ctx{backend::ref}, {want_q.data(), want_s.data()}, x.data(), n_tok, n);
+    for (int lvl = 0; lvl <= int(cpu::detect_isa()); ++lvl) {
+        const cpu::isa level = cpu::force_isa(cpu::isa(lvl));
+        cpu::thread_pool pool(2);
+        std::vector<int8_t> q(x.size());
+        std::vector<float> sc(static_cast<size_t>(n_tok));
+        ops::quantize_rows(exec_ctx{backend::cpu, &pool}, {q.data(), sc.data()}, x.data(), n_tok, n);
+        INFO("isa=", std::string(cpu::name_of(level)));
+        CHECK(q == want_q);
+        CHECK(std::memcmp(sc.data(), want_s.data(), sc.size() * sizeof(float)) == 0);
+    }
+    cpu::force_isa(cpu::detect_isa());
 }
 
 TEST_CASE("int8 activation quantization ops vs reference (plain, fused RMSNorm, fused SwiGLU)") {
@@ -559,12 +584,12 @@ TEST_CASE("swiglu and add vs reference") {
 
 TEST_CASE("paged attention vs reference: KV dtypes, GQA ratios, page sizes, prefill and decode shapes") {
   for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16, kv_dtype::i8}) {
-   for (int hd : {8, 64}) {
+   for (int hd : {8, 64, 80, 128}) { // 64 and 128: the register-blocked prefill kernel; 80: the block path
     for (int n_gqa : {1, 2, 4, 8}) {
         for (int page_size : {1, 4, 16}) {
-            for (int64_t n_tok : {1, 5, 33}) {
+            for (int64_t n_tok : {1, 5, 33, 70}) {
                 const int n_kv = 2, n_head = n_kv * n_gqa;
-                const int32_t n_past = 19;
+                const int32_t n_past = n_tok == 70 ? 0 : 19; // a whole prompt at once, and a chunk after 19
                 kv_layout lay{2, n_kv, hd, page_size, dt};
                 const int32_t n_pos = n_past + int32_t(n_tok);
                 const int32_t n_pages = (n_pos + page_size - 1) / page_size;
@@ -651,6 +676,8 @@ TEST_CASE("kv_store writes the reference's page bytes on every backend (f32, f16
                 auto k = randn(size_t(n_pos * n_kv * hd), 18, 2.0f), v = randn(size_t(n_pos * n_kv * hd), 19);
                 k[7] = INFINITY; // saturates in i8, overflows to inf in f16
                 v[3] = 1e6f;
+                k[hd + 2] = std::bit_cast<float>(0xffe00001u); // a NaN with a payload: f16 keeps only the sign
+                v[2 * hd + 1] = 3e-8f;                                // an f16 subnormal
                 const std::string what = "kv_store kv=" + std::string(name_of(dt)) + " hd=" + std::to_string(hd) +
                                          " page=" + std::to_string(page_size);
                 // Positions 0..10 and then 11..28: the second write starts inside a page.

@@ -1,6 +1,6 @@
-// Row-wise and element-wise CPU kernels: RMSNorm, RoPE, SwiGLU, residual add, KV store.
+// Row-wise and element-wise CPU kernels: RMSNorm, RoPE, SwiGLU, residual add.
+#include "cpu/isa.hpp"
 #include "cpu/ops/ops.hpp"
-#include "cpu/ref/ops_ref.hpp"
 #include "cpu/thread_pool.hpp"
 
 #include <cmath>
@@ -56,7 +56,12 @@ void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, 
 }
 
 void swiglu(thread_pool& pool, float* out, const float* gate, const float* up, int64_t n) {
+    const bool simd = active_isa() >= isa::avx512;
     pool.parallel_for(n, thread_pool::grain_for(16, 1024), [&](int64_t b, int64_t e) {
+        if (simd) {
+            swiglu_row_avx512(gate + b, up + b, out + b, e - b);
+            return;
+        }
         for (int64_t i = b; i < e; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     });
 }
@@ -65,13 +70,6 @@ void add(thread_pool& pool, float* x, const float* y, int64_t n) {
     pool.parallel_for(n, thread_pool::grain_for(1, 4096), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) x[i] += y[i];
     });
-}
-
-void kv_store(thread_pool&, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
-              const float* k, const float* v, int64_t n_tok) {
-    // The work is tiny next to the matmuls, and every backend must store the reference's
-    // bytes (f16 rounding, i8 scales): the reference kernel is the CPU kernel.
-    ref::kv_store(kv_base, lay, il, block_table, pos0, k, v, n_tok);
 }
 
 } // namespace tandem::cpu

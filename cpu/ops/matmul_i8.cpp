@@ -329,6 +329,22 @@ struct f32_epilogue {
     }
 };
 
+// oneDNN's int32 sums of one token, turned into floats in place: the VNNI epilogue's expression
+// float(acc - 128 * q_sum[o]) * sx * sw[o] + bias[o], 16 outputs at a time.
+TANDEM_AVX512 void scale_row(float* row, int64_t n_out, float sx, const float* sw, const int32_t* q_sum,
+                             const float* bias) {
+    const __m512 s = _mm512_set1_ps(sx);
+    for (int64_t o = 0; o < n_out; o += 16) {
+        const __mmask16 m = n_out - o >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n_out - o)) - 1);
+        const __m512i a = _mm512_maskz_loadu_epi32(m, row + o); // the int32 sum in the float's bytes
+        const __m512i corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, q_sum + o), 7);
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a, corr)), s),
+                                 _mm512_maskz_loadu_ps(m, sw + o));
+        v = _mm512_add_ps(v, bias ? _mm512_maskz_loadu_ps(m, bias + o) : _mm512_setzero_ps());
+        _mm512_mask_storeu_ps(row + o, m, v);
+    }
+}
+
 // The activations as u8 (s8 + 128) for the kernels that take them so, in a buffer of the
 // calling thread's (workers only see the pointer).
 TANDEM_AVX512 void flip_range(uint8_t* xu, const int8_t* qx, int64_t b, int64_t e) {
@@ -388,13 +404,7 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
         int32_t* acc = reinterpret_cast<int32_t*>(out); // same size, converted element by element
         if (dnnl_matmul_u8s8(pool, acc, xu, n_tok, w)) {
             pool.parallel_for(n_tok, thread_pool::grain_for(n_out), [&](int64_t t0, int64_t t1) {
-                for (int64_t t = t0; t < t1; ++t)
-                    for (int64_t o = 0; o < n_out; ++o) {
-                        int32_t a; // read as int32 through memcpy: the same bytes are then written as a float
-                        std::memcpy(&a, &out[t * n_out + o], sizeof a);
-                        a -= 128 * w.q_sum[size_t(o)];
-                        out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
-                    }
+                for (int64_t t = t0; t < t1; ++t) scale_row(out + t * n_out, n_out, sx[t], sw, w.q_sum.data(), bias);
             });
             return;
         }

@@ -39,4 +39,7 @@ void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, 
 void matmul_i8_amx_emulated(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,
                             const weight& w, const float* bias);
 
+// row [n] = silu(g) * u with AVX-512 and a polynomial exp (swiglu and swiglu_quant share it).
+void swiglu_row_avx512(const float* g, const float* u, float* row, int64_t n);
+
 } // namespace tandem::cpu

@@ -3,8 +3,11 @@
 
 #include "runtime/error.hpp"
 
+#include <chrono>
+#include <cstdint>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace tandem {
 
@@ -22,6 +25,30 @@ inline std::string_view name_of(backend b) {
     return "?";
 }
 
+// Wall time per op name, for `tandem bench`'s breakdown of a forward pass. Host ops only:
+// on backend::cuda a call only queues work, so its time says nothing and is not recorded.
+class op_profile {
+public:
+    struct entry {
+        std::string_view name;
+        int64_t calls = 0;
+        double seconds = 0;
+    };
+    void record(std::string_view name, double seconds) {
+        for (auto& e : entries_)
+            if (e.name == name) {
+                ++e.calls;
+                e.seconds += seconds;
+                return;
+            }
+        entries_.push_back({name, 1, seconds});
+    }
+    const std::vector<entry>& entries() const { return entries_; }
+
+private:
+    std::vector<entry> entries_; // in order of first call; a forward has a dozen op kinds
+};
+
 // Everything an op needs to run: the backend and its execution resources.
 struct exec_ctx {
     backend be = backend::cpu;
@@ -31,12 +58,21 @@ struct exec_ctx {
     // device memory and it is queued on the context's stream; each op header says what stays
     // on the host (block tables, biases).
     cuda::context* cuda = nullptr;
+    op_profile* profile = nullptr; // when set, host ops add their wall time here
 };
 
 // Op is a struct with a `name` and static `ref(...)`, `cpu(pool, ...)` and optionally
 // `cuda(context, ...)` members; a backend the op lacks is an error naming both.
 template <class Op, class... Args>
 void dispatch(const exec_ctx& ctx, Args&&... args) {
+    if (ctx.profile != nullptr && ctx.be != backend::cuda) {
+        exec_ctx plain = ctx;
+        plain.profile = nullptr;
+        const auto t0 = std::chrono::steady_clock::now();
+        dispatch<Op>(plain, std::forward<Args>(args)...);
+        ctx.profile->record(Op::name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        return;
+    }
     switch (ctx.be) {
     case backend::ref: Op::ref(std::forward<Args>(args)...); return;
     case backend::cpu:
