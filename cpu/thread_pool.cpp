@@ -4,6 +4,7 @@
 #include "runtime/error.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -12,9 +13,12 @@
 namespace tandem::cpu {
 namespace {
 
-// About 20-50 microseconds of spinning: long enough to bridge the gap between two ops of a
-// step, short enough not to burn a core when the pool is idle.
-constexpr int spin_limit = 1 << 14;
+// Spinning bridges the gap between two ops of a step, but a spinning worker holds a core that
+// oneDNN's OpenMP threads (between our ops) or the other process's workers may need, so it is
+// bounded in time, not in pauses: a pause costs ~10 cycles on some cores and ~140 on others
+// (16384 of them took 207 us on this machine's Xeon).
+constexpr auto spin_limit = std::chrono::microseconds(20);
+constexpr int pauses_per_clock_read = 16;
 
 inline void cpu_relax() {
 #if defined(__x86_64__)
@@ -24,10 +28,13 @@ inline void cpu_relax() {
 
 template <class T>
 void spin_then_wait(const std::atomic<T>& a, T old) {
-    for (int i = 0; i < spin_limit; ++i) {
-        if (a.load(std::memory_order_acquire) != old) return;
-        cpu_relax();
-    }
+    const auto until = std::chrono::steady_clock::now() + spin_limit;
+    do {
+        for (int i = 0; i < pauses_per_clock_read; ++i) {
+            if (a.load(std::memory_order_acquire) != old) return;
+            cpu_relax();
+        }
+    } while (std::chrono::steady_clock::now() < until);
     while (a.load(std::memory_order_acquire) == old) a.wait(old, std::memory_order_acquire);
 }
 
