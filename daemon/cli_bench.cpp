@@ -208,6 +208,18 @@ std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
     return v;
 }
 
+// Where the time of one profiled forward went, op by op, largest first.
+void print_ops(const std::vector<op_profile::entry>& ops, double total_s) {
+    double ops_s = 0;
+    for (const auto& e : ops) {
+        std::cout << fmt::format("  op         {:<20} {:5d} calls {:8.2f} ms {:5.1f}%\n", e.name, e.calls,
+                                 e.seconds * 1e3, 100.0 * e.seconds / total_s);
+        ops_s += e.seconds;
+    }
+    std::cout << fmt::format("  op         {:<20} {:>11} {:8.2f} ms {:5.1f}%\n", "(between ops)", "",
+                             (total_s - ops_s) * 1e3, 100.0 * (total_s - ops_s) / total_s);
+}
+
 int cmd_bench(const bench_opts& o) {
     cpu::ensure_passive_openmp();
     const auto t_load = clock_type::now();
@@ -271,6 +283,8 @@ int cmd_bench(const bench_opts& o) {
 
     // decode: each batch size decodes n_gen steps after a short prompt per sequence
     std::map<int, double> batch_tok_s;
+    op_profile decode_prof;
+    double decode_prof_s = 0;
     for (int nb : o.batches) {
         std::vector<std::unique_ptr<sequence_kv>> seqs;
         std::vector<std::vector<token_id>> toks;
@@ -294,6 +308,17 @@ int cmd_bench(const bench_opts& o) {
         }
         batch_tok_s[nb] = double(nb) * double(o.n_gen) / since(t0);
         log->info("decode batch {}: {:.2f} tok/s aggregate", nb, batch_tok_s[nb]);
+        if (nb == max_batch) { // one more step with each op timed (not in the figure above)
+            batch.clear();
+            for (int i = 0; i < nb; ++i)
+                batch.push_back({std::span(&toks[size_t(i)][size_t(n_short + o.n_gen)], 1), n_short + o.n_gen,
+                                 seqs[size_t(i)]->block_table()});
+            exec_ctx pctx = ctx;
+            pctx.profile = &decode_prof;
+            const auto t1 = clock_type::now();
+            m.forward(pctx, batch, kv, logits.data());
+            decode_prof_s = since(t1);
+        }
     }
     const double decode_tok_s = batch_tok_s.count(1) ? batch_tok_s[1] : batch_tok_s.begin()->second;
     const double peak_rss_mb = proc_status_mb("VmHWM");
@@ -342,6 +367,12 @@ int cmd_bench(const bench_opts& o) {
     for (const auto& e : prefill_ops)
         j["prefill_ops"].push_back({{"op", e.name}, {"calls", e.calls}, {"s", e.seconds}});
     j["prefill_profiled_s"] = prof_s;
+    std::vector<op_profile::entry> decode_ops = decode_prof.entries();
+    std::sort(decode_ops.begin(), decode_ops.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+    j["decode_step_ops"] = nlohmann::json::array();
+    for (const auto& e : decode_ops) j["decode_step_ops"].push_back({{"op", e.name}, {"calls", e.calls}, {"s", e.seconds}});
+    j["decode_step_batch"] = max_batch;
+    j["decode_step_profiled_s"] = decode_prof_s;
     if (batch_tok_s.count(1) && batch_tok_s.count(16)) j["batch16_speedup"] = batch_tok_s[16] / batch_tok_s[1];
     if (!o.no_raw) {
         j["onednn_raw_shapes"] = raw_shapes;
@@ -364,16 +395,11 @@ int cmd_bench(const bench_opts& o) {
         std::cout << fmt::format("  oneDNN     m={} k={} n={}: {:.0f} GOPS ({})\n", s["m"].get<int64_t>(),
                                  s["k"].get<int64_t>(), s["n"].get<int64_t>(), s["gops"].get<double>(),
                                  s["impl"].get<std::string>());
-    double ops_s = 0;
-    for (const auto& e : prefill_ops) {
-        std::cout << fmt::format("  op         {:<20} {:5d} calls {:8.1f} ms {:5.1f}%\n", e.name, e.calls,
-                                 e.seconds * 1e3, 100.0 * e.seconds / prof_s);
-        ops_s += e.seconds;
-    }
-    std::cout << fmt::format("  op         {:<20} {:>11} {:8.1f} ms {:5.1f}%\n", "(between ops)", "",
-                             (prof_s - ops_s) * 1e3, 100.0 * (prof_s - ops_s) / prof_s);
+    print_ops(prefill_ops, prof_s);
     for (auto [nb, v] : batch_tok_s)
         std::cout << fmt::format("decode       batch {:2d}: {:.2f} tok/s aggregate\n", nb, v);
+    std::cout << fmt::format("  one step at batch {}: {:.1f} ms\n", max_batch, decode_prof_s * 1e3);
+    print_ops(decode_ops, decode_prof_s);
     std::cout << fmt::format("roofline     {:.1f} GB/s / {:.0f} MB per step = {:.2f} tok/s; decode at {:.0f}%\n", bw,
                              double(step_bytes) / 1e6, roofline, 100.0 * decode_tok_s / roofline);
     std::cout << fmt::format("memory       peak RSS after load {:.0f} MiB ({:.2f}x weights); at load {:.0f} MiB, "
