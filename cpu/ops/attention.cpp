@@ -149,11 +149,18 @@ constexpr int key_chunk = 16;
 constexpr int tok_block = 16;
 constexpr int max_nv = 16; // head_dim up to 256
 
+// Kept per thread across calls (decode calls attention once per sequence and layer); every
+// kernel writes what it reads, so sizes are all that has to fit.
 struct block_scratch {
     std::vector<float> kb, vb, kt, m, l, acc;
-    block_scratch(int n_gqa, int hd, int ps)
-        : kb(size_t(ps) * size_t(hd)), vb(size_t(ps) * size_t(hd)), kt(size_t(hd) * key_chunk),
-          m(size_t(tok_block) * size_t(n_gqa)), l(m.size()), acc(m.size() * size_t(hd)) {}
+    void fit(int n_gqa, int hd, int ps) {
+        kb.resize(size_t(ps) * size_t(hd));
+        vb.resize(kb.size());
+        kt.resize(size_t(hd) * key_chunk);
+        m.resize(size_t(tok_block) * size_t(n_gqa));
+        l.resize(m.size());
+        acc.resize(m.size() * size_t(hd));
+    }
 };
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void attend_block_avx512(
@@ -443,7 +450,8 @@ void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int
         const int64_t n_blocks = (n_tok + tok_block - 1) / tok_block;
         const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2 * std::min<int64_t>(n_tok, tok_block);
         pool.parallel_for(n_blocks * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
-            block_scratch w(n_gqa, hd, lay.page_size);
+            thread_local block_scratch w;
+            w.fit(n_gqa, hd, lay.page_size);
             for (int64_t job = b; job < e; ++job) {
                 const int64_t blk = job / n_kv;
                 const int64_t t0 = blk * tok_block, t1 = std::min(n_tok, t0 + tok_block);
