@@ -30,12 +30,6 @@ int32_t dot_i8_ref(const int8_t* a, const int8_t* b, int64_t n) {
     return s;
 }
 
-float dot_i8_f32_ref(const int8_t* q, const float* x, int64_t n) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; ++i) s += float(q[i]) * x[i];
-    return s;
-}
-
 int32_t sum_i8_ref(const int8_t* q, int64_t n) {
     int32_t s = 0;
     for (int64_t i = 0; i < n; ++i) s += q[i];

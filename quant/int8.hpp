@@ -19,9 +19,6 @@ void dequantize_row_i8_ref(const int8_t* q, float scale, float* out, int64_t n);
 // sum a[i] * b[i] in exact int32 arithmetic (n * 127 * 127 must fit, n < 2^17)
 int32_t dot_i8_ref(const int8_t* a, const int8_t* b, int64_t n);
 
-// sum q[i] * x[i] in f32, left to right: the weight-only (W8A32) dot
-float dot_i8_f32_ref(const int8_t* q, const float* x, int64_t n);
-
 // sum q[i]: the correction for the u8 = s8 + 128 offset trick of VNNI's u8 x s8 dot
 int32_t sum_i8_ref(const int8_t* q, int64_t n);
 

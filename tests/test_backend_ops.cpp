@@ -447,53 +447,6 @@ TEST_CASE("int8 matmul on AMX tiles (emulated everywhere, hardware where present
     }
 }
 
-TEST_CASE("int8-weight f32-activation matmul (W8A32) vs reference on odd shapes") {
-    for (int64_t n_in : {2, 7, 15, 16, 17, 31, 64, 65, 100, 257}) {
-        for (int64_t n_tok : {1, 2, 3, 4, 5, 9, 16, 33}) {
-            const int64_t n_out = 13 + n_in % 7;
-            const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in * 37 + n_tok));
-            const weight w = quantize_weight(wf.data(), n_out, n_in);
-            weight b{randn(size_t(n_out), 8), n_out, 1};
-            const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok + 100));
-            for (bool with_bias : {false, true}) {
-                for_each_cpu_variant([&](const exec_ctx& ctx) {
-                    std::vector<float> out(size_t(n_tok * n_out), NAN);
-                    op_mem m(ctx);
-                    ops::matmul_w8a32(ctx, m.out(out), m.in(x), n_tok, m.w(w), with_bias ? &b : nullptr);
-                    m.finish();
-                    return out;
-                }, tol_f32, "matmul_w8a32 n_in=" + std::to_string(n_in) + " n_tok=" + std::to_string(n_tok));
-            }
-        }
-    }
-}
-
-TEST_CASE("W8A32 matmul on shapes large enough to split across threads, and closer to F32 than W8A8") {
-    for (int64_t n_tok : {1, 6}) {
-        const int64_t n_in = 1031, n_out = 301;
-        const auto wf = randn(size_t(n_out * n_in), 31);
-        const weight w = quantize_weight(wf.data(), n_out, n_in);
-        const auto x = randn(size_t(n_tok * n_in), 32);
-        for_each_cpu_variant([&](const exec_ctx& ctx) {
-            std::vector<float> out(size_t(n_tok * n_out), NAN);
-            op_mem m(ctx);
-            ops::matmul_w8a32(ctx, m.out(out), m.in(x), n_tok, m.w(w));
-            m.finish();
-            return out;
-        }, tol_f32, "matmul_w8a32 large n_tok=" + std::to_string(n_tok));
-        // only the weights' rounding is left: less error than W8A8 on the same weights
-        std::vector<int8_t> qx(x.size());
-        std::vector<float> sx(static_cast<size_t>(n_tok));
-        ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
-        std::vector<float> want(size_t(n_tok * n_out)), w8a32(want.size()), w8a8(want.size());
-        ops::matmul(exec_ctx{backend::ref}, want.data(), x.data(), n_tok, weight{wf, n_out, n_in});
-        ops::matmul_w8a32(exec_ctx{backend::ref}, w8a32.data(), x.data(), n_tok, w);
-        ops::matmul_i8(exec_ctx{backend::ref}, w8a8.data(), qx.data(), sx.data(), n_tok, w);
-        CHECK(nmse(want, w8a32) < nmse(want, w8a8));
-        CHECK(nmse(want, w8a32) < 1e-3);
-    }
-}
-
 TEST_CASE("int8 matmul with the weights reordered into oneDNN's blocked layout") {
     if (cpu::detect_isa() < cpu::isa::avx512) {
         MESSAGE("oneDNN blocked weights: skipped (the oneDNN path runs at avx512 only)");

@@ -1,5 +1,5 @@
 // INT8 matmul on the CPU: W8A8 as a hand-written GEMV/small GEMM for decode that reads each weight
-// byte once per step for the whole batch and oneDNN's int8 matmul for prefill batches; and W8A32.
+// byte once per step for the whole batch and oneDNN's int8 matmul for prefill batches.
 #include "cpu/dnnl_matmul.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/ops/matmul_i8_amx.hpp"
@@ -106,41 +106,30 @@ TANDEM_VNNI inline __attribute__((always_inline)) void dpbusd(__m512i& acc, __m5
 
 #define TANDEM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-// Sums of 16 vectors in one: lane j = sum of v[j]'s lanes (int32, or f32 held in __m512i). Four
-// levels that each halve the width and pair up vectors (15 adds and 30 shuffles for 16 sums,
-// against ~8 ops per sum one vector at a time); the order of the inputs in reduce16 makes the
-// output lanes come out in order.
-template <bool f32>
-TANDEM_AVX512 inline __m512i add_lanes(__m512i a, __m512i b) {
-    if constexpr (f32) return _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
-    else return _mm512_add_epi32(a, b);
-}
-template <bool f32>
+// Sums of 16 vectors in one: lane j = sum of v[j]'s int32 lanes. Four levels that each halve
+// the width and pair up vectors (15 adds and 30 shuffles for 16 sums, against ~8 ops per sum
+// one vector at a time); the order of the inputs in reduce16 makes the output lanes come out
+// in order.
 TANDEM_AVX512 inline __m512i halve_512(__m512i a, __m512i b) { // [a0+a2 a1+a3 | b0+b2 b1+b3] (128-bit blocks)
-    return add_lanes<f32>(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xee));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xee));
 }
-template <bool f32>
 TANDEM_AVX512 inline __m512i halve_256(__m512i a, __m512i b) { // [a0+a1 | a2+a3 | b0+b1 | b2+b3]
-    return add_lanes<f32>(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
 }
-template <bool f32>
 TANDEM_AVX512 inline __m512i halve_128(__m512i a, __m512i b) { // per 128-bit block: [a0+a2 a1+a3 b0+b2 b1+b3]
-    return add_lanes<f32>(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
 }
-template <bool f32>
 TANDEM_AVX512 inline __m512i halve_64(__m512i a, __m512i b) { // per 128-bit block: [a0+a1 a2+a3 b0+b1 b2+b3]
     const __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
-    return add_lanes<f32>(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0x88)),
-                          _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0xdd)));
+    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0x88)),
+                            _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0xdd)));
 }
-template <bool f32>
 TANDEM_AVX512 inline __m512i reduce16(const __m512i v[16]) {
-    const __m512i a0 = halve_512<f32>(v[0], v[4]), a1 = halve_512<f32>(v[1], v[5]), a2 = halve_512<f32>(v[2], v[6]),
-                  a3 = halve_512<f32>(v[3], v[7]), a8 = halve_512<f32>(v[8], v[12]),
-                  a9 = halve_512<f32>(v[9], v[13]), a10 = halve_512<f32>(v[10], v[14]),
-                  a11 = halve_512<f32>(v[11], v[15]);
-    return halve_64<f32>(halve_128<f32>(halve_256<f32>(a0, a8), halve_256<f32>(a1, a9)),
-                         halve_128<f32>(halve_256<f32>(a2, a10), halve_256<f32>(a3, a11)));
+    const __m512i a0 = halve_512(v[0], v[4]), a1 = halve_512(v[1], v[5]), a2 = halve_512(v[2], v[6]),
+                  a3 = halve_512(v[3], v[7]), a8 = halve_512(v[8], v[12]), a9 = halve_512(v[9], v[13]),
+                  a10 = halve_512(v[10], v[14]), a11 = halve_512(v[11], v[15]);
+    return halve_64(halve_128(halve_256(a0, a8), halve_256(a1, a9)),
+                    halve_128(halve_256(a2, a10), halve_256(a3, a11)));
 }
 
 // The plan in registers for one tile pass (the hot loops read nothing else from memory).
@@ -203,7 +192,7 @@ TANDEM_VNNI void tile_vnni_t(const int8_t* const* w, const uint8_t* x, int64_t n
         i += 64;
     }
     if (i < n_in) vnni_step<T, true>(a, rows, x, n_in, i, (__mmask64(1) << (n_in - i)) - 1, pre);
-    _mm512_storeu_si512(&acc[0][0], reduce16<false>(a));
+    _mm512_storeu_si512(&acc[0][0], reduce16(a));
 }
 
 void tile_vnni(const int8_t* const* w, const uint8_t* x, int64_t n_in, int nt, const prefetch_plan& pf,
@@ -315,20 +304,6 @@ struct vnni_epilogue {
     }
 };
 
-// The W8A32 tile's epilogue at avx512: out = acc * sw[o] + bias[o].
-struct f32_epilogue {
-    float* out;
-    int64_t n_out;
-    const float* sw;
-    const float* bias;
-
-    TANDEM_AVX512 void operator()(int64_t o, int64_t t0, int nr, int nt, const float* acc) const {
-        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(acc), row_values(sw, o, nr));
-        v = _mm512_add_ps(v, bias ? row_values(bias, o, nr) : _mm512_setzero_ps());
-        store_tile(out, n_out, o, t0, nr, nt, v);
-    }
-};
-
 // oneDNN's int32 sums of one token, turned into floats in place: the VNNI epilogue's expression
 // float(acc - 128 * q_sum[o]) * sx * sw[o] + bias[o], 16 outputs at a time.
 TANDEM_AVX512 void scale_row(float* row, int64_t n_out, float sx, const float* sw, const int32_t* q_sum,
@@ -419,122 +394,6 @@ void matmul_i8_amx_emulated(thread_pool& pool, float* out, const int8_t* qx, con
     int64_t done = 0;
     if (amx_fits(w)) done = matmul_i8_amx(pool, out, qx, sx, n_tok, w, bias, amx_exec::emulated);
     small_gemm_rows(pool, out, qx, sx, n_tok, w, bias, std::min(active_isa(), isa::avx512), done);
-}
-
-namespace {
-
-// W8A32: the same tiling over f32 activations; each int8 weight is widened to f32 in
-// registers, so the weights are still read once per step as bytes.
-void tile_f_scalar(const int8_t* const* w, const float* x, int64_t n_in, int nt, const prefetch_plan&,
-                   float acc[tile_tok][tile_rows]) {
-    for (int r = 0; r < tile_rows; ++r)
-        for (int t = 0; t < nt; ++t) acc[t][r] = dot_i8_f32_ref(w[r], x + t * n_in, n_in);
-}
-
-template <int T>
-__attribute__((target("avx2,fma"))) void tile_f_avx2_t(const int8_t* const* w, const float* x, int64_t n_in,
-                                                       float acc[tile_tok][tile_rows]) {
-    __m256 a[tile_rows][T];
-    for (int r = 0; r < tile_rows; ++r)
-        for (int t = 0; t < T; ++t) a[r][t] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n_in; i += 8) {
-        __m256 wv[tile_rows];
-        for (int r = 0; r < tile_rows; ++r)
-            wv[r] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[r] + i))));
-        for (int t = 0; t < T; ++t) {
-            const __m256 xv = _mm256_loadu_ps(x + t * n_in + i);
-            for (int r = 0; r < tile_rows; ++r) a[r][t] = _mm256_fmadd_ps(wv[r], xv, a[r][t]);
-        }
-    }
-    for (int r = 0; r < tile_rows; ++r) {
-        for (int t = 0; t < T; ++t) {
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(a[r][t]), _mm256_extractf128_ps(a[r][t], 1));
-            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            float v = _mm_cvtss_f32(s);
-            for (int64_t j = i; j < n_in; ++j) v += float(w[r][j]) * x[t * n_in + j];
-            acc[t][r] = v;
-        }
-    }
-}
-
-void tile_f_avx2(const int8_t* const* w, const float* x, int64_t n_in, int nt, const prefetch_plan&,
-                 float acc[tile_tok][tile_rows]) {
-    switch (nt) {
-    case 1: tile_f_avx2_t<1>(w, x, n_in, acc); return;
-    case 2: tile_f_avx2_t<2>(w, x, n_in, acc); return;
-    case 3: tile_f_avx2_t<3>(w, x, n_in, acc); return;
-    default: tile_f_avx2_t<4>(w, x, n_in, acc); return;
-    }
-}
-
-// 16 weights a step and a prefetch every 4 steps (a cache line of each row); the K tail is
-// masked loads of zeros. Sums reduced as in the VNNI tile: acc[t][r] is lane t * tile_rows + r.
-template <int T, bool masked>
-TANDEM_AVX512 inline __attribute__((always_inline)) void f_step(__m512i a[16], const int8_t* const w[tile_rows],
-                                                                const float* x, int64_t n_in, int64_t i,
-                                                                __mmask16 m) {
-    __m512 wv[tile_rows];
-#pragma GCC unroll 4
-    for (int r = 0; r < tile_rows; ++r) {
-        const __m128i q = masked ? _mm_maskz_loadu_epi8(m, w[r] + i) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + i));
-        wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) {
-        const __m512 xv = masked ? _mm512_maskz_loadu_ps(m, x + t * n_in + i) : _mm512_loadu_ps(x + t * n_in + i);
-#pragma GCC unroll 4
-        for (int r = 0; r < tile_rows; ++r) {
-            __m512& acc = reinterpret_cast<__m512&>(a[t * tile_rows + r]);
-            acc = _mm512_fmadd_ps(wv[r], xv, acc);
-        }
-    }
-}
-
-template <int T>
-TANDEM_AVX512 void tile_f_avx512_t(const int8_t* const* w, const float* x, int64_t n_in, const prefetch_plan& pf,
-                                   float acc[tile_tok][tile_rows]) {
-    __m512i a[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_si512();
-    const int8_t* const rows[tile_rows] = {w[0], w[1], w[2], w[3]};
-    const prefetcher pre(pf);
-    int64_t i = 0;
-    for (; i + 64 <= n_in; i += 64) {
-        pre.step(rows, i);
-#pragma GCC unroll 4
-        for (int j = 0; j < 64; j += 16) f_step<T, false>(a, rows, x, n_in, i + j, 0);
-    }
-    for (; i < n_in; i += 16) {
-        const __mmask16 m = n_in - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n_in - i)) - 1);
-        f_step<T, true>(a, rows, x, n_in, i, m);
-    }
-    _mm512_storeu_si512(&acc[0][0], reduce16<true>(a));
-}
-
-void tile_f_avx512(const int8_t* const* w, const float* x, int64_t n_in, int nt, const prefetch_plan& pf,
-                   float acc[tile_tok][tile_rows]) {
-    switch (nt) {
-    case 1: tile_f_avx512_t<1>(w, x, n_in, pf, acc); return;
-    case 2: tile_f_avx512_t<2>(w, x, n_in, pf, acc); return;
-    case 3: tile_f_avx512_t<3>(w, x, n_in, pf, acc); return;
-    default: tile_f_avx512_t<4>(w, x, n_in, pf, acc); return;
-    }
-}
-
-} // namespace
-
-void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, const weight& w, const float* bias) {
-    const int64_t n_out = w.n_out;
-    const float* sw = w.scale();
-    const isa level = active_isa();
-    if (level >= isa::avx512) {
-        tiled_rows<float>(pool, w, x, n_tok, tile_f_avx512, f32_epilogue{out, n_out, sw, bias});
-        return;
-    }
-    const auto epilogue = [&](int64_t t, int64_t o, float a) { out[t * n_out + o] = a * sw[o] + (bias ? bias[o] : 0.0f); };
-    tiled_rows<float>(pool, w, x, n_tok, level == isa::avx2 ? tile_f_avx2 : tile_f_scalar, per_element(epilogue));
 }
 
 } // namespace tandem::cpu

@@ -33,7 +33,6 @@ void quantize_rows_split(thread_pool& pool, int8_t* q_hi, float* s_hi, int8_t* q
                          int64_t n_tok, int64_t n);
 void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const float* bias);
-void matmul_w8a32(thread_pool& pool, float* out, const float* x, int64_t n_tok, const weight& w, const float* bias);
 // matmul_i8 with its AMX kernel's tile instructions run on a scalar model of the tiles (any
 // CPU): for tests of the AMX tiling where the CPU has none. Slow.
 void matmul_i8_amx_emulated(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,

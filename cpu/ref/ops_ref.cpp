@@ -202,11 +202,4 @@ void matmul_i8(float* out, const int8_t* qx, const float* sx, int64_t n_tok, con
                                  (bias ? bias[o] : 0.0f);
 }
 
-void matmul_w8a32(float* out, const float* x, int64_t n_tok, const int8_t* qw, const float* sw, int64_t n_out,
-                  int64_t n_in, const float* bias) {
-    for (int64_t t = 0; t < n_tok; ++t)
-        for (int64_t o = 0; o < n_out; ++o)
-            out[t * n_out + o] = dot_i8_f32_ref(qw + o * n_in, x + t * n_in, n_in) * sw[o] + (bias ? bias[o] : 0.0f);
-}
-
 } // namespace tandem::cpu::ref

@@ -60,8 +60,5 @@ void quantize_rows_split(int8_t* q_hi, float* s_hi, int8_t* q_lo, float* s_lo, c
 void matmul_i8(float* out, const int8_t* qx, const float* sx, int64_t n_tok, const int8_t* qw, const float* sw,
                const int32_t* qw_sum, int64_t n_out, int64_t n_in, const float* bias);
 
-// out [n_tok, n_out] = dot(qw[o], x[t]) * sw[o] + bias[o]: INT8 weights, f32 activations (bias may be null)
-void matmul_w8a32(float* out, const float* x, int64_t n_tok, const int8_t* qw, const float* sw, int64_t n_out,
-                  int64_t n_in, const float* bias);
 
 } // namespace tandem::cpu::ref

@@ -1,5 +1,5 @@
 // INT8 matmuls on CUDA: W8A8 through cuBLASLt's IMMA kernels (int32 out, then a per-token x
-// per-channel scale kernel) or a hand-written tiled dp4a kernel; the W8A32 logits GEMV.
+// per-channel scale kernel) or a hand-written tiled dp4a kernel.
 #include "cuda/blaslt.hpp"
 #include "cuda/ops/common.cuh"
 #include "cuda/ops/ops.hpp"
@@ -87,21 +87,6 @@ __global__ void scale_i32_kernel(float* out, const int32_t* d, const float* sx, 
     if (idx >= M * N) return;
     const int64_t m = idx / N, n = idx % N;
     out[idx] = scale_dot(d[idx], sx[m], sw[n], bias, n);
-}
-
-// W8A32: one warp per (output row o, token t); lanes stride over K.
-__global__ void matmul_w8a32_kernel(float* out, const float* x, const int8_t* qw, const float* sw, const float* bias,
-                                    int64_t N, int64_t K) {
-    const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-    const int64_t t = blockIdx.y;
-    const int lane = threadIdx.x & 31;
-    if (o >= N) return; // whole warps leave together
-    const int8_t* w = qw + o * K;
-    const float* xt = x + t * K;
-    float acc = 0.0f;
-    for (int64_t i = lane; i < K; i += 32) acc += float(w[i]) * xt[i];
-    acc = warp_sum(acc);
-    if (lane == 0) out[t * N + o] = acc * sw[o] + (bias ? bias[o] : 0.0f);
 }
 
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
@@ -200,15 +185,6 @@ bool gemm_i8_i32_cublaslt(const context& c, int32_t* out_i32, const int8_t* qx, 
                           int64_t n_out, int64_t n_in) {
     c.make_current();
     return run_lt(c, out_i32, qx, n_tok, qw, n_out, n_in);
-}
-
-void matmul_w8a32(const context& c, float* out, const float* x, int64_t n_tok, const int8_t* qw, const float* sw,
-                  int64_t n_out, int64_t n_in, const float* bias) {
-    if (n_tok == 0) return;
-    TANDEM_ASSERT(n_tok <= 65535, "matmul_w8a32: {} rows exceed one launch", n_tok);
-    const dim3 grid(grid_1d(n_out, 8), unsigned(n_tok));
-    matmul_w8a32_kernel<<<grid, 256, 0, stream_of(c)>>>(out, x, qw, sw, bias, n_out, n_in);
-    TANDEM_LAUNCH_CHECK();
 }
 
 } // namespace tandem::cuda

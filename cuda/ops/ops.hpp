@@ -57,8 +57,5 @@ gemm_impl matmul_i8(const context& c, float* out, const int8_t* qx, const float*
 bool gemm_i8_i32_cublaslt(const context& c, int32_t* out_i32, const int8_t* qx, int64_t n_tok, const int8_t* qw,
                           int64_t n_out, int64_t n_in);
 
-// out [n_tok, n_out] = dot(qw[o], x[t]) * sw[o] + bias[o]: INT8 weights, f32 activations
-void matmul_w8a32(const context& c, float* out, const float* x, int64_t n_tok, const int8_t* qw, const float* sw,
-                  int64_t n_out, int64_t n_in, const float* bias);
 
 } // namespace tandem::cuda

@@ -64,22 +64,6 @@ struct matmul_i8_op {
 #endif
 };
 
-struct matmul_w8a32_op {
-    static constexpr std::string_view name = "matmul_w8a32";
-    static void ref(float* out, const float* x, int64_t n_tok, const weight& w, const float* bias) {
-        ::tandem::cpu::ref::matmul_w8a32(out, x, n_tok, w.q(), w.scale(), w.n_out, w.n_in, bias);
-    }
-    static constexpr auto cpu = ::tandem::cpu::matmul_w8a32;
-#if TANDEM_HAVE_CUDA
-    static void cuda(const ::tandem::cuda::context& c, float* out, const float* x, int64_t n_tok, const weight& w,
-                     const float* bias) {
-        const auto b = bias ? ::tandem::cuda::to_device(c, bias, size_t(w.n_out) * sizeof(float))
-                            : ::tandem::cuda::buffer();
-        ::tandem::cuda::matmul_w8a32(c, out, x, n_tok, w.q(), w.scale(), w.n_out, w.n_in, b.as<float>());
-    }
-#endif
-};
-
 } // namespace
 
 void quantize_rows(const exec_ctx& ctx, act_i8 out, const float* x, int64_t n_tok, int64_t n) {
@@ -114,17 +98,6 @@ void matmul_i8(const exec_ctx& ctx, float* out, const int8_t* qx, const float* s
         b = bias->data.data();
     }
     dispatch<matmul_i8_op>(ctx, out, qx, sx, n_tok, w, b);
-}
-
-void matmul_w8a32(const exec_ctx& ctx, float* out, const float* x, int64_t n_tok, const weight& w,
-                  const weight* bias) {
-    TANDEM_ASSERT(n_tok >= 0 && w.is_i8() && w.n_in > 1, "matmul_w8a32 needs an INT8 matrix");
-    const float* b = nullptr;
-    if (bias && !bias->empty()) {
-        TANDEM_ASSERT(bias->n_out == w.n_out, "bias [{}] vs weight rows {}", bias->n_out, w.n_out);
-        b = bias->data.data();
-    }
-    dispatch<matmul_w8a32_op>(ctx, out, x, n_tok, w, b);
 }
 
 } // namespace tandem::ops

@@ -34,9 +34,4 @@ void swiglu_quant(const exec_ctx& ctx, act_i8 out, const float* gate, const floa
 void matmul_i8(const exec_ctx& ctx, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const weight* bias = nullptr);
 
-// out [n_tok, w.n_out] = s_w[o] * dot(q_w[o], x[t]) + bias: INT8 weights with f32 activations (W8A32), for
-// the logits, whose error moves the argmax directly.
-void matmul_w8a32(const exec_ctx& ctx, float* out, const float* x, int64_t n_tok, const weight& w,
-                  const weight* bias = nullptr);
-
 } // namespace tandem::ops
