@@ -78,14 +78,20 @@ void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_ca
                   cfg_.rope_freq_scale, neox);
         ops::rope(ctx, k_.data(), pos_.data(), n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot,
                   cfg_.rope_freq_base, cfg_.rope_freq_scale, neox);
+        // Sequences with one new token (decode) share one attention op; longer ones get their own.
         int64_t t = 0;
+        decode_.clear();
         for (const auto& s : batch) {
             const int64_t n = int64_t(s.tokens.size());
             ops::kv_store(ctx, kv, il, s.block_table, s.n_past, &k_[size_t(t * n_kv)], &v_[size_t(t * n_kv)], n);
-            ops::attention(ctx, &attn_[size_t(t * e)], &q_[size_t(t * e)], n, s.n_past, cfg_.n_head, kv, il,
-                           s.block_table, scale);
+            if (n == 1)
+                decode_.push_back({t, s.n_past, s.block_table});
+            else
+                ops::attention(ctx, &attn_[size_t(t * e)], &q_[size_t(t * e)], n, s.n_past, cfg_.n_head, kv, il,
+                               s.block_table, scale);
             t += n;
         }
+        if (!decode_.empty()) ops::attention_decode(ctx, attn_.data(), q_.data(), decode_, cfg_.n_head, kv, il, scale);
         if (i8) {
             ops::quantize_rows(ctx, act, attn_.data(), n_tok, e);
             ops::matmul_i8(ctx, proj_.data(), act.q, act.s, n_tok, l.wo);

@@ -3,6 +3,7 @@
 
 #include "runtime/kv_cache.hpp"
 #include "runtime/model_config.hpp"
+#include "runtime/ops/attention.hpp"
 #include "runtime/ops/dispatch.hpp"
 #include "runtime/tokenizer.hpp"
 #include "runtime/weights.hpp"
@@ -58,6 +59,7 @@ private:
     std::vector<float> xs_;       // [2 * n_tok] their per-token scales
     std::vector<int32_t> pos_;    // [n_tok]
     std::vector<float> logits2_;  // [2 * n_rows, n_vocab] the INT8 logits' two terms
+    std::vector<ops::decode_seq> decode_; // the batch's one-token sequences (one attention op for all)
 };
 
 } // namespace tandem

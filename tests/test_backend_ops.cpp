@@ -591,6 +591,75 @@ TEST_CASE("F16 and INT8 KV pages hold the values within their precision") {
     }
 }
 
+TEST_CASE("decode attention of several sequences in one op equals one call per sequence") {
+  for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16, kv_dtype::i8}) {
+    for (int hd : {8, 64}) {
+        for (int n_gqa : {1, 4}) {
+            const int n_kv = 2, n_head = n_kv * n_gqa, page_size = 4;
+            kv_layout lay{2, n_kv, hd, page_size, dt};
+            // Four sequences with their own pages and lengths; their queries are rows 3, 0, 4 and 1
+            // of q (row 2 belongs to none and must stay untouched).
+            const std::vector<int32_t> n_past{0, 9, 2, 30};
+            const std::vector<int64_t> rows{3, 0, 4, 1};
+            std::vector<std::vector<int32_t>> tables;
+            int32_t next_page = 0;
+            for (int32_t np : n_past) {
+                std::vector<int32_t> t(size_t((np + 1 + page_size - 1) / page_size));
+                for (auto& pg : t) pg = next_page++;
+                std::reverse(t.begin(), t.end()); // not in page order
+                tables.push_back(t);
+            }
+            const auto q = randn(size_t(5 * n_head * hd), 21);
+            const int il = 1;
+            const std::string what = "attention_decode kv=" + std::string(name_of(dt)) + " hd=" + std::to_string(hd) +
+                                     " gqa=" + std::to_string(n_gqa);
+            auto fill = [&](const exec_ctx& ctx, kv_cache& cache, op_mem& m) -> kv_cache& {
+                kv_cache& kc = m.kv(cache);
+                for (size_t i = 0; i < n_past.size(); ++i) {
+                    const int32_t n = n_past[i] + 1;
+                    const auto k = randn(size_t(n * n_kv * hd), uint32_t(30 + i)), v = randn(k.size(), uint32_t(40 + i));
+                    ops::kv_store(ctx, kc, il, tables[i], 0, m.in(k), m.in(v), n);
+                }
+                return kc;
+            };
+            for_each_cpu_variant([&](const exec_ctx& ctx) {
+                kv_cache cache(lay, next_page);
+                op_mem m(ctx);
+                kv_cache& kc = fill(ctx, cache, m);
+                std::vector<ops::decode_seq> seqs;
+                for (size_t i = 0; i < n_past.size(); ++i) seqs.push_back({rows[i], n_past[i], tables[i]});
+                std::vector<float> out(q.size(), -7.0f);
+                ops::attention_decode(ctx, m.out(out), m.in(q), seqs, n_head, kc, il, 0.125f);
+                m.finish();
+                return out;
+            }, tol_kv, what);
+            // On the CPU, bit for bit what one attention() call per sequence gives, at every ISA level.
+            for (int lvl = 0; lvl <= int(cpu::detect_isa()); ++lvl) {
+                cpu::force_isa(cpu::isa(lvl));
+                cpu::thread_pool pool(2);
+                const exec_ctx ctx{backend::cpu, &pool};
+                kv_cache cache(lay, next_page);
+                op_mem m(ctx);
+                kv_cache& kc = fill(ctx, cache, m);
+                std::vector<float> one_op(q.size(), -7.0f), per_seq(q.size(), -7.0f);
+                std::vector<ops::decode_seq> seqs;
+                for (size_t i = 0; i < n_past.size(); ++i) seqs.push_back({rows[i], n_past[i], tables[i]});
+                ops::attention_decode(ctx, one_op.data(), q.data(), seqs, n_head, kc, il, 0.125f);
+                const size_t stride = size_t(n_head * hd);
+                for (size_t i = 0; i < n_past.size(); ++i)
+                    ops::attention(ctx, per_seq.data() + rows[i] * stride, q.data() + rows[i] * stride, 1, n_past[i],
+                                   n_head, kc, il, tables[i], 0.125f);
+                INFO(what, " isa=", std::string(cpu::name_of(cpu::isa(lvl))));
+                CHECK(std::memcmp(one_op.data(), per_seq.data(), q.size() * sizeof(float)) == 0);
+                CHECK(std::all_of(one_op.begin() + 2 * stride, one_op.begin() + 3 * stride,
+                                  [](float x) { return x == -7.0f; }));
+            }
+            cpu::force_isa(cpu::detect_isa());
+        }
+    }
+  }
+}
+
 TEST_CASE("attention with one position equals that position's value") {
     kv_layout lay{1, 1, 4, 4};
     kv_cache cache(lay, 1);

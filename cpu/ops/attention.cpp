@@ -470,4 +470,38 @@ void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int
     });
 }
 
+void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_seq, const int64_t* rows,
+                      const int32_t* n_past, const int32_t* const* tables, int n_head, const uint8_t* kv_base,
+                      const kv_layout& lay, int il, float scale) {
+    // The same kernels as attention() with one token, so each row gets the values a call of its
+    // own would give; only the jobs, (sequence, kv head) over the whole step, are shared out.
+    const int hd = lay.head_dim, n_kv = lay.n_head_kv, n_gqa = n_head / n_kv;
+    const int64_t stride = int64_t(n_head) * hd;
+    int64_t work = 0; // multiply-adds of the step, for the chunk size
+    for (int64_t i = 0; i < n_seq; ++i) work += (int64_t(n_past[i]) + 1) * hd * n_gqa * 2 * n_kv;
+    const int64_t n_jobs = n_seq * n_kv;
+    const int64_t chunk = std::max<int64_t>(1, thread_pool::min_parallel_work * n_jobs / std::max<int64_t>(1, work));
+    if (active_isa() >= isa::avx512 && hd % 16 == 0 && hd / 16 <= max_nv) {
+        pool.parallel_for_dynamic(n_jobs, chunk, [&](int64_t b, int64_t e) {
+            thread_local block_scratch w;
+            w.fit(n_gqa, hd, lay.page_size);
+            for (int64_t job = b; job < e; ++job) {
+                const int64_t i = job / n_kv;
+                attend_block_avx512(w, out + rows[i] * stride, q + rows[i] * stride, 0, 1, int(job % n_kv), n_past[i],
+                                    n_head, kv_base, lay, il, tables[i], scale);
+            }
+        });
+        return;
+    }
+    const auto fn = active_isa() >= isa::avx512 ? attend_avx512 : attend_plain;
+    pool.parallel_for_dynamic(n_jobs, chunk, [&](int64_t b, int64_t e) {
+        scratch w(n_gqa, hd, lay.page_size);
+        for (int64_t job = b; job < e; ++job) {
+            const int64_t i = job / n_kv;
+            fn(w, out + rows[i] * stride, q + rows[i] * stride, 0, int(job % n_kv), n_past[i], n_head, kv_base, lay,
+               il, tables[i], scale);
+        }
+    });
+}
+
 } // namespace tandem::cpu

@@ -21,6 +21,10 @@ void kv_store(thread_pool& pool, uint8_t* kv_base, const kv_layout& lay, int il,
               int32_t pos0, const float* k, const float* v, int64_t n_tok);
 void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
                const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale);
+// One token for each of n_seq sequences: sequence i's query and output are row rows[i] of q and out.
+void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_seq, const int64_t* rows,
+                      const int32_t* n_past, const int32_t* const* tables, int n_head, const uint8_t* kv_base,
+                      const kv_layout& lay, int il, float scale);
 
 
 // INT8 (W8A8), see runtime/ops/quant.hpp

@@ -8,6 +8,8 @@
 #include "cuda/ops/ops.hpp"
 #endif
 
+#include <vector>
+
 namespace tandem::ops {
 namespace {
 
@@ -47,6 +49,36 @@ struct attention_op {
 #endif
 };
 
+// Rows, positions and block tables of a decode step as arrays (what the kernels take).
+struct decode_batch {
+    std::vector<int64_t> rows;
+    std::vector<int32_t> n_past;
+    std::vector<const int32_t*> tables;
+};
+
+struct attention_decode_op {
+    static constexpr std::string_view name = "attention";
+    static void ref(float* out, const float* q, int64_t n_seq, const int64_t* rows, const int32_t* n_past,
+                    const int32_t* const* tables, int n_head, const uint8_t* kv_base, const kv_layout& lay, int il,
+                    float scale) {
+        const int64_t stride = int64_t(n_head) * lay.head_dim;
+        for (int64_t i = 0; i < n_seq; ++i)
+            ::tandem::cpu::ref::attention(out + rows[i] * stride, q + rows[i] * stride, 1, n_past[i], n_head, kv_base,
+                                          lay, il, tables[i], scale);
+    }
+    static constexpr auto cpu = ::tandem::cpu::attention_decode;
+#if TANDEM_HAVE_CUDA
+    static void cuda(const ::tandem::cuda::context& c, float* out, const float* q, int64_t n_seq, const int64_t* rows,
+                     const int32_t* n_past, const int32_t* const* tables, int n_head, const uint8_t* kv_base,
+                     const kv_layout& lay, int il, float scale) {
+        const int64_t stride = int64_t(n_head) * lay.head_dim;
+        for (int64_t i = 0; i < n_seq; ++i)
+            attention_op::cuda(c, out + rows[i] * stride, q + rows[i] * stride, 1, n_past[i], n_head, kv_base, lay, il,
+                               tables[i], scale);
+    }
+#endif
+};
+
 // The sequence's pages must cover positions [0, n_end).
 void check_pages(const kv_cache& kv, std::span<const int32_t> block_table, int64_t n_end) {
     const int32_t ps = kv.layout().page_size;
@@ -71,6 +103,25 @@ void attention(const exec_ctx& ctx, float* out, const float* q, int64_t n_tok, i
     TANDEM_ASSERT(n_head % kv.layout().n_head_kv == 0, "{} heads over {} kv heads", n_head, kv.layout().n_head_kv);
     check_pages(kv, block_table, n_past + n_tok);
     dispatch<attention_op>(ctx, out, q, n_tok, n_past, n_head, kv.base(), kv.layout(), il, block_table.data(), scale);
+}
+
+void attention_decode(const exec_ctx& ctx, float* out, const float* q, std::span<const decode_seq> seqs, int n_head,
+                      const kv_cache& kv, int il, float scale) {
+    TANDEM_ASSERT(il >= 0 && il < kv.layout().n_layer);
+    TANDEM_ASSERT(n_head % kv.layout().n_head_kv == 0, "{} heads over {} kv heads", n_head, kv.layout().n_head_kv);
+    thread_local decode_batch b; // reused: a decode step calls this once per layer
+    b.rows.clear();
+    b.n_past.clear();
+    b.tables.clear();
+    for (const decode_seq& s : seqs) {
+        TANDEM_ASSERT(s.row >= 0 && s.n_past >= 0);
+        check_pages(kv, s.block_table, int64_t(s.n_past) + 1);
+        b.rows.push_back(s.row);
+        b.n_past.push_back(s.n_past);
+        b.tables.push_back(s.block_table.data());
+    }
+    dispatch<attention_decode_op>(ctx, out, q, int64_t(seqs.size()), b.rows.data(), b.n_past.data(), b.tables.data(),
+                                  n_head, kv.base(), kv.layout(), il, scale);
 }
 
 } // namespace tandem::ops
