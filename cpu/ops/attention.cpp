@@ -240,10 +240,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void atte
         }
 }
 
-// Prefill (many new tokens): K and V of the whole context are decoded once per call into f32
-// scratch that every job shares: K transposed in chunks of 16 positions (kt[kvh][chunk][dim][16],
-// one register per dim), V as rows (vr[kvh][pos][dim]), both zero past the context. A job
-// (block of tokens, kv head) then takes its query rows eight at a time through the chunks:
+// Prefill (many new tokens), one kv head at a time: its K and V over the whole context are
+// decoded once into f32 scratch that every job shares: K transposed in chunks of 16 positions
+// (kt[chunk][dim][16], one register per dim), V as rows (vr[pos][dim]), both zero past the
+// context; per kv head the scratch is 8 bytes x context x head_dim (4 MiB at 4,096 x 128). A
+// job (block of tokens) then takes its query rows of that kv head eight at a time through the chunks:
 // eight score registers fed by one K load per dim, an online softmax per row (the running sum
 // kept per lane, reduced at the end), and P.V with each V row loaded once for several rows.
 constexpr int64_t prefill_min_tokens = 32;
@@ -256,39 +257,37 @@ struct prefill_kv {
     int64_t n_chunks;
 };
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c"))) void decode_prefill_kv(
-    thread_pool& pool, float* kt, float* vr, int64_t n_chunks, int32_t n_end, const uint8_t* kv_base,
-    const kv_layout& lay, int il, const int32_t* block_table) {
-    const int hd = lay.head_dim, ps = lay.page_size, n_kv = lay.n_head_kv;
+void decode_prefill_kv(thread_pool& pool, float* kt, float* vr, int64_t n_chunks, int32_t n_end, int kvh,
+                       const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table) {
+    const int hd = lay.head_dim, ps = lay.page_size;
     const int64_t n_pages = (n_end + ps - 1) / ps, n_pad = n_chunks * key_chunk;
-    pool.parallel_for(n_pages * n_kv, thread_pool::grain_for(int64_t(ps) * hd * 8), [&](int64_t b, int64_t e) {
-        std::vector<float> kb(size_t(ps) * size_t(hd));
-        for (int64_t job = b; job < e; ++job) {
-            const int kvh = int(job / n_pages);
-            const int32_t p0 = int32_t(job % n_pages) * ps;
+    pool.parallel_for(n_pages, thread_pool::grain_for(int64_t(ps) * hd * 8), [&](int64_t b, int64_t e) {
+        thread_local std::vector<float> kb;
+        kb.resize(size_t(ps) * size_t(hd));
+        for (int64_t pg = b; pg < e; ++pg) {
+            const int32_t p0 = int32_t(pg) * ps;
             const int n = std::min(ps, n_end - p0);
-            const uint8_t* page = kv_base + int64_t(block_table[p0 / ps]) * lay.page_bytes();
-            decode_avx512(page, lay, il, true, kvh, n, vr + (kvh * n_pad + p0) * hd);
+            const uint8_t* page = kv_base + int64_t(block_table[pg]) * lay.page_bytes();
+            decode_avx512(page, lay, il, true, kvh, n, vr + int64_t(p0) * hd);
             decode_avx512(page, lay, il, false, kvh, n, kb.data());
             for (int j = 0; j < n; ++j) {
                 const int32_t pos = p0 + j;
-                float* dst = kt + ((kvh * n_chunks + pos / key_chunk) * hd) * key_chunk + pos % key_chunk;
+                float* dst = kt + (pos / key_chunk) * hd * key_chunk + pos % key_chunk;
                 for (int i = 0; i < hd; ++i) dst[i * key_chunk] = kb[size_t(j * hd + i)];
             }
         }
     });
-    for (int kvh = 0; kvh < n_kv; ++kvh) // the last chunk's lanes past the context
-        for (int64_t pos = n_end; pos < n_pad; ++pos) {
-            float* dst = kt + ((kvh * n_chunks + pos / key_chunk) * hd) * key_chunk + pos % key_chunk;
-            for (int i = 0; i < hd; ++i) dst[i * key_chunk] = 0.0f;
-            std::fill_n(vr + (kvh * n_pad + pos) * hd, hd, 0.0f);
-        }
+    for (int64_t pos = n_end; pos < n_pad; ++pos) { // the last chunk's lanes past the context
+        float* dst = kt + (pos / key_chunk) * hd * key_chunk + pos % key_chunk;
+        for (int i = 0; i < hd; ++i) dst[i * key_chunk] = 0.0f;
+        std::fill_n(vr + pos * hd, hd, 0.0f);
+    }
 }
 
 // R query rows (rows[r] = (token, query head)) of kv head kvh over all their chunks; NV = head_dim / 16.
 template <int R, int NV>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void attend_rows_prefill(
-    float* out, const float* q, const int64_t* row_tok, const int* row_head, int32_t n_past, int n_head, int kvh,
+    float* out, const float* q, const int64_t* row_tok, const int* row_head, int32_t n_past, int n_head,
     const prefill_kv& kv, float* acc, float scale) {
     constexpr int hd = NV * 16;
     constexpr int pv_rows = NV >= 16 ? 1 : NV >= 8 ? 2 : 4; // accumulators in registers: pv_rows * NV
@@ -300,24 +299,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void attend_ro
     }
     int32_t max_ctx = 0;
     for (int r = 0; r < R; ++r) max_ctx = std::max(max_ctx, n_ctx[r]);
-    alignas(64) float m[16], corr[16];
+    alignas(64) float m[16], m_new[16], corr[16]; // lanes past R stay 0
+    std::fill_n(m, 16, 0.0f);
+    std::fill_n(m, R, -INFINITY);
     __m512 l[R];
-    for (int r = 0; r < R; ++r) {
-        m[r] = -INFINITY;
-        l[r] = _mm512_setzero_ps();
-    }
+    for (int r = 0; r < R; ++r) l[r] = _mm512_setzero_ps();
     std::fill_n(acc, R * hd, 0.0f);
     const __m512 vscale = _mm512_set1_ps(scale);
-    const int64_t n_pad = kv.n_chunks * key_chunk;
     for (int64_t c = 0; c * key_chunk < max_ctx; ++c) {
-        const float* kt = kv.kt + ((kvh * kv.n_chunks + c) * hd) * key_chunk;
+        const float* kt = kv.kt + c * hd * key_chunk;
         __m512 sc[R];
         for (int r = 0; r < R; ++r) sc[r] = _mm512_setzero_ps();
         for (int i = 0; i < hd; ++i) {
             const __m512 kv_i = _mm512_loadu_ps(kt + i * key_chunk);
             for (int r = 0; r < R; ++r) sc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[r][i]), kv_i, sc[r]);
         }
-        alignas(64) float m_new[16];
+        std::copy_n(m, 16, m_new);
         __mmask16 live[R];
         int j_end = 0; // keys any row sees in this chunk
         for (int r = 0; r < R; ++r) {
@@ -342,7 +339,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void attend_ro
             m[r] = m_new[r];
             _mm512_store_ps(p[r], pr);
         }
-        const float* vc = kv.vr + (kvh * n_pad + c * key_chunk) * hd;
+        const float* vc = kv.vr + c * key_chunk * hd;
         for (int r0 = 0; r0 < R; r0 += pv_rows) {
             constexpr int P = pv_rows < R ? pv_rows : R;
             __m512 a[P][NV];
@@ -384,10 +381,10 @@ void attend_job_prefill(float* out, const float* q, int64_t t0, int64_t t1, int 
             row_head[r] = kvh * n_gqa + int((r0 + r) % n_gqa);
         }
         switch (R) {
-        case 8: attend_rows_prefill<8, NV>(out, q, row_tok, row_head, n_past, n_head, kvh, kv, acc, scale); break;
-        case 4: attend_rows_prefill<4, NV>(out, q, row_tok, row_head, n_past, n_head, kvh, kv, acc, scale); break;
-        case 2: attend_rows_prefill<2, NV>(out, q, row_tok, row_head, n_past, n_head, kvh, kv, acc, scale); break;
-        default: attend_rows_prefill<1, NV>(out, q, row_tok, row_head, n_past, n_head, kvh, kv, acc, scale); break;
+        case 8: attend_rows_prefill<8, NV>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale); break;
+        case 4: attend_rows_prefill<4, NV>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale); break;
+        case 2: attend_rows_prefill<2, NV>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale); break;
+        default: attend_rows_prefill<1, NV>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale); break;
         }
         r0 += R;
     }
@@ -413,23 +410,25 @@ void attention_prefill(thread_pool& pool, prefill_job_fn job_fn, float* out, con
     const int hd = lay.head_dim, n_kv = lay.n_head_kv, n_gqa = n_head / n_kv;
     const int32_t n_end = n_past + int32_t(n_tok);
     const int64_t n_chunks = (n_end + key_chunk - 1) / key_chunk;
-    const size_t per_side = size_t(n_kv) * size_t(n_chunks) * key_chunk * size_t(hd);
+    const size_t per_side = size_t(n_chunks) * key_chunk * size_t(hd);
     thread_local std::vector<float> buf; // kept across layers and calls
     if (buf.size() < 2 * per_side) buf.resize(2 * per_side);
     float* kt = buf.data();
     float* vr = buf.data() + per_side;
-    decode_prefill_kv(pool, kt, vr, n_chunks, n_end, kv_base, lay, il, block_table);
     const prefill_kv kv{kt, vr, n_chunks};
     const int64_t n_blocks = (n_tok + pf_tok_block - 1) / pf_tok_block;
-    // Handed out one job at a time, the longest contexts (the last blocks) first: causal work
-    // grows with the block, so contiguous ranges per thread would leave one thread most of it.
-    pool.parallel_for_dynamic(n_blocks * n_kv, 1, [&](int64_t b, int64_t e) {
-        for (int64_t job = b; job < e; ++job) {
-            const int64_t blk = n_blocks - 1 - job / n_kv;
-            const int64_t t0 = blk * pf_tok_block, t1 = std::min(n_tok, t0 + pf_tok_block);
-            job_fn(out, q, t0, t1, int(job % n_kv), n_past, n_head, n_gqa, kv, scale);
-        }
-    });
+    for (int kvh = 0; kvh < n_kv; ++kvh) {
+        decode_prefill_kv(pool, kt, vr, n_chunks, n_end, kvh, kv_base, lay, il, block_table);
+        // Handed out one block at a time, the longest contexts (the last blocks) first: causal
+        // work grows with the block, so contiguous ranges per thread would leave one thread most of it.
+        pool.parallel_for_dynamic(n_blocks, 1, [&](int64_t b, int64_t e) {
+            for (int64_t job = b; job < e; ++job) {
+                const int64_t blk = n_blocks - 1 - job;
+                const int64_t t0 = blk * pf_tok_block, t1 = std::min(n_tok, t0 + pf_tok_block);
+                job_fn(out, q, t0, t1, kvh, n_past, n_head, n_gqa, kv, scale);
+            }
+        });
+    }
 }
 
 } // namespace
