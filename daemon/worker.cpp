@@ -75,6 +75,7 @@ public:
             if (p.wants_logits) rows_[i] = row++;
             w.tokens.assign(p.tokens.begin(), p.tokens.end());
             w.block_table.assign(p.block_table.begin(), p.block_table.end());
+            w.generations.assign(p.generations.begin(), p.generations.end());
             m.seqs.push_back(std::move(w));
         }
         TANDEM_ASSERT(row <= spec_.max_rows, "{} logits rows, the channel holds {}", row, spec_.max_rows);
@@ -319,7 +320,7 @@ int run_worker(const worker_args_parsed& a) {
                 bool rows_in_order = true;
                 for (size_t i = 0; i < m->seqs.size(); ++i) {
                     const auto& w = m->seqs[i];
-                    batch.push_back({w.tokens, w.n_past, w.block_table});
+                    batch.push_back({w.tokens, w.n_past, w.block_table, w.generations});
                     rows_in_order = rows_in_order && w.logits_row == int32_t(i);
                 }
                 const auto t0 = clock_type::now();
