@@ -1,11 +1,13 @@
-// The CUDA runner: weights uploaded once; per batch the past K/V pages go to a device mirror,
-// the forward runs on the stream, the new K/V and the logits come back to host memory.
+// The CUDA runner: weights uploaded once; per batch the past K/V the device lacks goes to its
+// device pages (page_mirror decides which), the forward runs on the stream, the new K/V and
+// the logits come back to host memory.
 #include "cuda/runner.hpp"
 
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
 #include "cuda/ops/ops.hpp"
 #include "cuda/weights.hpp"
+#include "runtime/page_mirror.hpp"
 
 #include <fmt/format.h>
 
@@ -32,8 +34,8 @@ struct grow_buffer {
 
 class cuda_runner final : public runner {
 public:
-    cuda_runner(const model& mdl, int device)
-        : cfg_(mdl.config()), ctx_(device), w_(ctx_, checked(mdl).weights()) {
+    cuda_runner(const model& mdl, int device, const cuda_runner_options& opts)
+        : cfg_(mdl.config()), opts_(opts), ctx_(device), w_(ctx_, checked(mdl).weights()) {
         ctx_.synchronize(); // the uploads are done before the host weights could change
         const auto devs = cuda::list_devices();
         name_ = device < int(devs.size()) ? devs[size_t(device)].name : "?";
@@ -49,7 +51,8 @@ public:
     }
 
     std::string device() const override {
-        return fmt::format("cuda:{} {} ({} MiB of weights)", ctx_.device(), name_, w_.bytes() >> 20);
+        return fmt::format("cuda:{} {} ({} MiB of weights{})", ctx_.device(), name_, w_.bytes() >> 20,
+                           opts_.keep_pages ? ", KV pages kept on the device" : "");
     }
 
     void forward(std::span<const batch_seq> batch, kv_cache& kv, float* logits) override;
@@ -64,10 +67,14 @@ private:
         return m;
     }
 
-    void upload_past_pages(std::span<const batch_seq> batch, const kv_cache& kv, uint8_t* mirror);
-    void write_back(std::span<const batch_seq> batch, kv_cache& kv, const uint8_t* mirror);
+    void place_pages(std::span<const batch_seq> batch, const kv_cache& kv);
+    // The forward once place_pages has planned the batch's pages.
+    void forward_placed(std::span<const batch_seq> batch, kv_cache& kv, float* logits,
+                        std::chrono::steady_clock::time_point t_start);
+    int64_t copy_pages(std::span<const page_copy> copies, kv_cache& kv, bool to_device);
 
     model_config cfg_;
+    cuda_runner_options opts_;
     cuda::context ctx_;
     cuda::device_model_weights w_;
     std::string name_;
@@ -75,76 +82,104 @@ private:
     cuda::forward_stats stats_;
 
     // host staging for one batch
-    std::vector<int32_t> h_tokens_, h_pos_, h_tables_, h_rows_;
-    std::vector<int32_t> slot0_; // first mirror page of each sequence
+    std::vector<int32_t> h_tokens_, h_pos_, h_rows_;
     // device scratch
-    grow_buffer tokens_, pos_, tables_, rows_, mirror_;
+    grow_buffer tokens_, pos_, tables_, rows_;
     grow_buffer x_, q_, k_, v_, attn_, proj_, gate_, up_, last_, xn_, xq_, xs_, logits_;
-    int64_t mirror_pages_ = 0;
+
+    // Device pages for host pages: which host page each holds and how much of it is valid
+    // (pages_), the memory (mirror_, pages_.capacity() pages of the pool's layout), the pool
+    // it mirrors, and the current batch's copies and device block tables (plan_).
+    page_mirror pages_;
+    cuda::buffer mirror_;
+    mirror_plan plan_;
+    const uint8_t* pool_base_ = nullptr;
+    kv_layout pool_layout_;
+    int32_t pool_pages_ = 0;
 };
 
-// Pages of a sequence covering positions [0, n).
-int64_t pages_for(int64_t n, int32_t ps) { return (n + ps - 1) / ps; }
-
-void cuda_runner::upload_past_pages(std::span<const batch_seq> batch, const kv_cache& kv, uint8_t* mirror) {
-    const kv_layout& lay = kv.layout();
-    const int64_t pb = lay.page_bytes();
-    stats_.upload_bytes = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-        const auto& s = batch[i];
-        const int64_t n_past_pages = pages_for(s.n_past, lay.page_size);
-        // Runs of consecutive host pages go over in one copy (mirror slots are consecutive).
-        for (int64_t j = 0; j < n_past_pages;) {
-            int64_t run = 1;
-            while (j + run < n_past_pages && s.block_table[size_t(j + run)] == s.block_table[size_t(j)] + run) ++run;
-            ctx_.upload(mirror + (slot0_[i] + j) * pb, kv.base() + int64_t(s.block_table[size_t(j)]) * pb,
-                        size_t(run * pb));
-            stats_.upload_bytes += run * pb;
-            j += run;
-        }
-    }
+bool same_layout(const kv_layout& a, const kv_layout& b) {
+    return a.n_layer == b.n_layer && a.n_head_kv == b.n_head_kv && a.head_dim == b.head_dim &&
+           a.page_size == b.page_size && a.dtype == b.dtype;
 }
 
-// Copies positions [n_past, n_past + n) of every sequence from the mirror into the host pages:
-// whole pages (runs of consecutive ones in one copy) where every position is new, else the
-// new slots of each (layer, K|V, kv head) row with one 2-D copy (and one for i8 scales).
-void cuda_runner::write_back(std::span<const batch_seq> batch, kv_cache& kv, const uint8_t* mirror) {
+// Maps the batch's pages to device pages, (re)allocating them when the batch touches more
+// than they hold; fills plan_. With keep_pages the device pages persist across forwards
+// (sized once from the pool and free memory), else they are scratch forgotten every forward
+// (sized to the largest batch so far, as before the mirror existed).
+void cuda_runner::place_pages(std::span<const batch_seq> batch, const kv_cache& kv) {
+    const kv_layout& lay = kv.layout();
+    const int64_t pb = lay.page_bytes();
+    if (kv.base() != pool_base_ || kv.n_pages() != pool_pages_ || !same_layout(lay, pool_layout_)) {
+        // Another pool: nothing held is about it (page numbers and generations are per pool).
+        pool_base_ = kv.base();
+        pool_pages_ = kv.n_pages();
+        pool_layout_ = lay;
+        mirror_ = cuda::buffer();
+        pages_.reset(0, kv.n_pages(), lay.page_size);
+    }
+    if (!opts_.keep_pages) pages_.forget();
+    if (pages_.prepare(batch, plan_)) return;
+
+    // More pages than there are device pages: new ones, dropping what the old ones held
+    // (the mirror has no pages until the allocation succeeds).
+    int64_t cap = std::max<int64_t>(plan_.n_pages, int64_t(pages_.capacity()) * 3 / 2);
+    mirror_ = cuda::buffer();
+    pages_.reset(0, kv.n_pages(), lay.page_size);
+    if (opts_.keep_pages) {
+        int64_t budget = opts_.mirror_bytes;
+        if (budget <= 0) {
+            ctx_.synchronize(); // the old pages' memory is free once the stream has run
+            size_t free_b = 0, total_b = 0;
+            CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+            const int64_t reserve = std::max<int64_t>(int64_t(1) << 30, int64_t(total_b) / 8);
+            budget = int64_t(free_b) - reserve;
+        }
+        cap = std::max(cap, budget / pb);
+    }
+    cap = std::min<int64_t>(cap, kv.n_pages());
+    mirror_ = cuda::buffer(ctx_, size_t(cap * pb));
+    // Zeroed, so padding and positions never written carry no stale bytes to the host pages.
+    CUDA_CHECK(cudaMemsetAsync(mirror_.get(), 0, mirror_.bytes(), static_cast<cudaStream_t>(ctx_.stream())));
+    pages_.reset(int32_t(cap), kv.n_pages(), lay.page_size);
+    const bool placed = pages_.prepare(batch, plan_);
+    TANDEM_ASSERT(placed, "{} device pages for a batch of {} pages", cap, plan_.n_pages);
+}
+
+// Issues the copies of a plan on the stream: whole pages (runs of them) in one copy, else
+// the positions [slot_begin, slot_end) of each (layer, K|V, kv head) row with one 2-D copy
+// (and one for i8 scales). Returns the bytes copied.
+int64_t cuda_runner::copy_pages(std::span<const page_copy> copies, kv_cache& kv, bool to_device) {
     const kv_layout& lay = kv.layout();
     const int64_t pb = lay.page_bytes(), ps = lay.page_size;
     const int64_t row_bytes = int64_t(lay.head_dim) * lay.elem_bytes(); // one position of one head
     const size_t n_rows = size_t(lay.n_layer) * 2 * size_t(lay.n_head_kv);
     const auto st = static_cast<cudaStream_t>(ctx_.stream());
-    stats_.handoff_bytes = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-        const auto& s = batch[i];
-        const int64_t p_begin = s.n_past, p_end = s.n_past + int64_t(s.tokens.size());
-        for (int64_t j = p_begin / ps; j * ps < p_end;) {
-            const int64_t s0 = std::max(p_begin, j * ps) - j * ps, s1 = std::min(p_end, (j + 1) * ps) - j * ps;
-            const uint8_t* src = mirror + (slot0_[i] + j) * pb;
-            uint8_t* dst = kv.base() + int64_t(s.block_table[size_t(j)]) * pb;
-            if (s0 == 0 && s1 == ps) {
-                int64_t run = 1;
-                while ((j + run + 1) * ps <= p_end &&
-                       s.block_table[size_t(j + run)] == s.block_table[size_t(j)] + run)
-                    ++run;
-                CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(run * pb), cudaMemcpyDeviceToHost, st));
-                stats_.handoff_bytes += run * pb;
-                j += run;
-                continue;
-            }
-            const int64_t pitch = ps * row_bytes, width = (s1 - s0) * row_bytes;
-            CUDA_CHECK(cudaMemcpy2DAsync(dst + s0 * row_bytes, size_t(pitch), src + s0 * row_bytes, size_t(pitch),
-                                         size_t(width), n_rows, cudaMemcpyDeviceToHost, st));
-            stats_.handoff_bytes += width * int64_t(n_rows);
-            if (lay.dtype == kv_dtype::i8) {
-                const int64_t sb = lay.scales_begin();
-                CUDA_CHECK(cudaMemcpy2DAsync(dst + sb + s0 * 4, size_t(ps * 4), src + sb + s0 * 4, size_t(ps * 4),
-                                             size_t((s1 - s0) * 4), n_rows, cudaMemcpyDeviceToHost, st));
-                stats_.handoff_bytes += (s1 - s0) * 4 * int64_t(n_rows);
-            }
-            ++j;
+    const auto kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    int64_t bytes = 0;
+    for (const page_copy& c : copies) {
+        uint8_t* host = kv.base() + int64_t(c.host_page) * pb;
+        uint8_t* dev = mirror_.as<uint8_t>() + int64_t(c.dev_page) * pb;
+        uint8_t* dst = to_device ? dev : host;
+        const uint8_t* src = to_device ? host : dev;
+        if (c.whole) {
+            CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(c.n_pages * pb), kind, st));
+            bytes += c.n_pages * pb;
+            continue;
+        }
+        const int64_t s0 = c.slot_begin, s1 = c.slot_end;
+        const int64_t pitch = ps * row_bytes, width = (s1 - s0) * row_bytes;
+        CUDA_CHECK(cudaMemcpy2DAsync(dst + s0 * row_bytes, size_t(pitch), src + s0 * row_bytes, size_t(pitch),
+                                     size_t(width), n_rows, kind, st));
+        bytes += width * int64_t(n_rows);
+        if (lay.dtype == kv_dtype::i8) {
+            const int64_t sb = lay.scales_begin();
+            CUDA_CHECK(cudaMemcpy2DAsync(dst + sb + s0 * 4, size_t(ps * 4), src + sb + s0 * 4, size_t(ps * 4),
+                                         size_t((s1 - s0) * 4), n_rows, kind, st));
+            bytes += (s1 - s0) * 4 * int64_t(n_rows);
         }
     }
+    return bytes;
 }
 
 void cuda_runner::forward(std::span<const batch_seq> batch, kv_cache& kv, float* logits) {
@@ -153,20 +188,10 @@ void cuda_runner::forward(std::span<const batch_seq> batch, kv_cache& kv, float*
     TANDEM_CHECK(lay.n_layer == cfg_.n_layer && lay.n_head_kv == cfg_.n_head_kv && lay.head_dim == cfg_.head_dim,
                  "KV pages of {} layers x {} heads x {} dims do not fit the model", lay.n_layer, lay.n_head_kv,
                  lay.head_dim);
-    // Host side: flat tokens and positions, each sequence's pages mapped to consecutive mirror slots.
-    h_tokens_.clear(); h_pos_.clear(); h_tables_.clear(); h_rows_.clear(); slot0_.clear();
+    // Host side: flat tokens and positions (the pages are checked by page_mirror::prepare).
+    h_tokens_.clear(); h_pos_.clear(); h_rows_.clear();
     for (const auto& s : batch) {
         TANDEM_ASSERT(!s.tokens.empty(), "a sequence in a batch needs at least one new token");
-        const int64_t n_end = s.n_past + int64_t(s.tokens.size());
-        const int64_t n_pages = pages_for(n_end, lay.page_size);
-        TANDEM_ASSERT(int64_t(s.block_table.size()) >= n_pages, "{} pages cannot hold {} positions",
-                      s.block_table.size(), n_end);
-        slot0_.push_back(int32_t(h_tables_.size()));
-        for (int64_t j = 0; j < n_pages; ++j) {
-            const int32_t pg = s.block_table[size_t(j)];
-            TANDEM_ASSERT(pg >= 0 && pg < kv.n_pages(), "page {} outside the pool of {}", pg, kv.n_pages());
-            h_tables_.push_back(int32_t(h_tables_.size()));
-        }
         for (size_t i = 0; i < s.tokens.size(); ++i) {
             TANDEM_CHECK(s.tokens[i] >= 0 && s.tokens[i] < cfg_.n_vocab,
                          "token id {} is outside the vocabulary [0, {})", s.tokens[i], cfg_.n_vocab);
@@ -175,30 +200,43 @@ void cuda_runner::forward(std::span<const batch_seq> batch, kv_cache& kv, float*
         }
         h_rows_.push_back(int32_t(h_tokens_.size()) - 1);
     }
-    const int64_t n_tok = int64_t(h_tokens_.size()), n_seq = int64_t(batch.size());
-    if (n_tok == 0) return;
-    const int64_t e = cfg_.n_embd, n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff, pb = lay.page_bytes();
-    const cuda::context& c = ctx_;
-    c.make_current();
-
-    // The device mirror: zeroed when (re)allocated so padding never carries stale bytes home.
-    const int64_t n_slots = int64_t(h_tables_.size());
-    if (n_slots > mirror_pages_) {
-        mirror_pages_ = std::max(n_slots, mirror_pages_ * 3 / 2);
-        mirror_.b = cuda::buffer();
-        mirror_.b = cuda::buffer(c, size_t(mirror_pages_ * pb));
-        CUDA_CHECK(cudaMemsetAsync(mirror_.b.get(), 0, mirror_.b.bytes(), static_cast<cudaStream_t>(c.stream())));
+    if (h_tokens_.empty()) return;
+    ctx_.make_current();
+    place_pages(batch, kv);
+    try {
+        forward_placed(batch, kv, logits, t_start);
+    } catch (...) {
+        pages_.forget(); // what the device pages hold after a failure is unknown
+        throw;
     }
-    uint8_t* mirror = mirror_.b.as<uint8_t>();
-    upload_past_pages(batch, kv, mirror);
+}
+
+void cuda_runner::forward_placed(std::span<const batch_seq> batch, kv_cache& kv, float* logits,
+                                 std::chrono::steady_clock::time_point t_start) {
+    const kv_layout& lay = kv.layout();
+    const int64_t n_tok = int64_t(h_tokens_.size()), n_seq = int64_t(batch.size());
+    const int64_t e = cfg_.n_embd, n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff;
+    const cuda::context& c = ctx_;
+    uint8_t* mirror = mirror_.as<uint8_t>();
+    const std::vector<int32_t>& slot0 = plan_.table_begin;
+    stats_.upload_bytes = copy_pages(plan_.uploads, kv, true);
+    {
+        const int64_t slot_bytes = int64_t(lay.n_layer) * 2 * lay.n_head_kv *
+                                   (int64_t(lay.head_dim) * lay.elem_bytes() + (lay.dtype == kv_dtype::i8 ? 4 : 0));
+        stats_.kept_bytes = plan_.n_kept_slots * slot_bytes;
+        stats_.mirror_pages = pages_.capacity();
+        stats_.total_upload_bytes += stats_.upload_bytes;
+        stats_.total_kept_bytes += stats_.kept_bytes;
+    }
 
     int32_t* d_tokens = tokens_.get<int32_t>(c, size_t(n_tok));
     int32_t* d_pos = pos_.get<int32_t>(c, size_t(n_tok));
+    const int64_t n_slots = int64_t(plan_.tables.size());
     int32_t* d_tables = tables_.get<int32_t>(c, size_t(n_slots));
     int32_t* d_rows = rows_.get<int32_t>(c, size_t(n_seq));
     c.upload(d_tokens, h_tokens_.data(), size_t(n_tok) * 4);
     c.upload(d_pos, h_pos_.data(), size_t(n_tok) * 4);
-    c.upload(d_tables, h_tables_.data(), size_t(n_slots) * 4);
+    c.upload(d_tables, plan_.tables.data(), size_t(n_slots) * 4);
     c.upload(d_rows, h_rows_.data(), size_t(n_seq) * 4);
 
     float* x = x_.get<float>(c, size_t(n_tok * e));
@@ -235,9 +273,9 @@ void cuda_runner::forward(std::span<const batch_seq> batch, kv_cache& kv, float*
         for (size_t i = 0; i < batch.size(); ++i) {
             const auto& s = batch[i];
             const int64_t n = int64_t(s.tokens.size());
-            cuda::kv_store(c, mirror, lay, il, d_tables + slot0_[i], s.n_past, k + t * n_kv, v + t * n_kv, n);
+            cuda::kv_store(c, mirror, lay, il, d_tables + slot0[i], s.n_past, k + t * n_kv, v + t * n_kv, n);
             cuda::attention(c, attn + t * e, q + t * e, n, s.n_past, cfg_.n_head, mirror, lay, il,
-                            d_tables + slot0_[i], scale);
+                            d_tables + slot0[i], scale);
             t += n;
         }
         cuda::quantize_rows(c, xq, xs, attn, n_tok, e);
@@ -274,10 +312,11 @@ void cuda_runner::forward(std::span<const batch_seq> batch, kv_cache& kv, float*
 
     const auto st = static_cast<cudaStream_t>(c.stream());
     CUDA_CHECK(cudaEventRecord(ev_[0], st));
-    write_back(batch, kv, mirror);
+    stats_.handoff_bytes = copy_pages(plan_.writes, kv, false);
     CUDA_CHECK(cudaEventRecord(ev_[1], st));
     c.download(logits, d_logits, size_t(n_seq * n_voc) * sizeof(float));
     c.synchronize();
+    pages_.commit(); // the new positions are in the device pages too
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
     stats_.handoff_s = ms / 1e3;
@@ -286,12 +325,12 @@ void cuda_runner::forward(std::span<const batch_seq> batch, kv_cache& kv, float*
 
 } // namespace
 
-std::unique_ptr<runner> make_cuda_runner(model& mdl, int device) {
+std::unique_ptr<runner> make_cuda_runner(model& mdl, int device, const cuda_runner_options& opts) {
     std::string why;
     const auto devs = cuda::list_devices(&why);
     TANDEM_CHECK(device >= 0 && device < int(devs.size()), "no CUDA device {} ({} found{}{})", device, devs.size(),
                  why.empty() ? "" : ": ", why);
-    return std::make_unique<cuda_runner>(mdl, device);
+    return std::make_unique<cuda_runner>(mdl, device, opts);
 }
 
 namespace cuda {

@@ -75,6 +75,7 @@ public:
             if (p.wants_logits) rows_[i] = row++;
             w.tokens.assign(p.tokens.begin(), p.tokens.end());
             w.block_table.assign(p.block_table.begin(), p.block_table.end());
+            w.generations.assign(p.generations.begin(), p.generations.end());
             m.seqs.push_back(std::move(w));
         }
         TANDEM_ASSERT(row <= spec_.max_rows, "{} logits rows, the channel holds {}", row, spec_.max_rows);
@@ -274,7 +275,12 @@ int run_worker(const worker_args_parsed& a) {
     } else {
 #ifdef TANDEM_HAVE_CUDA
         const int dev = s.device.size() > 5 ? std::atoi(s.device.c_str() + 5) : 0;
-        run = make_cuda_runner(*b.mdl, dev);
+        // The decode worker keeps its pages on the device between steps (a step then uploads
+        // only what the device lacks); the prefill worker's forwards read little of the past
+        // and it may share the device, so it uploads into scratch.
+        cuda_runner_options ro;
+        ro.keep_pages = s.role == "decode";
+        run = make_cuda_runner(*b.mdl, dev, ro);
         // Pinned pages: K/V copies to and from the pool run asynchronously at full bus speed.
         // (This makes the whole pool resident; the worker keeps it registered until it exits.)
         cuda::register_host(pool->pages(), size_t(kv.bytes()));
@@ -294,6 +300,7 @@ int run_worker(const worker_args_parsed& a) {
     ch->notify_supervisor();
 
     const int32_t n_vocab = b.cfg.n_vocab;
+    [[maybe_unused]] int32_t mirror_pages = 0; // device pages the CUDA runner holds (logged when it changes)
     std::vector<float> logits;
     std::vector<batch_seq> batch;
     for (;;) {
@@ -319,7 +326,7 @@ int run_worker(const worker_args_parsed& a) {
                 bool rows_in_order = true;
                 for (size_t i = 0; i < m->seqs.size(); ++i) {
                     const auto& w = m->seqs[i];
-                    batch.push_back({w.tokens, w.n_past, w.block_table});
+                    batch.push_back({w.tokens, w.n_past, w.block_table, w.generations});
                     rows_in_order = rows_in_order && w.logits_row == int32_t(i);
                 }
                 const auto t0 = clock_type::now();
@@ -342,6 +349,21 @@ int run_worker(const worker_args_parsed& a) {
                     log->error("batch {} failed: {}", m->batch_id, e.what());
                 }
                 d.compute_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+#ifdef TANDEM_HAVE_CUDA
+                if (const auto* st = cuda::stats_of(*run); st && d.ok) {
+                    if (st->mirror_pages != mirror_pages) {
+                        mirror_pages = st->mirror_pages;
+                        const char* use = s.role != "decode" ? "scratch for each batch"
+                                          : mirror_pages < s.n_pages
+                                              ? "kept between batches, least recently used evicted"
+                                              : "kept between batches";
+                        log->info("device KV pages: {} of the pool's {} ({} MiB), {}", mirror_pages, s.n_pages,
+                                  (int64_t(mirror_pages) * layout.page_bytes()) >> 20, use);
+                    }
+                    log->debug("batch {}: {} KiB of past K/V uploaded, {} KiB held on the device already",
+                               m->batch_id, st->upload_bytes >> 10, st->kept_bytes >> 10);
+                }
+#endif
             }
             buf.clear();
             ipc::encode(d, buf);

@@ -33,11 +33,14 @@ void put_string(std::vector<uint8_t>& out, const std::string& s) {
     out.insert(out.end(), s.begin(), s.begin() + n);
 }
 
-void put_i32s(std::vector<uint8_t>& out, const std::vector<int32_t>& v) {
+// A count-prefixed array of 4-byte values.
+template <class T>
+void put_array(std::vector<uint8_t>& out, const std::vector<T>& v) {
+    static_assert(sizeof(T) == 4 && std::is_trivially_copyable_v<T>);
     put(out, uint32_t(v.size()));
     const size_t at = out.size();
-    out.resize(at + v.size() * sizeof(int32_t));
-    if (!v.empty()) std::memcpy(out.data() + at, v.data(), v.size() * sizeof(int32_t));
+    out.resize(at + v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(out.data() + at, v.data(), v.size() * sizeof(T));
 }
 
 // A cursor over the input; every get fails (and stays failed) rather than read past the end.
@@ -78,17 +81,25 @@ struct reader {
         return s;
     }
 
-    // A count-prefixed int32 array of at most `cap` elements, each >= `min_value`.
-    std::vector<int32_t> get_i32s(uint32_t cap, int32_t min_value) {
+    // A count-prefixed array of 4-byte values, at most `cap` of them.
+    template <class T>
+    std::vector<T> get_array(uint32_t cap) {
+        static_assert(sizeof(T) == 4 && std::is_trivially_copyable_v<T>);
         const uint32_t n = get<uint32_t>();
         // Checked against the bytes left before allocating: garbage cannot ask for gigabytes.
-        if (!ok || n > cap || uint64_t(n) * sizeof(int32_t) > left()) {
+        if (!ok || n > cap || uint64_t(n) * sizeof(T) > left()) {
             ok = false;
             return {};
         }
-        std::vector<int32_t> v(n);
-        if (n) std::memcpy(v.data(), in.data() + at, size_t(n) * sizeof(int32_t));
-        at += size_t(n) * sizeof(int32_t);
+        std::vector<T> v(n);
+        if (n) std::memcpy(v.data(), in.data() + at, size_t(n) * sizeof(T));
+        at += size_t(n) * sizeof(T);
+        return v;
+    }
+
+    // A count-prefixed int32 array of at most `cap` elements, each >= `min_value`.
+    std::vector<int32_t> get_i32s(uint32_t cap, int32_t min_value) {
+        std::vector<int32_t> v = get_array<int32_t>(cap);
         for (int32_t x : v)
             if (x < min_value) {
                 ok = false;
@@ -114,13 +125,16 @@ void encode(const run_msg& m, std::vector<uint8_t>& out) {
     put(out, m.batch_id);
     put(out, uint32_t(m.seqs.size()));
     for (const seq_work& s : m.seqs) {
-        TANDEM_ASSERT(s.tokens.size() <= max_seq_tokens && s.block_table.size() <= max_blocks,
-                      "seq_work with {} tokens, {} blocks", s.tokens.size(), s.block_table.size());
+        TANDEM_ASSERT(s.tokens.size() <= max_seq_tokens && s.block_table.size() <= max_blocks &&
+                          s.generations.size() == s.block_table.size(),
+                      "seq_work with {} tokens, {} blocks, {} generations", s.tokens.size(), s.block_table.size(),
+                      s.generations.size());
         put(out, s.seq_id);
         put(out, s.n_past);
         put(out, s.logits_row);
-        put_i32s(out, s.tokens);
-        put_i32s(out, s.block_table);
+        put_array(out, s.tokens);
+        put_array(out, s.block_table);
+        put_array(out, s.generations);
     }
 }
 
@@ -147,8 +161,8 @@ std::optional<run_msg> decode_run(std::span<const uint8_t> in) {
     run_msg m;
     m.batch_id = r.get<uint64_t>();
     const uint32_t n_seqs = r.get<uint32_t>();
-    // Each sequence takes at least 24 bytes, so a count the input cannot hold fails here.
-    if (!r.ok || n_seqs > max_seqs || uint64_t(n_seqs) * 24 > r.left()) return std::nullopt;
+    // Each sequence takes at least 28 bytes, so a count the input cannot hold fails here.
+    if (!r.ok || n_seqs > max_seqs || uint64_t(n_seqs) * 28 > r.left()) return std::nullopt;
     m.seqs.resize(n_seqs);
     for (seq_work& s : m.seqs) {
         s.seq_id = r.get<uint64_t>();
@@ -156,7 +170,9 @@ std::optional<run_msg> decode_run(std::span<const uint8_t> in) {
         s.logits_row = r.get<int32_t>();
         s.tokens = r.get_i32s(max_seq_tokens, std::numeric_limits<int32_t>::min());
         s.block_table = r.get_i32s(max_blocks, 0);
-        if (!r.ok || s.n_past < 0 || s.logits_row < -1) return std::nullopt;
+        s.generations = r.get_array<uint32_t>(max_blocks);
+        if (!r.ok || s.n_past < 0 || s.logits_row < -1 || s.generations.size() != s.block_table.size())
+            return std::nullopt;
     }
     if (!r.finished()) return std::nullopt;
     return m;

@@ -24,13 +24,16 @@ struct hello_msg {
 };
 
 // One sequence's share of a batch: the tokens to compute at positions n_past.., the pages
-// that hold positions 0..n_past+tokens (block table) and where its last token's logits go.
+// that hold positions 0..n_past+tokens (block table) with their generations (a worker that
+// keeps device copies of pages knows by them what it still holds: runtime/page_mirror.hpp),
+// and where its last token's logits go.
 struct seq_work {
     uint64_t seq_id = 0;
     int32_t n_past = 0;
     int32_t logits_row = -1;   // -1: no logits wanted (a prefill chunk that is not the last)
     std::vector<int32_t> tokens;
     std::vector<int32_t> block_table;
+    std::vector<uint32_t> generations; // [block_table.size()] block_pool::generation of each page
 };
 
 struct run_msg {
@@ -52,7 +55,8 @@ inline constexpr uint32_t wire_max_string = 64 * 1024;   // bytes of a string
 
 // Encoders append to `out`; decoders return nullopt on any malformed payload (short,
 // trailing bytes, negative or oversized counts, negative n_past or page numbers, a
-// logits_row below -1, a bool not 0/1) and never read past `in`.
+// logits_row below -1, generations not one per page, a bool not 0/1) and never read past
+// `in`. (The channel's version changes with the encoding: both ends are one build.)
 void encode(const hello_msg& m, std::vector<uint8_t>& out);
 void encode(const run_msg& m, std::vector<uint8_t>& out);
 void encode(const done_msg& m, std::vector<uint8_t>& out);

@@ -7,7 +7,7 @@ namespace tandem {
 
 block_pool::block_pool(int32_t n_pages)
     : ref_(size_t(n_pages), 0), prev_(size_t(n_pages), none), next_(size_t(n_pages), none),
-      has_hash_(size_t(n_pages), 0), hash_(size_t(n_pages), 0) {
+      has_hash_(size_t(n_pages), 0), hash_(size_t(n_pages), 0), gen_(size_t(n_pages), 0) {
     TANDEM_ASSERT(n_pages > 0);
     // page 0 first, like the LIFO stack this list replaced
     for (int32_t p = 0; p < n_pages; ++p) push_back(p);
@@ -48,6 +48,7 @@ std::optional<std::vector<int32_t>> block_pool::allocate(int32_t n) {
         unlink(p);
         TANDEM_ASSERT(ref_[size_t(p)] == 0);
         ref_[size_t(p)] = 1;
+        ++gen_[size_t(p)]; // whatever it held is void: its next contents are new
         if (has_hash_[size_t(p)]) { // evicted: its cached prefix is gone
             by_hash_.erase(hash_[size_t(p)]);
             has_hash_[size_t(p)] = 0;
@@ -78,6 +79,11 @@ void block_pool::release(std::span<const int32_t> pages) {
 int32_t block_pool::ref_count(int32_t p) const {
     TANDEM_ASSERT(p >= 0 && p < n_pages());
     return ref_[size_t(p)];
+}
+
+uint32_t block_pool::generation(int32_t p) const {
+    TANDEM_ASSERT(p >= 0 && p < n_pages());
+    return gen_[size_t(p)];
 }
 
 bool block_pool::set_hash(int32_t p, uint64_t hash) {
@@ -119,6 +125,7 @@ bool block_pool::restore_cached(int32_t p, uint64_t hash) {
     by_hash_.emplace(hash, p);
     has_hash_[size_t(p)] = 1;
     hash_[size_t(p)] = hash;
+    ++gen_[size_t(p)]; // contents from the last run: no device copy of this pool's past is trusted
     push_back(p);
     return true;
 }

@@ -37,6 +37,12 @@ public:
     // (head of the free list without a hash, tail with one).
     void release(std::span<const int32_t> pages);
     int32_t ref_count(int32_t page) const;
+    // Changes whenever the page is given new contents: each allocate() (fresh data, a
+    // copy-on-write target, an evicted cached page) and restore_cached(). It stays while the
+    // contents stay, so a device copy of the page (page_mirror) can tell it is still good:
+    // sharing a cached prefix (add_ref), release, set_hash and drop_hash keep it. Within one
+    // generation positions are only appended, never rewritten. Starts at 0; wraps at 2^32.
+    uint32_t generation(int32_t page) const;
 
     // Prefix cache. A page gets a hash once it is full and its K/V are computed; the hash
     // keys the page's whole token prefix (see prefix_hash). If another page already has
@@ -71,6 +77,7 @@ private:
     std::vector<int32_t> prev_, next_;    // [n_pages] free-list links (none at the ends)
     std::vector<uint8_t> has_hash_;       // [n_pages]
     std::vector<uint64_t> hash_;          // [n_pages] valid where has_hash_
+    std::vector<uint32_t> gen_;           // [n_pages] generation of the contents
     std::unordered_map<uint64_t, int32_t> by_hash_;
     std::vector<int32_t> evicted_;
     int32_t head_ = none, tail_ = none;

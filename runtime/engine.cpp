@@ -423,7 +423,7 @@ public:
     bool ready() override { return !result_; }
     void start(std::span<const planned_seq> batch) override {
         batch_.clear();
-        for (const auto& p : batch) batch_.push_back({p.tokens, p.n_past, p.block_table});
+        for (const auto& p : batch) batch_.push_back({p.tokens, p.n_past, p.block_table, p.generations});
         logits_.resize(batch_.size() * size_t(n_vocab_));
         result_ = outcome{};
         try {

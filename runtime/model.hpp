@@ -19,6 +19,9 @@ struct batch_seq {
     std::span<const token_id> tokens;
     int32_t n_past = 0;
     std::span<const int32_t> block_table;
+    // [block_table.size()] the pages' block_pool generations, or empty (unknown). Only a
+    // runner that keeps copies of pages between forwards reads them (runtime/page_mirror).
+    std::span<const uint32_t> generations;
 };
 
 class model {

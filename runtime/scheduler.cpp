@@ -19,6 +19,7 @@ struct scheduler::seq {
     int32_t n_prompt = 0;
     int32_t n_computed = 0;           // positions whose K/V are in the pages
     std::vector<int32_t> pages;       // block table
+    std::vector<uint32_t> gens;       // [pages] their generations, filled when a batch takes it
     std::vector<uint64_t> hashes;     // prefix hashes of the leading full computed pages
     int busy = -1;                    // slot of the batch running it
     int32_t n_inflight = 0;           // tokens that batch computes
@@ -258,6 +259,11 @@ std::vector<planned_seq> scheduler::plan(int slot, work_kind kind) {
         p.n_past = s->n_computed;
         p.tokens = std::span(s->tokens).subspan(size_t(s->n_computed), size_t(s->n_inflight));
         p.block_table = s->pages;
+        // Stable until complete(): the pages of a busy sequence are referenced, so none is
+        // allocated (or restored) again meanwhile.
+        s->gens.resize(s->pages.size());
+        for (size_t j = 0; j < s->pages.size(); ++j) s->gens[j] = pool_.generation(s->pages[j]);
+        p.generations = s->gens;
         p.wants_logits = s->n_computed + s->n_inflight == int32_t(s->tokens.size());
         out.push_back(p);
     }

@@ -43,6 +43,7 @@ struct planned_seq {
     int32_t n_past = 0;
     std::span<const token_id> tokens;       // positions n_past .. n_past + tokens.size()
     std::span<const int32_t> block_table;   // covers every position up to the last one
+    std::span<const uint32_t> generations;  // [block_table.size()] each page's block_pool generation
     bool wants_logits = false;              // the batch reaches the end of its tokens
 };
 

@@ -18,7 +18,7 @@ namespace {
 // The contract of block_pool.hpp written as plainly as possible: O(n) everywhere, no links.
 class naive_pool {
 public:
-    explicit naive_pool(int32_t n) : ref_(size_t(n), 0), hash_(size_t(n)) {
+    explicit naive_pool(int32_t n) : ref_(size_t(n), 0), hash_(size_t(n)), gen_(size_t(n), 0) {
         for (int32_t p = 0; p < n; ++p) free_.push_back(p);
     }
 
@@ -35,6 +35,7 @@ public:
             const int32_t p = free_.front();
             free_.pop_front();
             ref_[size_t(p)] = 1;
+            ++gen_[size_t(p)]; // handed out for new contents
             if (hash_[size_t(p)]) {
                 hash_[size_t(p)].reset();
                 evicted_.push_back(p);
@@ -64,6 +65,7 @@ public:
     }
 
     int32_t ref_count(int32_t p) const { return ref_[size_t(p)]; }
+    uint32_t generation(int32_t p) const { return gen_[size_t(p)]; }
 
     bool set_hash(int32_t p, uint64_t h) {
         REQUIRE(ref_[size_t(p)] > 0);
@@ -96,6 +98,7 @@ public:
         if (lookup(h)) return false;
         remove_free(p);
         hash_[size_t(p)] = h;
+        ++gen_[size_t(p)]; // contents from before a restart
         free_.push_back(p);
         return true;
     }
@@ -117,6 +120,7 @@ private:
 
     std::vector<int32_t> ref_;
     std::vector<std::optional<uint64_t>> hash_;
+    std::vector<uint32_t> gen_;
     std::deque<int32_t> free_; // front: where allocation takes from
     std::vector<int32_t> evicted_;
 };
@@ -130,6 +134,7 @@ void require_same(const block_pool& pool, const naive_pool& ref, uint64_t n_hash
     for (int32_t p = 0; p < ref.n_pages(); ++p) {
         REQUIRE(pool.ref_count(p) == ref.ref_count(p));
         REQUIRE(pool.hash_of(p) == ref.hash_of(p));
+        REQUIRE(pool.generation(p) == ref.generation(p));
     }
     for (uint64_t h = 0; h < n_hashes; ++h) REQUIRE(pool.lookup(h) == ref.lookup(h));
 }
@@ -390,4 +395,44 @@ TEST_CASE("prefix_hash: chained over pages, sensitive to the parent and to every
     CHECK(seen.size() == 2008);
     for (uint64_t p = 0; p < 2000; ++p) seen.insert(prefix_hash(p, a));
     CHECK(seen.size() == 4008);
+}
+
+TEST_CASE("generation: new contents on allocate (evicting or not) and restore_cached; kept while the contents are") {
+    block_pool pool(3);
+    for (int32_t p = 0; p < 3; ++p) CHECK(pool.generation(p) == 0);
+    auto a = pool.allocate(2); // pages 0, 1
+    REQUIRE(a);
+    CHECK(pool.generation(0) == 1);
+    CHECK(pool.generation(1) == 1);
+    CHECK(pool.generation(2) == 0);
+    // A full computed page gets a hash, is released to the cache and shared again: same contents.
+    REQUIRE(pool.set_hash(0, 77));
+    CHECK(pool.generation(0) == 1);
+    pool.add_ref(0); // a second sequence shares it
+    const int32_t p0[] = {0};
+    pool.release(p0);
+    pool.release(p0); // free, cached
+    CHECK(pool.generation(0) == 1);
+    pool.add_ref(*pool.lookup(77)); // revived from the cache
+    CHECK(pool.generation(0) == 1);
+    pool.release(p0);
+    // A page released without a hash, taken again: new contents.
+    const int32_t p1[] = {1};
+    pool.release(p1);
+    CHECK(pool.generation(1) == 1); // released, not yet reused
+    auto b = pool.allocate(1);
+    REQUIRE(b == std::vector<int32_t>{1});
+    CHECK(pool.generation(1) == 2);
+    // Evicting the cached page for new contents (also the copy-on-write target's path).
+    auto c = pool.allocate(2); // page 2, then the cached page 0
+    REQUIRE(c == std::vector<int32_t>{2, 0});
+    CHECK(pool.generation(2) == 1);
+    CHECK(pool.generation(0) == 2);
+    // drop_hash keeps the contents; restore_cached brings contents from another run.
+    pool.release(*c);
+    pool.release(*b);
+    REQUIRE(pool.restore_cached(2, 5));
+    CHECK(pool.generation(2) == 2);
+    pool.drop_hash(2);
+    CHECK(pool.generation(2) == 2);
 }

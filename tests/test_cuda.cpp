@@ -111,13 +111,18 @@ struct seq_driver {
     sequence_kv seq;
     int32_t n_past = 0;
     std::vector<float> logits;
+    bool generations = false;      // pass the pages' generations (a runner keeping pages uses them)
+    std::vector<uint32_t> gens;
 
     seq_driver(runner& r_, kv_cache& kv_, int32_t n_vocab) : r(&r_), kv(kv_), seq(kv_), logits(size_t(n_vocab)) {}
 
     // Returns the argmax of the logits after the last token.
     token_id step(std::span<const token_id> toks) {
         REQUIRE(seq.reserve(n_past + int32_t(toks.size())));
-        const batch_seq b{toks, n_past, seq.block_table()};
+        gens.clear();
+        if (generations)
+            for (int32_t p : seq.block_table()) gens.push_back(kv.pool().generation(p));
+        const batch_seq b{toks, n_past, seq.block_table(), gens};
         r->forward(std::span(&b, 1), kv, logits.data());
         n_past += int32_t(toks.size());
         return token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -259,6 +264,70 @@ TEST_CASE("CUDA runner: K/V hand-off through host pages, both ways, with chunked
         INFO("cpu only:         ", join(want));
         INFO("cpu prefill, gpu: ", join(got));
         CHECK(got == want);
+    }
+}
+
+TEST_CASE("CUDA runner keeping its pages: decode steps upload only what the device lacks; tokens unchanged") {
+    if (!have_device()) return;
+    model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    model& m = *b.mdl;
+    const int32_t n_vocab = m.config().n_vocab;
+    const kv_layout lay = m.make_kv_layout(16);
+    auto cpu = make_cpu_runner(m, 2);
+    const auto p1 = b.tok->encode("The cat sat on the mat and looked at the big red ball.", true);
+    const auto p2 = b.tok->encode("Once upon a time, there was a little girl named Lily.", true);
+    std::vector<std::vector<token_id>> want;
+    for (const auto* p : {&p1, &p2}) {
+        kv_cache kv_ref(lay, 64);
+        seq_driver ref(*cpu, kv_ref, n_vocab);
+        want.push_back(ref.decode(ref.prefill(*p, p->size()), n_greedy));
+    }
+    // Device pages for the whole pool, then for two pages only (grown as batches need).
+    for (int64_t mirror_bytes : {int64_t(0), 2 * lay.page_bytes()}) {
+        CAPTURE(mirror_bytes);
+        cuda_runner_options ro;
+        ro.keep_pages = true;
+        ro.mirror_bytes = mirror_bytes;
+        auto gpu = make_cuda_runner(m, 0, ro);
+        kv_cache kv(lay, 64);
+        cuda::register_host(kv.base(), size_t(kv.bytes()));
+        for (size_t k = 0; k < 2; ++k) {
+            // CPU prefill; the GPU decodes the first half, the CPU the rest from the same pages.
+            // The second prompt reuses the first one's pages (new generations: re-uploaded).
+            const auto& prompt = k == 0 ? p1 : p2;
+            seq_driver d(*cpu, kv, n_vocab);
+            d.generations = true;
+            token_id next = d.prefill(prompt, 5);
+            d.r = gpu.get();
+            std::vector<token_id> got;
+            for (int i = 0; i < n_greedy; ++i) {
+                if (i == n_greedy / 2) d.r = cpu.get();
+                got.push_back(next);
+                next = d.step(std::span(&got.back(), 1));
+                const auto* st = cuda::stats_of(*gpu);
+                REQUIRE(st != nullptr);
+                if (i == 0) {
+                    MESSAGE("first GPU step: ", st->upload_bytes, " bytes uploaded, ", st->mirror_pages,
+                            " device pages");
+                    CHECK(st->upload_bytes > 0);
+                } else if (i < n_greedy / 2 && mirror_bytes == 0) {
+                    CHECK(st->upload_bytes == 0); // every past position is on the device already
+                    CHECK(st->kept_bytes > 0);
+                }
+            }
+            INFO("prompt ", k);
+            INFO("cpu only:           ", join(want[k]));
+            INFO("cpu prefill, gpu+cpu: ", join(got));
+            CHECK(got == want[k]);
+        }
+        // Without generations the same runner re-uploads every past position: still right.
+        seq_driver d(*cpu, kv, n_vocab);
+        const token_id next = d.prefill(p1, p1.size());
+        d.r = gpu.get();
+        CHECK(d.decode(next, n_greedy) == want[0]);
+        const auto* st = cuda::stats_of(*gpu);
+        CHECK(st->kept_bytes == 0);
+        cuda::unregister_host(kv.base());
     }
 }
 

@@ -660,12 +660,14 @@ ipc::run_msg sample_run() {
     a.logits_row = 0;
     a.tokens = {1, 2, 3, 4, 5};
     a.block_table = {7};
+    a.generations = {3};
     ipc::seq_work b;
     b.seq_id = 12;
     b.n_past = 40;
     b.logits_row = -1;
     b.tokens = {-5, 9};
     b.block_table = {0, 3, 8};
+    b.generations = {0, 0xffffffffu, 17}; // any value: a generation is compared, never used as a number
     ipc::seq_work c; // nothing to compute: empty arrays
     c.seq_id = ~0ull;
     c.n_past = 3;
@@ -676,7 +678,7 @@ ipc::run_msg sample_run() {
 
 bool same(const ipc::seq_work& x, const ipc::seq_work& y) {
     return x.seq_id == y.seq_id && x.n_past == y.n_past && x.logits_row == y.logits_row && x.tokens == y.tokens &&
-           x.block_table == y.block_table;
+           x.block_table == y.block_table && x.generations == y.generations;
 }
 
 bool same(const ipc::run_msg& x, const ipc::run_msg& y) {
@@ -779,8 +781,9 @@ TEST_CASE("wire: counts over the caps and negative fields are refused") {
             put_raw(b, uint64_t(i));
             put_raw(b, int32_t(0));
             put_raw(b, int32_t(-1));
-            put_raw(b, uint32_t(0));
-            put_raw(b, uint32_t(0));
+            put_raw(b, uint32_t(0)); // tokens
+            put_raw(b, uint32_t(0)); // block table
+            put_raw(b, uint32_t(0)); // generations
         }
         CHECK(ipc::decode_run(b).has_value() == (n == ipc::wire_max_seqs));
     }
@@ -795,6 +798,22 @@ TEST_CASE("wire: counts over the caps and negative fields are refused") {
         put_raw(b, n);
         b.resize(b.size() + size_t(n) * 4, 0);
         put_raw(b, uint32_t(0));
+        put_raw(b, uint32_t(0));
+        CHECK(ipc::decode_run(b).has_value() == (n == ipc::wire_max_tokens));
+    }
+    // Block-table entries with their generations, one per page.
+    for (uint32_t n : {ipc::wire_max_tokens, ipc::wire_max_tokens + 1}) {
+        std::vector<uint8_t> b;
+        put_raw(b, uint64_t(1));
+        put_raw(b, uint32_t(1));
+        put_raw(b, uint64_t(0));
+        put_raw(b, int32_t(0));
+        put_raw(b, int32_t(-1));
+        put_raw(b, uint32_t(0));
+        put_raw(b, n);
+        b.resize(b.size() + size_t(n) * 4, 0);
+        put_raw(b, n);
+        b.resize(b.size() + size_t(n) * 4, 0xff);
         CHECK(ipc::decode_run(b).has_value() == (n == ipc::wire_max_tokens));
     }
     // A string one byte over the cap.
@@ -817,6 +836,23 @@ TEST_CASE("wire: counts over the caps and negative fields are refused") {
     run = sample_run();
     run.seqs[1].block_table[1] = -3;
     CHECK_FALSE(ipc::decode_run(enc(run)));
+    // Generations not one per page (the encoder refuses to make these: patch the count).
+    for (uint32_t n_gen : {2u, 4u, 0u}) {
+        auto b = enc(sample_run());
+        // Sequence c (empty arrays) is the last 28 bytes; sequence b's 3 generations and their
+        // count come just before it.
+        const size_t c_begin = b.size() - 28, count_at = c_begin - 3 * 4 - 4;
+        uint32_t was = 0;
+        std::memcpy(&was, b.data() + count_at, 4);
+        REQUIRE(was == 3);
+        std::memcpy(b.data() + count_at, &n_gen, 4);
+        // the bytes the new count asks for, so that only the mismatch is wrong
+        const auto c_at = b.begin() + std::ptrdiff_t(c_begin);
+        if (n_gen < 3) b.erase(c_at - std::ptrdiff_t((3 - n_gen) * 4), c_at);
+        else b.insert(c_at, size_t(n_gen - 3) * 4, uint8_t(0));
+        INFO("generations ", n_gen, " for 3 pages");
+        CHECK_FALSE(ipc::decode_run(b));
+    }
     auto db = enc(ipc::done_msg{});
     db[8] = 2; // the ok flag
     CHECK_FALSE(ipc::decode_done(db));
@@ -858,6 +894,7 @@ TEST_CASE("wire: random mutations never crash, and what decodes is within the ca
             for (const auto& s : r->seqs) {
                 CHECK(s.tokens.size() <= ipc::wire_max_tokens);
                 CHECK(s.block_table.size() <= ipc::wire_max_tokens);
+                CHECK(s.generations.size() == s.block_table.size());
                 CHECK(s.n_past >= 0);
                 CHECK(s.logits_row >= -1);
             }

@@ -195,6 +195,64 @@ TEST_CASE("scheduler: a repeated prefix reuses cached pages; a match ending insi
     }
 }
 
+TEST_CASE("scheduler: planned generations: a shared cached prefix keeps its own, reused and copied pages get new ones") {
+    fake_store st(16);
+    scheduler s(opts(32), &st);
+    const auto a = seq_tokens(40, 1);
+    s.add(1, a, 0, clock_type::now());
+    s.admit(clock_type::now());
+    auto b = s.plan(0, work_kind::prefill);
+    REQUIRE(b.size() == 1);
+    REQUIRE(b[0].block_table.size() == 3);
+    REQUIRE(b[0].generations.size() == 3);
+    const std::vector<int32_t> pages(b[0].block_table.begin(), b[0].block_table.end());
+    const std::vector<uint32_t> gens(b[0].generations.begin(), b[0].generations.end());
+    for (size_t j = 0; j < 3; ++j) CHECK(gens[j] == s.pool().generation(pages[j]));
+    st.run(b);
+    s.complete(0, true);
+    s.remove(1); // pages 0 and 1 stay cached; the partial page 2 is plain free
+
+    // Same first 32 tokens and more: the cached pages come back with their generations (a
+    // device copy of them is still good); the third page is taken anew.
+    auto t2 = a;
+    t2.resize(35);
+    t2.push_back(999);
+    s.add(2, t2, 0, clock_type::now());
+    s.admit(clock_type::now());
+    auto b2 = s.plan(0, work_kind::prefill);
+    REQUIRE(b2.size() == 1);
+    REQUIRE(b2[0].block_table.size() == 3);
+    CHECK(b2[0].block_table[0] == pages[0]);
+    CHECK(b2[0].block_table[1] == pages[1]);
+    CHECK(b2[0].generations[0] == gens[0]);
+    CHECK(b2[0].generations[1] == gens[1]);
+    CHECK(b2[0].block_table[2] == pages[2]); // the free list's head: the old partial page, reused
+    CHECK(b2[0].generations[2] != gens[2]);  // with new contents
+    st.run(b2);
+    s.complete(0, true);
+
+    // The prompt is exactly the two cached pages: the second is copied for its last token; the
+    // copy is a new page with new contents, the cached source keeps its generation.
+    std::vector<uint32_t> before;
+    for (int32_t p = 0; p < s.pool().n_pages(); ++p) before.push_back(s.pool().generation(p));
+    std::vector<token_id> t3(a.begin(), a.begin() + 32);
+    s.add(3, t3, 0, clock_type::now());
+    s.admit(clock_type::now());
+    REQUIRE(st.copies.size() == 1);
+    const auto [src, dst] = st.copies[0];
+    CHECK(src == pages[1]);
+    auto d = s.plan(1, work_kind::decode);
+    REQUIRE(d.size() == 1);
+    CHECK(d[0].block_table[0] == pages[0]);
+    CHECK(d[0].generations[0] == gens[0]);
+    CHECK(d[0].block_table[1] == dst);
+    CHECK(d[0].generations[1] == s.pool().generation(dst));
+    CHECK(s.pool().generation(dst) == before[size_t(dst)] + 1);
+    CHECK(s.pool().generation(src) == gens[1]);
+    st.run(d);
+    s.complete(1, true);
+}
+
 TEST_CASE("scheduler: prefix cache survives a restart through the page table") {
     fake_store st(8);
     std::map<int32_t, std::tuple<uint64_t, uint64_t, std::vector<int32_t>>> table;
@@ -317,7 +375,12 @@ TEST_CASE("scheduler: random workloads always drain, never leak pages, keep ever
             auto pre = s.plan(0, work_kind::prefill);
             auto dec = s.plan(1, work_kind::decode);
             for (const auto& b : {pre, dec})
-                for (const auto& p : b) REQUIRE(st.holds(p.block_table, s.tokens(p.id), p.n_past));
+                for (const auto& p : b) {
+                    REQUIRE(st.holds(p.block_table, s.tokens(p.id), p.n_past));
+                    REQUIRE(p.generations.size() == p.block_table.size());
+                    for (size_t j = 0; j < p.block_table.size(); ++j)
+                        REQUIRE(p.generations[j] == s.pool().generation(p.block_table[j]));
+                }
             const bool lose = rng() % 17 == 0;
             if (!lose) st.run(pre);
             st.run(dec);

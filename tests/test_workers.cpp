@@ -260,6 +260,43 @@ TEST_CASE("workers: the prefix cache is warm after a restart; a mismatched or da
     CHECK(d.stop() == 0);
 }
 
+TEST_CASE("workers: CPU prefill + GPU decode keeping its pages gives the cpu/cpu tokens, or fails to start cleanly without a GPU") {
+    daemon_process d;
+    // A pool smaller than the load (preemption: pages freed and taken again with new
+    // contents) and prompts sharing a prefix, twice (cached pages shared, contents kept).
+    d.start(scratch().file("gd.sock"), {"--set", "prefill=cpu", "--set", "decode=gpu", "--set", "kv_pages=24", "--set",
+                                        "n_ctx=256", "--set", "kv_pool_persist=false"});
+    bool ready = false;
+    int rc = -1;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < until) {
+        if (request(d.sock, "GET", "/health").status == 200) {
+            ready = true;
+            break;
+        }
+        if ((rc = d.wait_exit(0.05)) != -1) break;
+    }
+    if (!ready) {
+        CHECK(rc == 1);
+        MESSAGE("skipped: no CUDA device (decode=gpu refused to start, as it must without one)");
+        return;
+    }
+    CHECK(status(d.sock)["placement"]["decode"].get<std::string>().rfind("cuda", 0) == 0);
+    CHECK(status(d.sock)["placement"]["prefill"] == "cpu");
+    const std::string base = "Once upon a time, there was a little girl named Lily. She liked to play with her dog. ";
+    for (int round = 0; round < 2; ++round) {
+        std::vector<std::future<streamed>> fs;
+        for (size_t i = 0; i < 6; ++i)
+            fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, base + prompts[i], 100); }));
+        for (size_t i = 0; i < fs.size(); ++i) {
+            const streamed s = fs[i].get();
+            CHECK(s.finish == "length");
+            CHECK_MESSAGE(s.text == offline_text(base + prompts[i], 100), "round ", round, " request ", i);
+        }
+    }
+    CHECK(d.stop() == 0);
+}
+
 TEST_CASE("workers: a pool smaller than the load preempts, and every request still completes") {
     daemon_process d;
     // 24 pages of 16 tokens: six requests of ~110 positions need ~48
