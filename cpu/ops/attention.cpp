@@ -149,6 +149,35 @@ constexpr int key_chunk = 16;
 constexpr int tok_block = 16;
 constexpr int max_nv = 16; // head_dim up to 256
 
+// dst[i * 16 + j] = src[j * ld + i] for i, j < 16: a 16 x 16 block of keys (rows j, dims i) with
+// the keys in lanes; rows j >= n are zeros. Pairs of rows, then pairs of pairs within 128-bit
+// lanes, then the 128-bit lanes themselves.
+__attribute__((target("avx512f"))) inline void transpose16(const float* src, int64_t ld, int n, float* dst) {
+    __m512 r[16], t[16];
+    for (int j = 0; j < 16; ++j) r[j] = j < n ? _mm512_loadu_ps(src + j * ld) : _mm512_setzero_ps();
+    for (int j = 0; j < 16; j += 2) { // per 128-bit lane: [a0 b0 a1 b1], [a2 b2 a3 b3]
+        t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) { // u[g + k], lane L: column 4L + k of rows g..g+3
+        const __m512d t0 = _mm512_castps_pd(t[g]), t1 = _mm512_castps_pd(t[g + 1]), t2 = _mm512_castps_pd(t[g + 2]),
+                      t3 = _mm512_castps_pd(t[g + 3]);
+        r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    for (int k = 0; k < 4; ++k) { // lane L of the four row groups -> column 4L + k
+        const __m512 x0 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), x1 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xee);
+        const __m512 x2 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44),
+                     x3 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xee);
+        _mm512_storeu_ps(dst + (0 + k) * 16, _mm512_shuffle_f32x4(x0, x2, 0x88));
+        _mm512_storeu_ps(dst + (4 + k) * 16, _mm512_shuffle_f32x4(x0, x2, 0xdd));
+        _mm512_storeu_ps(dst + (8 + k) * 16, _mm512_shuffle_f32x4(x1, x3, 0x88));
+        _mm512_storeu_ps(dst + (12 + k) * 16, _mm512_shuffle_f32x4(x1, x3, 0xdd));
+    }
+}
+
 // Kept per thread across calls (decode calls attention once per sequence and layer); every
 // kernel writes what it reads, so sizes are all that has to fit.
 struct block_scratch {
@@ -190,8 +219,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void atte
         for (int c0 = 0; c0 < n_page; c0 += key_chunk) {
             const int n = std::min(key_chunk, n_page - c0);
             // K chunk transposed: kt[i] holds dim i of the chunk's keys in lanes 0..n-1
-            for (int i = 0; i < hd; ++i)
-                for (int j = 0; j < key_chunk; ++j) w.kt[size_t(i * key_chunk + j)] = j < n ? kp[(c0 + j) * hd + i] : 0.0f;
+            for (int i = 0; i < hd; i += 16) transpose16(kp + c0 * hd + i, hd, n, w.kt.data() + i * key_chunk);
             const int32_t pos0 = p0 + c0;
             for (int64_t t = t0; t < t1; ++t) {
                 const int32_t n_ctx = n_past + int32_t(t) + 1;
