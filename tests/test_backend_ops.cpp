@@ -23,11 +23,12 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <list>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -42,6 +43,16 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
     std::vector<float> v(n);
     for (auto& x : v) x = d(g);
     return v;
+}
+
+// n distinct pages out of a pool of n_pool, in a scattered, non-monotonic order as a real pool
+// hands them out (distinct: two positions of one call never share a slot).
+std::vector<int32_t> scattered_pages(int32_t n, int32_t n_pool, uint32_t seed) {
+    std::vector<int32_t> all(static_cast<size_t>(n_pool));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), std::mt19937(seed));
+    all.resize(size_t(n));
+    return all;
 }
 
 // Normalized mean squared error of `got` against `want`; +inf if any value is not finite.
@@ -546,9 +557,7 @@ TEST_CASE("paged attention vs reference: KV dtypes, GQA ratios, page sizes, pref
                 kv_layout lay{2, n_kv, hd, page_size, dt};
                 const int32_t n_pos = n_past + int32_t(n_tok);
                 const int32_t n_pages = (n_pos + page_size - 1) / page_size;
-                // Scattered, non-monotonic pages as a real pool hands out.
-                std::vector<int32_t> table(static_cast<size_t>(n_pages));
-                for (int32_t i = 0; i < n_pages; ++i) table[size_t(i)] = (i * 7 + 3) % (n_pages + 5);
+                const std::vector<int32_t> table = scattered_pages(n_pages, n_pages + 5, uint32_t(n_pos));
                 kv_cache cache(lay, n_pages + 5);
                 const auto k = randn(size_t(n_pos * n_kv * hd), 8), v = randn(size_t(n_pos * n_kv * hd), 9);
                 const auto q = randn(size_t(n_tok * n_head * hd), 10);
@@ -588,6 +597,48 @@ TEST_CASE("F16 and INT8 KV pages hold the values within their precision") {
         const std::vector<float> want(v.begin() + 3 * 32, v.begin() + 4 * 32);
         INFO(name_of(dt));
         CHECK(nmse(want, out) < (dt == kv_dtype::f16 ? 1e-6 : 1e-3));
+    }
+}
+
+TEST_CASE("a token's attention output does not depend on how the prompt was split into calls") {
+    // Prefix-cache hits, preemption and chunked prefill compute the same positions in calls of
+    // other sizes; the text stays byte-identical only if each row comes out bit for bit the same.
+    for (kv_dtype dt : {kv_dtype::f16, kv_dtype::i8}) {
+        for (int hd : {64, 80, 128}) {
+            const int n_kv = 2, n_gqa = 4, n_head = n_kv * n_gqa, page_size = 16;
+            kv_layout lay{1, n_kv, hd, page_size, dt};
+            const int32_t n_pos = 75;
+            std::vector<int32_t> table(size_t((n_pos + page_size - 1) / page_size));
+            for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(table.size() - 1 - i);
+            const auto k = randn(size_t(n_pos * n_kv * hd), 51), v = randn(k.size(), 52);
+            const auto q = randn(size_t(n_pos * n_head * hd), 53);
+            const size_t row = size_t(n_head * hd);
+            for (int lvl = 0; lvl <= int(cpu::detect_isa()); ++lvl) {
+                cpu::force_isa(cpu::isa(lvl));
+                cpu::thread_pool pool(2);
+                const exec_ctx ctx{backend::cpu, &pool};
+                kv_cache cache(lay, int32_t(table.size()));
+                ops::kv_store(ctx, cache, 0, table, 0, k.data(), v.data(), n_pos);
+                // the whole prompt in one call, then in pieces of 40, 1, 33 and 1 tokens
+                std::vector<float> whole(q.size()), pieces(q.size());
+                ops::attention(ctx, whole.data(), q.data(), n_pos, 0, n_head, cache, 0, table, 0.125f);
+                int32_t at = 0;
+                for (int32_t n : {40, 1, 33, 1}) {
+                    ops::attention(ctx, pieces.data() + at * row, q.data() + at * row, n, at, n_head, cache, 0, table,
+                                   0.125f);
+                    at += n;
+                }
+                REQUIRE(at == n_pos);
+                // and the last token as a decode step among others
+                std::vector<float> dec(q.size());
+                const std::vector<ops::decode_seq> seqs{{n_pos - 1, n_pos - 1, table}};
+                ops::attention_decode(ctx, dec.data(), q.data(), seqs, n_head, cache, 0, 0.125f);
+                INFO("kv=", std::string(name_of(dt)), " hd=", hd, " isa=", std::string(cpu::name_of(cpu::isa(lvl))));
+                CHECK(std::memcmp(whole.data(), pieces.data(), q.size() * sizeof(float)) == 0);
+                CHECK(std::memcmp(whole.data() + (n_pos - 1) * row, dec.data() + (n_pos - 1) * row, row * sizeof(float)) == 0);
+            }
+            cpu::force_isa(cpu::detect_isa());
+        }
     }
 }
 
@@ -693,8 +744,7 @@ TEST_CASE("kv_store writes the reference's page bytes on every backend (f32, f16
                 kv_layout lay{2, n_kv, hd, page_size, dt};
                 const int32_t n_pos = 29;
                 const int32_t n_pages = (n_pos + page_size - 1) / page_size;
-                std::vector<int32_t> table(static_cast<size_t>(n_pages));
-                for (int32_t i = 0; i < n_pages; ++i) table[size_t(i)] = (i * 5 + 2) % (n_pages + 3);
+                const std::vector<int32_t> table = scattered_pages(n_pages, n_pages + 3, uint32_t(page_size));
                 auto k = randn(size_t(n_pos * n_kv * hd), 18, 2.0f), v = randn(size_t(n_pos * n_kv * hd), 19);
                 k[7] = INFINITY; // saturates in i8, overflows to inf in f16
                 v[3] = 1e6f;

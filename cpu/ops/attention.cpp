@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -151,10 +152,16 @@ constexpr int max_nv = 16; // head_dim up to 256
 
 // dst[i * 16 + j] = src[j * ld + i] for i, j < 16: a 16 x 16 block of keys (rows j, dims i) with
 // the keys in lanes; rows j >= n are zeros. Pairs of rows, then pairs of pairs within 128-bit
-// lanes, then the 128-bit lanes themselves.
-__attribute__((target("avx512f"))) inline void transpose16(const float* src, int64_t ld, int n, float* dst) {
+// lanes, then the 128-bit lanes themselves. Src is F32, or F16 (uint16_t) decoded on the way in.
+template <class T>
+__attribute__((target("avx512f,f16c"))) inline void transpose16(const T* src, int64_t ld, int n, float* dst) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint16_t>);
     __m512 r[16], t[16];
-    for (int j = 0; j < 16; ++j) r[j] = j < n ? _mm512_loadu_ps(src + j * ld) : _mm512_setzero_ps();
+    for (int j = 0; j < 16; ++j) {
+        if (j >= n) r[j] = _mm512_setzero_ps();
+        else if constexpr (std::is_same_v<T, float>) r[j] = _mm512_loadu_ps(src + j * ld);
+        else r[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j * ld)));
+    }
     for (int j = 0; j < 16; j += 2) { // per 128-bit lane: [a0 b0 a1 b1], [a2 b2 a3 b3]
         t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
         t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
@@ -268,14 +275,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void atte
         }
 }
 
-// Prefill (many new tokens), one kv head at a time: its K and V over the whole context are
+// The register-blocked kernel, for every call where the head dim has one (see pick_prefill_job):
+// a row's arithmetic never depends on the rows it is grouped with, so a token's output is the
+// same bit for bit whether its prompt came in one call, in chunks, or as a decode step.
+// Prefill, one kv head at a time: its K and V over the whole context are
 // decoded once into f32 scratch that every job shares: K transposed in chunks of 16 positions
 // (kt[chunk][dim][16], one register per dim), V as rows (vr[pos][dim]), both zero past the
 // context; per kv head the scratch is 8 bytes x context x head_dim (4 MiB at 4,096 x 128). A
 // job (block of tokens) then takes its query rows of that kv head eight at a time through the chunks:
 // eight score registers fed by one K load per dim, an online softmax per row (the running sum
 // kept per lane, reduced at the end), and P.V with each V row loaded once for several rows.
-constexpr int64_t prefill_min_tokens = 32;
 constexpr int pf_rows = 8;       // query rows per pass over the chunks
 constexpr int pf_tok_block = 16; // tokens per job
 
@@ -285,31 +294,58 @@ struct prefill_kv {
     int64_t n_chunks;
 };
 
-void decode_prefill_kv(thread_pool& pool, float* kt, float* vr, int64_t n_chunks, int32_t n_end, int kvh,
-                       const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table) {
+// Page pg of the sequence (positions p0.., n of them) into the scratch: V rows decoded in place,
+// K decoded to rows in kb and then transposed into its chunks (16 keys at a time when the page
+// size is a multiple of 16, so chunks and pages line up; one position at a time otherwise).
+void decode_page_kv(float* kt, float* vr, std::vector<float>& kb, int64_t pg, int32_t n_end, int kvh,
+                    const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table) {
     const int hd = lay.head_dim, ps = lay.page_size;
-    const int64_t n_pages = (n_end + ps - 1) / ps, n_pad = n_chunks * key_chunk;
-    pool.parallel_for(n_pages, thread_pool::grain_for(int64_t(ps) * hd * 8), [&](int64_t b, int64_t e) {
-        thread_local std::vector<float> kb;
-        kb.resize(size_t(ps) * size_t(hd));
-        for (int64_t pg = b; pg < e; ++pg) {
-            const int32_t p0 = int32_t(pg) * ps;
-            const int n = std::min(ps, n_end - p0);
-            const uint8_t* page = kv_base + int64_t(block_table[pg]) * lay.page_bytes();
-            decode_avx512(page, lay, il, true, kvh, n, vr + int64_t(p0) * hd);
-            decode_avx512(page, lay, il, false, kvh, n, kb.data());
-            for (int j = 0; j < n; ++j) {
-                const int32_t pos = p0 + j;
-                float* dst = kt + (pos / key_chunk) * hd * key_chunk + pos % key_chunk;
-                for (int i = 0; i < hd; ++i) dst[i * key_chunk] = kb[size_t(j * hd + i)];
-            }
-        }
-    });
-    for (int64_t pos = n_end; pos < n_pad; ++pos) { // the last chunk's lanes past the context
+    const int32_t p0 = int32_t(pg) * ps;
+    const int n = std::min(ps, n_end - p0);
+    kb.resize(size_t(ps) * size_t(hd));
+    const uint8_t* page = kv_base + int64_t(block_table[pg]) * lay.page_bytes();
+    decode_avx512(page, lay, il, true, kvh, n, vr + int64_t(p0) * hd);
+    if (ps % key_chunk == 0 && lay.dtype == kv_dtype::f16) { // straight from the page's halves
+        const uint16_t* k16 = reinterpret_cast<const uint16_t*>(page) + lay.offset(il, false, kvh);
+        for (int j0 = 0; j0 < n; j0 += key_chunk)
+            for (int i = 0; i < hd; i += 16)
+                transpose16(k16 + j0 * hd + i, hd, std::min(key_chunk, n - j0),
+                            kt + ((p0 + j0) / key_chunk * hd + i) * key_chunk);
+        return;
+    }
+    decode_avx512(page, lay, il, false, kvh, n, kb.data());
+    if (ps % key_chunk == 0) {
+        for (int j0 = 0; j0 < n; j0 += key_chunk)
+            for (int i = 0; i < hd; i += 16)
+                transpose16(kb.data() + j0 * hd + i, hd, std::min(key_chunk, n - j0),
+                            kt + ((p0 + j0) / key_chunk * hd + i) * key_chunk);
+        return;
+    }
+    for (int j = 0; j < n; ++j) {
+        const int32_t pos = p0 + j;
+        float* dst = kt + (pos / key_chunk) * hd * key_chunk + pos % key_chunk;
+        for (int i = 0; i < hd; ++i) dst[i * key_chunk] = kb[size_t(j * hd + i)];
+    }
+}
+
+// The last chunk's lanes past the context: zeros, so no stale value meets a zero weight.
+void pad_kv(float* kt, float* vr, int64_t n_chunks, int32_t n_end, int hd) {
+    for (int64_t pos = n_end; pos < n_chunks * key_chunk; ++pos) {
         float* dst = kt + (pos / key_chunk) * hd * key_chunk + pos % key_chunk;
         for (int i = 0; i < hd; ++i) dst[i * key_chunk] = 0.0f;
         std::fill_n(vr + pos * hd, hd, 0.0f);
     }
+}
+
+void decode_prefill_kv(thread_pool& pool, float* kt, float* vr, int64_t n_chunks, int32_t n_end, int kvh,
+                       const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table) {
+    const int hd = lay.head_dim, ps = lay.page_size;
+    const int64_t n_pages = (n_end + ps - 1) / ps;
+    pool.parallel_for(n_pages, thread_pool::grain_for(int64_t(ps) * hd * 8), [&](int64_t b, int64_t e) {
+        thread_local std::vector<float> kb;
+        for (int64_t pg = b; pg < e; ++pg) decode_page_kv(kt, vr, kb, pg, n_end, kvh, kv_base, lay, il, block_table);
+    });
+    pad_kv(kt, vr, n_chunks, n_end, hd);
 }
 
 // R query rows (rows[r] = (token, query head)) of kv head kvh over all their chunks; NV = head_dim / 16.
@@ -466,7 +502,7 @@ void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int
     const int hd = lay.head_dim;
     const int n_kv = lay.n_head_kv;
     const int n_gqa = n_head / n_kv;
-    if (active_isa() >= isa::avx512 && n_tok >= prefill_min_tokens) {
+    if (active_isa() >= isa::avx512) {
         if (const prefill_job_fn job = pick_prefill_job(hd)) {
             attention_prefill(pool, job, out, q, n_tok, n_past, n_head, kv_base, lay, il, block_table, scale);
             return;
@@ -508,6 +544,28 @@ void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_s
     for (int64_t i = 0; i < n_seq; ++i) work += (int64_t(n_past[i]) + 1) * hd * n_gqa * 2 * n_kv;
     const int64_t n_jobs = n_seq * n_kv;
     const int64_t chunk = std::max<int64_t>(1, thread_pool::min_parallel_work * n_jobs / std::max<int64_t>(1, work));
+    const prefill_job_fn job_fn = active_isa() >= isa::avx512 ? pick_prefill_job(hd) : nullptr;
+    if (job_fn) { // each job decodes its own sequence's K/V of one kv head into a scratch of its thread
+        pool.parallel_for_dynamic(n_jobs, chunk, [&](int64_t b, int64_t e) {
+            thread_local std::vector<float> buf, kb;
+            for (int64_t job = b; job < e; ++job) {
+                const int64_t i = job / n_kv;
+                const int kvh = int(job % n_kv);
+                const int32_t n_end = n_past[i] + 1;
+                const int64_t n_chunks = (n_end + key_chunk - 1) / key_chunk;
+                const size_t per_side = size_t(n_chunks) * key_chunk * size_t(hd);
+                if (buf.size() < 2 * per_side) buf.resize(2 * per_side);
+                float* kt = buf.data();
+                float* vr = buf.data() + per_side;
+                for (int64_t pg = 0; pg < (n_end + lay.page_size - 1) / lay.page_size; ++pg)
+                    decode_page_kv(kt, vr, kb, pg, n_end, kvh, kv_base, lay, il, tables[i]);
+                pad_kv(kt, vr, n_chunks, n_end, hd);
+                job_fn(out + rows[i] * stride, q + rows[i] * stride, 0, 1, kvh, n_past[i], n_head, n_gqa,
+                       prefill_kv{kt, vr, n_chunks}, scale);
+            }
+        });
+        return;
+    }
     if (active_isa() >= isa::avx512 && hd % 16 == 0 && hd / 16 <= max_nv) {
         pool.parallel_for_dynamic(n_jobs, chunk, [&](int64_t b, int64_t e) {
             thread_local block_scratch w;
