@@ -370,38 +370,50 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void attend_ro
     for (int r = 0; r < R; ++r) l[r] = _mm512_setzero_ps();
     std::fill_n(acc, R * hd, 0.0f);
     const __m512 vscale = _mm512_set1_ps(scale);
-    for (int64_t c = 0; c * key_chunk < max_ctx; ++c) {
+    // Two chunks (32 keys) a pass: two K loads per dim feed 2 * R FMAs, and the softmax's
+    // reductions and exps are paid once per 32 keys. The scratch holds an even number of chunks.
+    for (int64_t c = 0; c * key_chunk < max_ctx; c += 2) {
         const float* kt = kv.kt + c * hd * key_chunk;
-        __m512 sc[R];
-        for (int r = 0; r < R; ++r) sc[r] = _mm512_setzero_ps();
+        __m512 s0[R], s1[R];
+        for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
         for (int i = 0; i < hd; ++i) {
-            const __m512 kv_i = _mm512_loadu_ps(kt + i * key_chunk);
-            for (int r = 0; r < R; ++r) sc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[r][i]), kv_i, sc[r]);
+            const __m512 k0 = _mm512_loadu_ps(kt + i * key_chunk), k1 = _mm512_loadu_ps(kt + (hd + i) * key_chunk);
+            for (int r = 0; r < R; ++r) {
+                const __m512 qi = _mm512_set1_ps(qr[r][i]);
+                s0[r] = _mm512_fmadd_ps(qi, k0, s0[r]);
+                s1[r] = _mm512_fmadd_ps(qi, k1, s1[r]);
+            }
         }
         std::copy_n(m, 16, m_new);
-        __mmask16 live[R];
-        int j_end = 0; // keys any row sees in this chunk
+        __mmask16 live0[R], live1[R]; // keys of each chunk the row sees (live1 only if live0 is full)
+        int j_end = 0;                 // keys any row sees in this pair of chunks
         for (int r = 0; r < R; ++r) {
-            const int64_t valid = std::min<int64_t>(key_chunk, n_ctx[r] - c * key_chunk);
-            live[r] = valid <= 0 ? __mmask16(0) : __mmask16((1u << valid) - 1);
-            j_end = std::max<int>(j_end, int(std::max<int64_t>(valid, 0)));
-            sc[r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live[r], _mm512_mul_ps(sc[r], vscale));
-            m_new[r] = live[r] ? std::max(m[r], _mm512_reduce_max_ps(sc[r])) : m[r];
+            const int64_t valid = std::clamp<int64_t>(n_ctx[r] - c * key_chunk, 0, 2 * key_chunk);
+            live0[r] = __mmask16((1u << std::min<int64_t>(valid, key_chunk)) - 1);
+            live1[r] = __mmask16((1u << std::max<int64_t>(valid - key_chunk, 0)) - 1);
+            j_end = std::max(j_end, int(valid));
+            s0[r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live0[r], _mm512_mul_ps(s0[r], vscale));
+            s1[r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live1[r], _mm512_mul_ps(s1[r], vscale));
+            if (live0[r]) m_new[r] = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(s0[r], s1[r])));
         }
         // exp(m_old - m_new) for all rows at once; a row with nothing here keeps its state (1)
         const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(m), _mm512_load_ps(m_new)));
         _mm512_store_ps(corr, e);
-        alignas(64) float p[R][key_chunk];
+        alignas(64) float p[R][2 * key_chunk];
         for (int r = 0; r < R; ++r) {
-            if (!live[r]) {
+            if (!live0[r]) {
                 corr[r] = 1.0f;
                 _mm512_store_ps(p[r], _mm512_setzero_ps());
+                _mm512_store_ps(p[r] + key_chunk, _mm512_setzero_ps());
                 continue;
             }
-            const __m512 pr = _mm512_maskz_mov_ps(live[r], exp512(_mm512_sub_ps(sc[r], _mm512_set1_ps(m_new[r]))));
-            l[r] = _mm512_fmadd_ps(l[r], _mm512_set1_ps(corr[r]), pr);
+            const __m512 mr = _mm512_set1_ps(m_new[r]);
+            const __m512 p0 = _mm512_maskz_mov_ps(live0[r], exp512(_mm512_sub_ps(s0[r], mr)));
+            const __m512 p1 = _mm512_maskz_mov_ps(live1[r], exp512(_mm512_sub_ps(s1[r], mr)));
+            l[r] = _mm512_add_ps(_mm512_fmadd_ps(l[r], _mm512_set1_ps(corr[r]), p0), p1);
             m[r] = m_new[r];
-            _mm512_store_ps(p[r], pr);
+            _mm512_store_ps(p[r], p0);
+            _mm512_store_ps(p[r] + key_chunk, p1);
         }
         const float* vc = kv.vr + c * key_chunk * hd;
         for (int r0 = 0; r0 < R; r0 += pv_rows) {
@@ -473,7 +485,7 @@ void attention_prefill(thread_pool& pool, prefill_job_fn job_fn, float* out, con
                        const int32_t* block_table, float scale) {
     const int hd = lay.head_dim, n_kv = lay.n_head_kv, n_gqa = n_head / n_kv;
     const int32_t n_end = n_past + int32_t(n_tok);
-    const int64_t n_chunks = (n_end + key_chunk - 1) / key_chunk;
+    const int64_t n_chunks = (n_end + 2 * key_chunk - 1) / (2 * key_chunk) * 2; // even: the kernel takes two a pass
     const size_t per_side = size_t(n_chunks) * key_chunk * size_t(hd);
     thread_local std::vector<float> buf; // kept across layers and calls
     if (buf.size() < 2 * per_side) buf.resize(2 * per_side);
@@ -552,7 +564,7 @@ void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_s
                 const int64_t i = job / n_kv;
                 const int kvh = int(job % n_kv);
                 const int32_t n_end = n_past[i] + 1;
-                const int64_t n_chunks = (n_end + key_chunk - 1) / key_chunk;
+                const int64_t n_chunks = (n_end + 2 * key_chunk - 1) / (2 * key_chunk) * 2; // even: the kernel takes two a pass
                 const size_t per_side = size_t(n_chunks) * key_chunk * size_t(hd);
                 if (buf.size() < 2 * per_side) buf.resize(2 * per_side);
                 float* kt = buf.data();
