@@ -333,7 +333,7 @@ int cmd_bench(const bench_opts& o) {
         std::map<std::pair<int64_t, int64_t>, double> gops;
         for (auto kn : per_layer) {
             if (gops.count(kn)) continue;
-            gops[kn] = cpu::dnnl_matmul_gops(o.threads, M, kn.first, kn.second, 3);
+            gops[kn] = cpu::dnnl_matmul_gops(o.threads, M, kn.first, kn.second, 5);
             raw_shapes.push_back({{"m", M}, {"k", kn.first}, {"n", kn.second}, {"gops", gops[kn]},
                                   {"impl", cpu::dnnl_impl_name(M, kn.first, kn.second)}});
         }
