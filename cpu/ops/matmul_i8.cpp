@@ -334,7 +334,7 @@ TANDEM_AVX512 void flip_range(uint8_t* xu, const int8_t* qx, int64_t b, int64_t 
 }
 
 const uint8_t* flip_to_u8(thread_pool& pool, const int8_t* qx, int64_t n) {
-    thread_local std::vector<uint8_t> buf;
+    thread_local std::vector<uint8_t, cacheline_allocator<uint8_t>> buf; // rows on cache lines (n_in % 64 == 0)
     buf.resize(size_t(n));
     uint8_t* xu = buf.data();
     if (n < (int64_t(1) << 18)) flip_range(xu, qx, 0, n);
