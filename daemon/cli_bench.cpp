@@ -208,6 +208,19 @@ std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
     return v;
 }
 
+// A profiled forward's ops, largest time first, and as JSON.
+std::vector<op_profile::entry> sorted_ops(const op_profile& prof) {
+    std::vector<op_profile::entry> ops = prof.entries();
+    std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+    return ops;
+}
+
+nlohmann::json ops_json(const std::vector<op_profile::entry>& ops) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& e : ops) a.push_back({{"op", e.name}, {"calls", e.calls}, {"s", e.seconds}});
+    return a;
+}
+
 // Where the time of one profiled forward went, op by op, largest first.
 void print_ops(const std::vector<op_profile::entry>& ops, double total_s) {
     double ops_s = 0;
@@ -278,8 +291,7 @@ int cmd_bench(const bench_opts& o) {
         m.forward(pctx, std::span(&s, 1), kv, logits.data());
         prof_s = since(t0);
     }
-    std::vector<op_profile::entry> prefill_ops = prof.entries();
-    std::sort(prefill_ops.begin(), prefill_ops.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+    const std::vector<op_profile::entry> prefill_ops = sorted_ops(prof);
 
     // decode: each batch size decodes n_gen steps after a short prompt per sequence
     std::map<int, double> batch_tok_s;
@@ -363,14 +375,10 @@ int cmd_bench(const bench_opts& o) {
                      {"peak_rss_mb", peak_rss_mb},
                      {"rss_ratio", peak_rss_mb * 1.048576 / weights_mb}};
     for (auto [nb, v] : batch_tok_s) j["decode_batch_tok_s"][std::to_string(nb)] = v;
-    j["prefill_ops"] = nlohmann::json::array();
-    for (const auto& e : prefill_ops)
-        j["prefill_ops"].push_back({{"op", e.name}, {"calls", e.calls}, {"s", e.seconds}});
+    const std::vector<op_profile::entry> decode_ops = sorted_ops(decode_prof);
+    j["prefill_ops"] = ops_json(prefill_ops);
     j["prefill_profiled_s"] = prof_s;
-    std::vector<op_profile::entry> decode_ops = decode_prof.entries();
-    std::sort(decode_ops.begin(), decode_ops.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
-    j["decode_step_ops"] = nlohmann::json::array();
-    for (const auto& e : decode_ops) j["decode_step_ops"].push_back({{"op", e.name}, {"calls", e.calls}, {"s", e.seconds}});
+    j["decode_step_ops"] = ops_json(decode_ops);
     j["decode_step_batch"] = max_batch;
     j["decode_step_profiled_s"] = decode_prof_s;
     if (batch_tok_s.count(1) && batch_tok_s.count(16)) j["batch16_speedup"] = batch_tok_s[16] / batch_tok_s[1];

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
 
 using namespace tandem;
 using json = nlohmann::json;
@@ -214,4 +215,23 @@ TEST_CASE("tandem quantize, perplexity, eval-drift and bench print what they pro
     }
     CHECK(jb["decode_batch_tok_s"]["1"].get<double>() > 0);
     CHECK(jb["decode_batch_tok_s"]["3"].get<double>() > 0);
+    // The op breakdowns: every op of the profiled forward, their times within its wall time;
+    // the decode step at batch 3 stores K/V once per sequence and layer but attends once per layer.
+    auto calls = [](const json& ops) {
+        std::map<std::string, int64_t> c;
+        double s = 0;
+        for (const auto& e : ops) {
+            c[e["op"].get<std::string>()] = e["calls"].get<int64_t>();
+            s += e["s"].get<double>();
+        }
+        return std::pair{c, s};
+    };
+    const auto [pc, ps] = calls(jb["prefill_ops"]);
+    CHECK(pc.at("matmul_i8") > 0);
+    CHECK(pc.at("attention") == pc.at("kv_store"));
+    CHECK(ps <= jb["prefill_profiled_s"].get<double>());
+    CHECK(jb["decode_step_batch"].get<int>() == 3);
+    const auto [dc, ds] = calls(jb["decode_step_ops"]);
+    CHECK(dc.at("kv_store") == 3 * dc.at("attention"));
+    CHECK(ds <= jb["decode_step_profiled_s"].get<double>());
 }
