@@ -104,6 +104,17 @@ bool wait_for(const std::function<bool()>& pred, double seconds) {
 const std::vector<std::string> prompts = {"Once upon a time", "The cat sat on", "One day, Tom went", "Lily and Ben",
                                           "A little bird", "The sun was hot and", "Mom said", "They played"};
 
+// Waits up to 2 minutes for the daemon to answer /health (true) or to exit (false, its exit
+// code in rc): a GPU placement without a usable device must end the daemon, not hang it.
+bool ready_or_exit(daemon_process& d, int& rc) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < until) {
+        if (request(d.sock, "GET", "/health").status == 200) return true;
+        if ((rc = d.wait_exit(0.05)) != -1) return false;
+    }
+    return false;
+}
+
 } // namespace
 
 TEST_CASE("workers: two worker processes share the pool; outputs equal the offline loop") {
@@ -266,16 +277,8 @@ TEST_CASE("workers: CPU prefill + GPU decode keeping its pages gives the cpu/cpu
     // contents) and prompts sharing a prefix, twice (cached pages shared, contents kept).
     d.start(scratch().file("gd.sock"), {"--set", "prefill=cpu", "--set", "decode=gpu", "--set", "kv_pages=24", "--set",
                                         "n_ctx=256", "--set", "kv_pool_persist=false"});
-    bool ready = false;
     int rc = -1;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (std::chrono::steady_clock::now() < until) {
-        if (request(d.sock, "GET", "/health").status == 200) {
-            ready = true;
-            break;
-        }
-        if ((rc = d.wait_exit(0.05)) != -1) break;
-    }
+    const bool ready = ready_or_exit(d, rc);
     if (!ready) {
         CHECK(rc == 1);
         MESSAGE("skipped: no CUDA device (decode=gpu refused to start, as it must without one)");
@@ -320,16 +323,8 @@ TEST_CASE("workers: a pool smaller than the load preempts, and every request sti
 TEST_CASE("workers: GPU prefill + CPU decode gives the cpu/cpu tokens, or fails to start cleanly without a GPU") {
     daemon_process d;
     d.start(scratch().file("g.sock"), {"--set", "prefill=gpu"});
-    bool ready = false;
     int rc = -1;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (std::chrono::steady_clock::now() < until) {
-        if (request(d.sock, "GET", "/health").status == 200) {
-            ready = true;
-            break;
-        }
-        if ((rc = d.wait_exit(0.05)) != -1) break;
-    }
+    const bool ready = ready_or_exit(d, rc);
     if (!ready) {
         // no usable device: the daemon must refuse to start, with exit code 1
         CHECK(rc == 1);
