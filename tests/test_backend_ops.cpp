@@ -548,7 +548,7 @@ TEST_CASE("swiglu and add vs reference") {
 
 TEST_CASE("paged attention vs reference: KV dtypes, GQA ratios, page sizes, prefill and decode shapes") {
   for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16, kv_dtype::i8}) {
-   for (int hd : {8, 64, 80, 128}) { // 64 and 128: the register-blocked prefill kernel; 80: the block path
+   for (int hd : {8, 32, 64, 80, 96, 128, 256}) { // 80 (and 8): the per-row block path; the rest: each register-blocked width
     for (int n_gqa : {1, 2, 4, 8}) {
         for (int page_size : {1, 4, 16}) {
             for (int64_t n_tok : {1, 5, 33, 70}) {
@@ -604,7 +604,7 @@ TEST_CASE("a token's attention output does not depend on how the prompt was spli
     // Prefix-cache hits, preemption and chunked prefill compute the same positions in calls of
     // other sizes; the text stays byte-identical only if each row comes out bit for bit the same.
     for (kv_dtype dt : {kv_dtype::f16, kv_dtype::i8}) {
-        for (int hd : {64, 80, 128}) {
+        for (int hd : {32, 64, 80, 96, 128, 256}) {
             const int n_kv = 2, n_gqa = 4, n_head = n_kv * n_gqa, page_size = 16;
             kv_layout lay{1, n_kv, hd, page_size, dt};
             const int32_t n_pos = 75;
