@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -191,6 +192,9 @@ struct kv_pool::impl {
     }
 };
 
+kv_pool::kv_pool(std::string path, const kv_pool_info& info)
+    : impl_(std::make_unique<impl>()), info_(info), path_(std::move(path)) {}
+
 kv_pool::~kv_pool() = default;
 
 int64_t kv_pool::page_entry_bytes(int32_t page_size) {
@@ -200,10 +204,7 @@ int64_t kv_pool::page_entry_bytes(int32_t page_size) {
 std::unique_ptr<kv_pool> kv_pool::create_or_adopt(const std::string& path, const kv_pool_info& want,
                                                   std::string* rebuilt_why) {
     const pool_header h = expected_header(path, want);
-    std::unique_ptr<kv_pool> pool(new kv_pool());
-    pool->info_ = want;
-    pool->path_ = path;
-    pool->impl_ = std::make_unique<impl>();
+    std::unique_ptr<kv_pool> pool(new kv_pool(path, want));
     impl& m = *pool->impl_;
 
     m.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -251,10 +252,7 @@ std::unique_ptr<kv_pool> kv_pool::create_or_adopt(const std::string& path, const
 
 std::unique_ptr<kv_pool> kv_pool::attach(const std::string& path, const kv_pool_info& want) {
     const pool_header h = expected_header(path, want);
-    std::unique_ptr<kv_pool> pool(new kv_pool());
-    pool->info_ = want;
-    pool->path_ = path;
-    pool->impl_ = std::make_unique<impl>();
+    std::unique_ptr<kv_pool> pool(new kv_pool(path, want));
     impl& m = *pool->impl_;
 
     m.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);

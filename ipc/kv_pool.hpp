@@ -64,7 +64,7 @@ public:
     void unlink_file(); // removes the file (the mapping stays valid until destruction)
 
 private:
-    kv_pool() = default;
+    kv_pool(std::string path, const kv_pool_info& info); // unmapped; create_or_adopt / attach map it
     struct impl;
     std::unique_ptr<impl> impl_;
     kv_pool_info info_;

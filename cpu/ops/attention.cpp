@@ -289,10 +289,20 @@ constexpr int pf_rows = 8;       // query rows per pass over the chunks
 constexpr int pf_tok_block = 16; // tokens per job
 
 struct prefill_kv {
-    const float* kt;
-    const float* vr;
-    int64_t n_chunks;
+    float* kt;        // [n_chunks][head_dim][16]
+    float* vr;        // [n_chunks * 16][head_dim]
+    int64_t n_chunks; // even: the kernel takes two a pass
 };
+
+// The scratch for one kv head's K/V over n_end positions, in the calling thread's buffer (kept
+// across layers and calls: it grows to the longest context seen).
+prefill_kv kv_scratch(int32_t n_end, int hd) {
+    thread_local std::vector<float> buf;
+    const int64_t n_chunks = (n_end + 2 * key_chunk - 1) / (2 * key_chunk) * 2;
+    const size_t per_side = size_t(n_chunks) * key_chunk * size_t(hd);
+    if (buf.size() < 2 * per_side) buf.resize(2 * per_side);
+    return {buf.data(), buf.data() + per_side, n_chunks};
+}
 
 // Page pg of the sequence (positions p0.., n of them) into the scratch: V rows decoded in place,
 // K decoded to rows in kb and then transposed into its chunks (16 keys at a time when the page
@@ -337,15 +347,20 @@ void pad_kv(float* kt, float* vr, int64_t n_chunks, int32_t n_end, int hd) {
     }
 }
 
-void decode_prefill_kv(thread_pool& pool, float* kt, float* vr, int64_t n_chunks, int32_t n_end, int kvh,
-                       const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table) {
+// Kv head kvh's K/V over positions [0, n_end) into kv, the pages spread over the pool's
+// threads (prefill) or on this thread (pool null: a decode job, one of many running at once).
+void decode_kv_head(thread_pool* pool, const prefill_kv& kv, int32_t n_end, int kvh, const uint8_t* kv_base,
+                    const kv_layout& lay, int il, const int32_t* block_table) {
     const int hd = lay.head_dim, ps = lay.page_size;
     const int64_t n_pages = (n_end + ps - 1) / ps;
-    pool.parallel_for(n_pages, thread_pool::grain_for(int64_t(ps) * hd * 8), [&](int64_t b, int64_t e) {
+    const auto pages = [&](int64_t b, int64_t e) {
         thread_local std::vector<float> kb;
-        for (int64_t pg = b; pg < e; ++pg) decode_page_kv(kt, vr, kb, pg, n_end, kvh, kv_base, lay, il, block_table);
-    });
-    pad_kv(kt, vr, n_chunks, n_end, hd);
+        for (int64_t pg = b; pg < e; ++pg)
+            decode_page_kv(kv.kt, kv.vr, kb, pg, n_end, kvh, kv_base, lay, il, block_table);
+    };
+    if (pool) pool->parallel_for(n_pages, thread_pool::grain_for(int64_t(ps) * hd * 8), pages);
+    else pages(0, n_pages);
+    pad_kv(kv.kt, kv.vr, kv.n_chunks, n_end, hd);
 }
 
 // R query rows (rows[r] = (token, query head)) of kv head kvh over all their chunks; NV = head_dim / 16.
@@ -485,16 +500,10 @@ void attention_prefill(thread_pool& pool, prefill_job_fn job_fn, float* out, con
                        const int32_t* block_table, float scale) {
     const int hd = lay.head_dim, n_kv = lay.n_head_kv, n_gqa = n_head / n_kv;
     const int32_t n_end = n_past + int32_t(n_tok);
-    const int64_t n_chunks = (n_end + 2 * key_chunk - 1) / (2 * key_chunk) * 2; // even: the kernel takes two a pass
-    const size_t per_side = size_t(n_chunks) * key_chunk * size_t(hd);
-    thread_local std::vector<float> buf; // kept across layers and calls
-    if (buf.size() < 2 * per_side) buf.resize(2 * per_side);
-    float* kt = buf.data();
-    float* vr = buf.data() + per_side;
-    const prefill_kv kv{kt, vr, n_chunks};
+    const prefill_kv kv = kv_scratch(n_end, hd);
     const int64_t n_blocks = (n_tok + pf_tok_block - 1) / pf_tok_block;
     for (int kvh = 0; kvh < n_kv; ++kvh) {
-        decode_prefill_kv(pool, kt, vr, n_chunks, n_end, kvh, kv_base, lay, il, block_table);
+        decode_kv_head(&pool, kv, n_end, kvh, kv_base, lay, il, block_table);
         // Handed out one block at a time, the longest contexts (the last blocks) first: causal
         // work grows with the block, so contiguous ranges per thread would leave one thread most of it.
         pool.parallel_for_dynamic(n_blocks, 1, [&](int64_t b, int64_t e) {
@@ -559,21 +568,13 @@ void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_s
     const prefill_job_fn job_fn = active_isa() >= isa::avx512 ? pick_prefill_job(hd) : nullptr;
     if (job_fn) { // each job decodes its own sequence's K/V of one kv head into a scratch of its thread
         pool.parallel_for_dynamic(n_jobs, chunk, [&](int64_t b, int64_t e) {
-            thread_local std::vector<float> buf, kb;
             for (int64_t job = b; job < e; ++job) {
                 const int64_t i = job / n_kv;
                 const int kvh = int(job % n_kv);
                 const int32_t n_end = n_past[i] + 1;
-                const int64_t n_chunks = (n_end + 2 * key_chunk - 1) / (2 * key_chunk) * 2; // even: the kernel takes two a pass
-                const size_t per_side = size_t(n_chunks) * key_chunk * size_t(hd);
-                if (buf.size() < 2 * per_side) buf.resize(2 * per_side);
-                float* kt = buf.data();
-                float* vr = buf.data() + per_side;
-                for (int64_t pg = 0; pg < (n_end + lay.page_size - 1) / lay.page_size; ++pg)
-                    decode_page_kv(kt, vr, kb, pg, n_end, kvh, kv_base, lay, il, tables[i]);
-                pad_kv(kt, vr, n_chunks, n_end, hd);
-                job_fn(out + rows[i] * stride, q + rows[i] * stride, 0, 1, kvh, n_past[i], n_head, n_gqa,
-                       prefill_kv{kt, vr, n_chunks}, scale);
+                const prefill_kv kv = kv_scratch(n_end, hd);
+                decode_kv_head(nullptr, kv, n_end, kvh, kv_base, lay, il, tables[i]);
+                job_fn(out + rows[i] * stride, q + rows[i] * stride, 0, 1, kvh, n_past[i], n_head, n_gqa, kv, scale);
             }
         });
         return;
