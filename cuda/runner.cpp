@@ -83,6 +83,7 @@ private:
 
     // host staging for one batch
     std::vector<int32_t> h_tokens_, h_pos_, h_rows_;
+    std::vector<cuda::attn_seg> h_segs_; // each sequence's rows, positions and table, for attention
     // device scratch
     grow_buffer tokens_, pos_, tables_, rows_;
     grow_buffer x_, q_, k_, v_, attn_, proj_, gate_, up_, last_, xn_, xq_, xs_, logits_;
@@ -238,6 +239,12 @@ void cuda_runner::forward_placed(std::span<const batch_seq> batch, kv_cache& kv,
     c.upload(d_pos, h_pos_.data(), size_t(n_tok) * 4);
     c.upload(d_tables, plan_.tables.data(), size_t(n_slots) * 4);
     c.upload(d_rows, h_rows_.data(), size_t(n_seq) * 4);
+    h_segs_.clear();
+    for (int64_t i = 0, t = 0; i < n_seq; ++i) {
+        const batch_seq& s = batch[size_t(i)];
+        h_segs_.push_back({t, int32_t(s.tokens.size()), s.n_past, slot0[size_t(i)]});
+        t += int64_t(s.tokens.size());
+    }
 
     float* x = x_.get<float>(c, size_t(n_tok * e));
     float* q = q_.get<float>(c, size_t(n_tok * e));
@@ -269,15 +276,11 @@ void cuda_runner::forward_placed(std::span<const batch_seq> batch, kv_cache& kv,
                    cfg_.rope_freq_scale, neox);
         cuda::rope(c, k, d_pos, n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
                    cfg_.rope_freq_scale, neox);
-        int64_t t = 0;
-        for (size_t i = 0; i < batch.size(); ++i) {
-            const auto& s = batch[i];
-            const int64_t n = int64_t(s.tokens.size());
-            cuda::kv_store(c, mirror, lay, il, d_tables + slot0[i], s.n_past, k + t * n_kv, v + t * n_kv, n);
-            cuda::attention(c, attn + t * e, q + t * e, n, s.n_past, cfg_.n_head, mirror, lay, il,
-                            d_tables + slot0[i], scale);
-            t += n;
-        }
+        for (const cuda::attn_seg& s : h_segs_)
+            cuda::kv_store(c, mirror, lay, il, d_tables + s.table_off, s.n_past, k + s.q_row * n_kv,
+                           v + s.q_row * n_kv, s.n_tok);
+        // Every sequence of the batch, prefill chunks and decode tokens alike, in one launch.
+        cuda::attention(c, attn, q, h_segs_.data(), n_seq, cfg_.n_head, mirror, lay, il, d_tables, scale);
         cuda::quantize_rows(c, xq, xs, attn, n_tok, e);
         mm(proj, xq, xs, n_tok, l.wo, nullptr);
         cuda::add(c, x, proj, n_tok * e);

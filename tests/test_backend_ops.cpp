@@ -11,6 +11,7 @@
 #include "runtime/ops/matmul.hpp"
 #include "runtime/ops/quant.hpp"
 #include "quant/int8.hpp"
+#include "tests/op_data.hpp"
 #if TANDEM_HAVE_CUDA
 #include "cuda/device.hpp"
 #include "cuda/ops/ops.hpp"
@@ -34,38 +35,11 @@
 #include <vector>
 
 using namespace tandem;
+using tandem::test::nmse;
+using tandem::test::randn;
+using tandem::test::scattered_pages;
 
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 g(seed);
-    std::normal_distribution<float> d(0.0f, scale);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(g);
-    return v;
-}
-
-// n distinct pages out of a pool of n_pool, in a scattered, non-monotonic order as a real pool
-// hands them out (distinct: two positions of one call never share a slot).
-std::vector<int32_t> scattered_pages(int32_t n, int32_t n_pool, uint32_t seed) {
-    std::vector<int32_t> all(static_cast<size_t>(n_pool));
-    std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), std::mt19937(seed));
-    all.resize(size_t(n));
-    return all;
-}
-
-// Normalized mean squared error of `got` against `want`; +inf if any value is not finite.
-double nmse(const std::vector<float>& want, const std::vector<float>& got) {
-    REQUIRE(want.size() == got.size());
-    double err = 0, ref = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        if (!std::isfinite(got[i]) || !std::isfinite(want[i])) return INFINITY;
-        err += double(want[i] - got[i]) * double(want[i] - got[i]);
-        ref += double(want[i]) * double(want[i]);
-    }
-    return ref > 0 ? err / ref : err;
-}
 
 // Named tolerances: f32 kernels differ from the reference only in summation order.
 constexpr double tol_f32 = 1e-10;

@@ -1,9 +1,11 @@
-// Device helpers shared by the CUDA kernels: launch checks, warp/block reductions, the INT8
-// row quantizer and the F16 encoder, each written to give the reference's exact bits.
+// Device helpers shared by the CUDA kernels: launch checks, block reductions, the dynamic shared
+// memory, the INT8 row quantizer and the F16 encoder, each written to give the reference's
+// exact bits. The warp reductions are in warp.cuh.
 #pragma once
 
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
+#include "cuda/ops/warp.cuh"
 
 #include <cuda_fp16.h>
 
@@ -18,17 +20,10 @@ inline cudaStream_t stream_of(const context& c) { return static_cast<cudaStream_
 
 inline unsigned grid_1d(int64_t n, int block) { return unsigned((n + block - 1) / block); }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+// The block's dynamic shared memory (the launch's third parameter), 128-byte aligned.
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+    extern __shared__ __align__(128) unsigned char dyn_smem[];
+    return dyn_smem;
 }
 
 // Reduces v over the whole block (blockDim.x a multiple of 32, at most 1024); every thread

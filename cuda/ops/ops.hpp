@@ -31,6 +31,18 @@ void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, 
 void attention(const context& c, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
                const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale);
 
+// One sequence's new tokens in a batched attention: rows q_row.. of q and out, at positions
+// n_past.., reading the block table at tables + table_off.
+struct attn_seg {
+    int64_t q_row;
+    int32_t n_tok, n_past;
+    int64_t table_off;
+};
+// attention() of every segment (a host array) in one launch per 64 segments: a decode step's
+// sequences, or a whole mixed batch. tables is a device array.
+void attention(const context& c, float* out, const float* q, const attn_seg* segs, int64_t n_seg, int n_head,
+               const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* tables, float scale);
+
 // INT8 (W8A8), see runtime/ops/quant.hpp
 void quantize_rows(const context& c, int8_t* q, float* s, const float* x, int64_t n_tok, int64_t n);
 void rms_norm_quant(const context& c, int8_t* q, float* s, const float* x, const float* w, int64_t n_tok, int64_t n,

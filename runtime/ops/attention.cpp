@@ -71,10 +71,19 @@ struct attention_decode_op {
     static void cuda(const ::tandem::cuda::context& c, float* out, const float* q, int64_t n_seq, const int64_t* rows,
                      const int32_t* n_past, const int32_t* const* tables, int n_head, const uint8_t* kv_base,
                      const kv_layout& lay, int il, float scale) {
-        const int64_t stride = int64_t(n_head) * lay.head_dim;
-        for (int64_t i = 0; i < n_seq; ++i)
-            attention_op::cuda(c, out + rows[i] * stride, q + rows[i] * stride, 1, n_past[i], n_head, kv_base, lay, il,
-                               tables[i], scale);
+        if (n_seq == 0) return;
+        // One segment per sequence, every block table in one upload, one launch.
+        thread_local std::vector<::tandem::cuda::attn_seg> segs;
+        thread_local std::vector<int32_t> flat;
+        segs.clear();
+        flat.clear();
+        for (int64_t i = 0; i < n_seq; ++i) {
+            const int32_t n_pages = n_past[i] / lay.page_size + 1; // positions 0..n_past
+            segs.push_back({rows[i], 1, n_past[i], int64_t(flat.size())});
+            flat.insert(flat.end(), tables[i], tables[i] + n_pages);
+        }
+        const auto t = ::tandem::cuda::to_device(c, flat.data(), flat.size() * sizeof(int32_t));
+        ::tandem::cuda::attention(c, out, q, segs.data(), n_seq, n_head, kv_base, lay, il, t.as<int32_t>(), scale);
     }
 #endif
 };
