@@ -5,16 +5,23 @@
 // barrier (__syncthreads, __syncwarp, a shuffle); blocks run one after another. That makes the
 // run deterministic and turns the mistakes the hardware would hide or hang on into errors:
 // a barrier some threads never reach (deadlock), a WMMA pointer or stride that breaks the
-// alignment rules, shared memory read before it is written (it starts as NaN bytes). What it
+// alignment rules, shared memory read before it is written (it starts as NaN bytes), and,
+// through three orders of running the threads, a barrier missing between warps. What it
 // does not model: timing, memory ordering between blocks, the fragment layout inside a warp
-// (each lane holds the whole 16x16 tile; mma_sync is the warp-collective step, loads and
-// stores are each lane's own), and the hardware's own rounding in tensor-core accumulation
-// (here: f32 sums in k order).
+// (each lane holds the whole 16x16 tile and stores a share of it; mma_sync is the
+// warp-collective step), and the hardware's own rounding in tensor-core accumulation (here:
+// f32 sums in k order).
 //
-// Include it before the kernel's header; it defines the CUDA keywords away.
+// Include it after every other header and before the kernels' (*_kernels.cuh): it defines the
+// CUDA keywords away, and renames namespace tandem::cuda to tandem::cuda_emulated for the rest
+// of the file, so the emulated kernels and host launchers never clash with tandem_cuda's own
+// (linked in through tandem_engine where nvcc is present). The kernels' host side gets a
+// context whose device is the host: pointers are host memory, launches run here, in order.
 #pragma once
 
 #include "runtime/fp16.hpp"
+
+#include <bit>
 
 #include <ucontext.h>
 
@@ -38,11 +45,16 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __grid_constant__
+#define __align__(n) __attribute__((aligned(n)))
+// A block's threads run one after another on one OS thread and blocks in turn: a static local
+// is shared by a block's threads as __shared__ memory is (and, like it, starts undefined).
+#define __shared__ static
 
 namespace tandem::cuda_emu {
 
 struct dim3 {
-    unsigned x = 1, y = 1, z = 1;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+    unsigned x, y, z;
 };
 
 struct fiber {
@@ -69,6 +81,7 @@ struct machine {
     unsigned char* smem() { return smem_store.data() + (128 - reinterpret_cast<uintptr_t>(smem_store.data()) % 128); }
     std::function<void()> body;
     std::string error; // the first error a thread raised
+    uint64_t launches = 0;
 };
 
 inline machine& state() {
@@ -149,25 +162,37 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, std::function<void(
                     f.ctx.uc_link = &m.scheduler;
                     makecontext(&f.ctx, thread_entry, 0);
                 }
+                // Which runnable thread goes next: in turn, or always the lowest (highest) numbered
+                // one, which lets the first (last) warps run far ahead of the others, so a missing
+                // barrier between warps shows. Blocks take the three orders in turn.
+                const int order = int((m.launches + bx + by + bz) % 3);
+                size_t next = 0;
                 for (;;) {
-                    bool ran = false, all_done = true;
-                    for (size_t i = 0; i < n; ++i) {
-                        fiber& f = m.threads[i];
+                    size_t pick = n;
+                    bool all_done = true;
+                    for (size_t j = 0; j < n; ++j) {
+                        const size_t i = order == 0 ? (next + j) % n : order == 1 ? j : n - 1 - j;
+                        const fiber& f = m.threads[i];
                         if (f.done) continue;
                         all_done = false;
                         const uint64_t gen = f.waiting == 1 ? m.block_gen : m.warp_gen[i / 32];
-                        if (f.waiting != 0 && gen == f.wait_gen) continue;
-                        m.cur = int(i);
-                        swapcontext(&m.scheduler, &f.ctx);
-                        ran = true;
-                        if (!m.error.empty()) throw std::runtime_error(m.error);
+                        if (f.waiting == 0 || gen != f.wait_gen) {
+                            pick = i;
+                            break;
+                        }
                     }
                     if (all_done) break;
-                    if (!ran) fail("deadlock: a barrier that not every thread of block (" + std::to_string(bx) + ", " +
-                                   std::to_string(by) + ") reaches");
+                    if (pick == n)
+                        fail("deadlock: a barrier that not every thread of block (" + std::to_string(bx) + ", " +
+                             std::to_string(by) + ") reaches");
+                    m.cur = int(pick);
+                    next = pick + 1;
+                    swapcontext(&m.scheduler, &m.threads[pick].ctx);
+                    if (!m.error.empty()) throw std::runtime_error(m.error);
                 }
             }
     m.cur = -1;
+    ++m.launches;
 }
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -203,6 +228,20 @@ template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
 
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
+
+struct int2 {
+    int x, y;
+};
+inline int2 make_int2(int x, int y) { return {x, y}; }
+
+// The four signed byte products of a and b, plus c.
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += int(int8_t(uint32_t(a) >> (8 * i))) * int(int8_t(uint32_t(b) >> (8 * i)));
+    return c;
+}
 
 struct __half {
     uint16_t bits;
@@ -211,10 +250,25 @@ inline __half __float2half_rn(float f) { return {tandem::f32_to_fp16(f)}; }
 inline float __half2float(__half h) { return tandem::fp16_to_f32(h.bits); }
 inline __half __ushort_as_half(uint16_t b) { return {b}; }
 
+#define cuda cuda_emulated
+#include "cuda/device.hpp"
+
 namespace tandem::cuda {
 using std::max;
 using std::min;
 inline unsigned char* dynamic_smem() { return cuda_emu::state().smem(); }
+
+// common.cuh's launch, run here: the launch waits for the kernel (so does nothing on a device).
+template <class... P, class... A>
+void launch_kernel(const context&, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
+    cuda_emu::launch(grid, block, smem, [&] { kernel(args...); });
+}
+
+// The host as the device: the members the kernels' host side calls.
+struct context::impl {};
+inline context::context(int device) : device_(device) {}
+inline context::~context() = default;
+inline void context::make_current() const {}
 } // namespace tandem::cuda
 
 // WMMA at 16x16x16: every lane holds the whole tile, element (row, col) at x[row * 16 + col].
@@ -255,10 +309,14 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm, layout_t l) {
     detail::load(f.x, p, ldm, l == mem_row_major);
 }
+// Each lane stores its share of the tile only (here: elements lane, lane + 32, ...), as on the
+// device, so reading the tile back needs a __syncwarp first.
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t l) {
     detail::check_operands(p, ldm);
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) (l == mem_row_major ? p[r * ldm + unsigned(c)] : p[unsigned(c) * ldm + r]) = f.x[r * 16 + c];
+    for (int e = tandem::cuda_emu::state().cur % 32; e < 256; e += 32) {
+        const unsigned r = unsigned(e / 16), c = unsigned(e % 16);
+        (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[e];
+    }
 }
 template <class T> void fill_fragment(fragment<accumulator, 16, 16, 16, T>& f, T v) { std::fill(f.x, f.x + 256, v); }
 

@@ -1,10 +1,6 @@
-// CUDA kernels' own source run on the CPU under tests/cuda_emu.hpp, against the scalar
-// reference: the paged flash-attention kernel (cuda/ops/attention_kernel.cuh) with its launch
-// planning. This runs everywhere, GPU or not; test_backend_ops runs the same kernel on a device.
-#include "tests/cuda_emu.hpp"
-
-#include "cuda/ops/attention_kernel.cuh"
-
+// The CUDA kernels' own source (cuda/ops/*_kernels.cuh, with their host launchers) run on the
+// CPU under tests/cuda_emu.hpp, against the scalar reference. This runs everywhere, GPU or not;
+// test_backend_ops runs the same kernels on a device.
 #include "cpu/ref/ops_ref.hpp"
 #include "runtime/kv_cache.hpp"
 #include "tests/op_data.hpp"
@@ -12,9 +8,18 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
+
+#include "tests/cuda_emu.hpp" // last but for the kernels: from here on tandem::cuda is the emulated one
+
+#include "cuda/ops/attention_kernel.cuh"
+#include "cuda/ops/elementwise_kernels.cuh"
+#include "cuda/ops/matmul_kernels.cuh"
+#include "cuda/ops/quant_kernels.cuh"
 
 using namespace tandem;
 using tandem::test::nmse;
@@ -192,4 +197,192 @@ TEST_CASE("the emulation catches a barrier not every thread reaches") {
         seen[threadIdx.x] = sh[63 - threadIdx.x];
     });
     for (int i = 0; i < 64; ++i) CHECK(seen[size_t(i)] == 64 - i);
+}
+
+namespace {
+
+// One emulated "device": the host.
+const cuda::context& host_device() {
+    static const cuda::context c(0);
+    return c;
+}
+
+bool same_bytes(const void* a, const void* b, size_t n) { return std::memcmp(a, b, n) == 0; }
+
+// Rows with the values that trip quantizers up: inf, -inf, NaN, huge, all zero.
+std::vector<float> awkward_rows(int64_t n_tok, int64_t n, uint32_t seed) {
+    auto x = randn(size_t(n_tok * n), seed, 3.0f);
+    if (n_tok >= 4 && n >= 4) {
+        x[size_t(n + 1)] = INFINITY;
+        x[size_t(2 * n + 2)] = -INFINITY;
+        x[size_t(2 * n + 3)] = NAN;
+        x[size_t(3 * n)] = 1e30f;
+        std::fill(x.begin(), x.begin() + n, 0.0f); // row 0: all zero (scale 0)
+    }
+    return x;
+}
+
+} // namespace
+
+TEST_CASE("CUDA row kernels (emulated): RMSNorm, RoPE, SwiGLU, add, embedding rows, row gather") {
+    const cuda::context& c = host_device();
+    for (int64_t n : {1, 37, 256, 1000}) { // below, at and above one block's 256 threads
+        const int64_t n_tok = 5;
+        const auto x = randn(size_t(n_tok * n), uint32_t(n), 2.0f), w = randn(size_t(n), 2);
+        std::vector<float> want(x.size()), got(x.size(), NAN);
+        cpu::ref::rms_norm(want.data(), x.data(), w.data(), n_tok, n, 1e-5f);
+        cuda::rms_norm(c, got.data(), x.data(), w.data(), n_tok, n, 1e-5f);
+        INFO("n=", n);
+        CHECK(nmse(want, got) < 1e-13); // the sum of squares in double, in another order
+
+        const auto g = randn(size_t(n), 3, 3.0f), u = randn(size_t(n), 4);
+        std::vector<float> sw_want(static_cast<size_t>(n)), sw_got(size_t(n), NAN);
+        cpu::ref::swiglu(sw_want.data(), g.data(), u.data(), n);
+        cuda::swiglu(c, sw_got.data(), g.data(), u.data(), n);
+        CHECK(same_bytes(sw_want.data(), sw_got.data(), size_t(n) * 4)); // the host's expf on both sides
+
+        auto a_want = x, a_got = x;
+        cpu::ref::add(a_want.data(), g.data(), n);
+        cuda::add(c, a_got.data(), g.data(), n);
+        CHECK(same_bytes(a_want.data(), a_got.data(), x.size() * 4));
+    }
+    for (bool neox : {false, true}) {
+        for (int n_rot : {64, 32}) { // all of a 64-dim head, and half of it
+            const int64_t n_tok = 6;
+            const int n_head = 3, hd = 64;
+            const std::vector<int32_t> pos{0, 1, 7, 100, 4095, 3};
+            auto want = randn(size_t(n_tok * n_head * hd), 5), got = want;
+            cpu::ref::rope(want.data(), pos.data(), n_tok, n_head, hd, n_rot, 10000.0f, 0.5f, neox);
+            cuda::rope(c, got.data(), pos.data(), n_tok, n_head, hd, n_rot, 10000.0f, 0.5f, neox);
+            INFO("neox=", neox, " n_rot=", n_rot);
+            CHECK(nmse(want, got) < 1e-12); // sincosf/pow of the host on both sides; the order of steps is the kernel's
+        }
+    }
+    {
+        const int64_t n_vocab = 9, n_embd = 300;
+        std::vector<int8_t> q(size_t(n_vocab * n_embd));
+        for (size_t i = 0; i < q.size(); ++i) q[i] = int8_t(int(i * 37 % 255) - 127);
+        const auto scale = randn(size_t(n_vocab), 6), f = randn(size_t(n_vocab * n_embd), 7);
+        const std::vector<int32_t> tokens{3, 0, 8, 3};
+        std::vector<float> got_q(tokens.size() * size_t(n_embd), NAN), got_f = got_q;
+        cuda::embed(c, got_q.data(), tokens.data(), int64_t(tokens.size()), q.data(), scale.data(), nullptr, n_embd);
+        cuda::embed(c, got_f.data(), tokens.data(), int64_t(tokens.size()), nullptr, nullptr, f.data(), n_embd);
+        for (size_t t = 0; t < tokens.size(); ++t)
+            for (int64_t i = 0; i < n_embd; ++i) {
+                const size_t src = size_t(tokens[t] * n_embd + i), dst = t * size_t(n_embd) + size_t(i);
+                REQUIRE(got_q[dst] == scale[size_t(tokens[t])] * float(q[src]));
+                REQUIRE(got_f[dst] == f[src]);
+            }
+        const std::vector<int32_t> rows{2, 0};
+        std::vector<float> gathered(2 * size_t(n_embd), NAN);
+        cuda::gather_rows(c, gathered.data(), got_f.data(), rows.data(), 2, n_embd);
+        CHECK(same_bytes(gathered.data(), got_f.data() + 2 * n_embd, size_t(n_embd) * 4));
+        CHECK(same_bytes(gathered.data() + n_embd, got_f.data(), size_t(n_embd) * 4));
+    }
+}
+
+TEST_CASE("CUDA INT8 activation kernels (emulated): the reference's bytes and scales") {
+    const cuda::context& c = host_device();
+    for (int64_t n : {4, 37, 300, 1024}) {
+        const int64_t n_tok = 5;
+        const auto x = awkward_rows(n_tok, n, uint32_t(n));
+        const size_t qn = size_t(n_tok * n);
+        INFO("n=", n);
+        {
+            std::vector<int8_t> qw(qn), qg(qn);
+            std::vector<float> sw(static_cast<size_t>(n_tok)), sg(size_t(n_tok), NAN);
+            cpu::ref::quantize_rows(qw.data(), sw.data(), x.data(), n_tok, n);
+            cuda::quantize_rows(c, qg.data(), sg.data(), x.data(), n_tok, n);
+            CHECK(same_bytes(qw.data(), qg.data(), qn));
+            CHECK(same_bytes(sw.data(), sg.data(), sw.size() * 4));
+        }
+        {
+            const auto g = randn(qn, 8, 3.0f), u = randn(qn, 9);
+            std::vector<int8_t> qw(qn), qg(qn);
+            std::vector<float> sw(static_cast<size_t>(n_tok)), sg(size_t(n_tok), NAN);
+            cpu::ref::swiglu_quant(qw.data(), sw.data(), g.data(), u.data(), n_tok, n);
+            cuda::swiglu_quant(c, qg.data(), sg.data(), g.data(), u.data(), n_tok, n);
+            CHECK(same_bytes(qw.data(), qg.data(), qn));
+            CHECK(same_bytes(sw.data(), sg.data(), sw.size() * 4));
+        }
+        {
+            std::vector<int8_t> hw(qn), hg(qn), lw(qn), lg(qn);
+            std::vector<float> shw(static_cast<size_t>(n_tok)), shg(size_t(n_tok), NAN), slw(static_cast<size_t>(n_tok)), slg(size_t(n_tok), NAN);
+            cpu::ref::quantize_rows_split(hw.data(), shw.data(), lw.data(), slw.data(), x.data(), n_tok, n);
+            cuda::quantize_rows_split(c, hg.data(), shg.data(), lg.data(), slg.data(), x.data(), n_tok, n);
+            CHECK(same_bytes(hw.data(), hg.data(), qn));
+            CHECK(same_bytes(lw.data(), lg.data(), qn));
+            CHECK(same_bytes(shw.data(), shg.data(), shw.size() * 4));
+            CHECK(same_bytes(slw.data(), slg.data(), slw.size() * 4));
+        }
+        {
+            // The sum of squares is a reduction in another order: the norm may differ in its last
+            // bit, and so, rarely, may a rounding to int8. Dequantized, the rows agree.
+            const auto xr = randn(qn, 10, 2.0f), w = randn(size_t(n), 11);
+            std::vector<int8_t> qw(qn), qg(qn);
+            std::vector<float> sw(static_cast<size_t>(n_tok)), sg(size_t(n_tok), NAN);
+            cpu::ref::rms_norm_quant(qw.data(), sw.data(), xr.data(), w.data(), n_tok, n, 1e-5f);
+            cuda::rms_norm_quant(c, qg.data(), sg.data(), xr.data(), w.data(), n_tok, n, 1e-5f);
+            std::vector<float> dw(qn), dg(qn);
+            for (size_t i = 0; i < qn; ++i) {
+                dw[i] = sw[i / size_t(n)] * float(qw[i]);
+                dg[i] = sg[i / size_t(n)] * float(qg[i]);
+            }
+            CHECK(nmse(dw, dg) < 1e-5);
+        }
+    }
+}
+
+TEST_CASE("CUDA KV store (emulated): the same page bytes as the reference, every dtype") {
+    const cuda::context& c = host_device();
+    for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16, kv_dtype::i8}) {
+        for (int hd : {8, 64, 80}) {
+            const kv_layout lay{2, 3, hd, 4, dt};
+            const int32_t pos0 = 5, n_tok = 11, n_pages = (pos0 + n_tok + 3) / 4;
+            const std::vector<int32_t> table = scattered_pages(n_pages, n_pages + 2, uint32_t(hd));
+            auto k = randn(size_t(n_tok * 3 * hd), 12, 2.0f), v = randn(k.size(), 13);
+            k[5] = NAN;
+            k[7] = std::bit_cast<float>(0x7f800123u); // a NaN with a payload
+            v[3] = INFINITY;
+            v[size_t(hd)] = 1e30f;
+            kv_cache want(lay, n_pages + 2), got(lay, n_pages + 2);
+            std::memset(want.base(), 0x5a, size_t(want.bytes()));
+            std::memset(got.base(), 0x5a, size_t(got.bytes()));
+            cpu::ref::kv_store(want.base(), lay, 1, table.data(), pos0, k.data(), v.data(), n_tok);
+            cuda::kv_store(c, got.base(), lay, 1, table.data(), pos0, k.data(), v.data(), n_tok);
+            INFO("kv=", name_of(dt), " hd=", hd);
+            CHECK(same_bytes(want.base(), got.base(), size_t(want.bytes()))); // untouched bytes too
+        }
+    }
+}
+
+TEST_CASE("CUDA INT8 GEMM, tiled dp4a kernel and cuBLASLt's epilogue (emulated): the reference's results") {
+    const cuda::context& c = host_device();
+    for (int64_t n_in : {7, 32, 100, 96}) { // 7, 100: the byte-wise loader; 32, 96: 8-byte loads
+        for (int64_t n_tok : {1, 5, 70}) {
+            for (int64_t n_out : {3, 64, 130}) {
+                std::vector<int8_t> qx(size_t(n_tok * n_in)), qw(size_t(n_out * n_in));
+                for (size_t i = 0; i < qx.size(); ++i) qx[i] = int8_t(int(i * 53 % 255) - 127);
+                for (size_t i = 0; i < qw.size(); ++i) qw[i] = int8_t(int(i * 29 % 255) - 127);
+                const auto sx = randn(size_t(n_tok), 14), sw = randn(size_t(n_out), 15), bias = randn(size_t(n_out), 16);
+                std::vector<float> want(size_t(n_tok * n_out)), got(want.size(), NAN), got_lt(want.size(), NAN);
+                cpu::ref::matmul_i8(want.data(), qx.data(), sx.data(), n_tok, qw.data(), sw.data(), nullptr, n_out,
+                                    n_in, bias.data());
+                cuda::run_tiled(c, got.data(), qx.data(), sx.data(), n_tok, qw.data(), sw.data(), n_out, n_in,
+                                bias.data());
+                // cuBLASLt's part (the int32 dots) from the host, then the epilogue kernel.
+                std::vector<int32_t> dots(want.size());
+                for (int64_t t = 0; t < n_tok; ++t)
+                    for (int64_t o = 0; o < n_out; ++o) {
+                        int32_t d = 0;
+                        for (int64_t i = 0; i < n_in; ++i) d += int32_t(qx[size_t(t * n_in + i)]) * qw[size_t(o * n_in + i)];
+                        dots[size_t(t * n_out + o)] = d;
+                    }
+                cuda::scale_i32(c, got_lt.data(), dots.data(), sx.data(), sw.data(), bias.data(), n_tok, n_out);
+                INFO("n_in=", n_in, " n_tok=", n_tok, " n_out=", n_out);
+                CHECK(same_bytes(want.data(), got.data(), want.size() * 4));
+                CHECK(same_bytes(want.data(), got_lt.data(), want.size() * 4));
+            }
+        }
+    }
 }

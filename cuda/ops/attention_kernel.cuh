@@ -1,11 +1,11 @@
-// The paged-attention kernel of cuda/ops/attention.cu, with the host-side planning of its
-// launches. Nothing here includes a CUDA header: attention.cu includes it after common.cuh and
-// <mma.h>, and tests/test_cuda_emu.cpp after tests/cuda_emu.hpp, a host emulation of the CUDA
-// thread model, so the kernel's own source also runs on machines without a GPU.
+// The paged KV kernels of cuda/ops/attention.cu: kv_store, and the flash-attention kernel with
+// the host-side planning of its launches. Nothing here includes a CUDA header: attention.cu
+// includes it after common.cuh, and tests/test_cuda_emu.cpp after tests/cuda_emu.hpp, a host
+// emulation of the CUDA thread model, so the kernels' own source also runs without a GPU.
 #pragma once
 
+#include "cuda/ops/device_util.cuh"
 #include "cuda/ops/ops.hpp"
-#include "cuda/ops/warp.cuh"
 #include "runtime/kv_layout.hpp"
 
 #include <algorithm>
@@ -27,6 +27,58 @@ inline kv_geom geom_of(const kv_layout& lay, int il) {
     return kv_geom{lay.page_bytes(),    lay.offset(il, false, 0), lay.offset(il, true, 0),
                    lay.head_elems(),    lay.scales_begin(),       lay.scale_offset(il, false, 0),
                    lay.scale_offset(il, true, 0), lay.page_size, lay.head_dim, lay.n_head_kv};
+}
+
+namespace {
+
+// One warp per (token, kv head, K|V): grid (n_tok, n_head_kv, 2).
+template <kv_dtype DT>
+__global__ void kv_store_kernel(uint8_t* kv_base, kv_geom g, const int32_t* table, int32_t pos0, const float* k,
+                                const float* v) {
+    const int64_t t = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const bool is_v = blockIdx.z == 1;
+    const int lane = threadIdx.x;
+    const int32_t pos = pos0 + int32_t(t);
+    uint8_t* page = kv_base + int64_t(table[pos / g.page_size]) * g.page_bytes;
+    const int slot = pos % g.page_size;
+    const float* src = (is_v ? v : k) + (t * g.n_head_kv + kvh) * g.head_dim;
+    const int64_t e0 = (is_v ? g.v_off : g.k_off) + kvh * g.head_elems + int64_t(slot) * g.head_dim;
+    if constexpr (DT == kv_dtype::f32) {
+        for (int i = lane; i < g.head_dim; i += 32) reinterpret_cast<float*>(page)[e0 + i] = src[i];
+    } else if constexpr (DT == kv_dtype::f16) {
+        for (int i = lane; i < g.head_dim; i += 32) reinterpret_cast<uint16_t*>(page)[e0 + i] = f32_to_fp16_bits(src[i]);
+    } else {
+        float amax = 0.0f;
+        for (int i = lane; i < g.head_dim; i += 32) amax = fmaxf(amax, finite_abs(src[i]));
+        amax = warp_max(amax);
+        const i8_row_scale sc = i8_scale_of(amax);
+        for (int i = lane; i < g.head_dim; i += 32)
+            reinterpret_cast<int8_t*>(page)[e0 + i] = quantize_one(src[i], sc.inv);
+        if (lane == 0)
+            reinterpret_cast<float*>(page + g.scales_begin)[(is_v ? g.v_scale_off : g.k_scale_off) +
+                                                            kvh * g.page_size + slot] = sc.scale;
+    }
+}
+
+template <kv_dtype DT>
+void launch_kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* table,
+                     int32_t pos0, const float* k, const float* v, int64_t n_tok) {
+    launch_kernel(c, kv_store_kernel<DT>, dim3{unsigned(n_tok), unsigned(lay.n_head_kv), 2}, 32, 0, kv_base,
+                  geom_of(lay, il), table, pos0, k, v);
+}
+
+} // namespace
+
+void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
+              int32_t pos0, const float* k, const float* v, int64_t n_tok) {
+    if (n_tok == 0) return;
+    c.make_current();
+    switch (lay.dtype) {
+    case kv_dtype::f32: launch_kv_store<kv_dtype::f32>(c, kv_base, lay, il, block_table, pos0, k, v, n_tok); break;
+    case kv_dtype::f16: launch_kv_store<kv_dtype::f16>(c, kv_base, lay, il, block_table, pos0, k, v, n_tok); break;
+    case kv_dtype::i8: launch_kv_store<kv_dtype::i8>(c, kv_base, lay, il, block_table, pos0, k, v, n_tok); break;
+    }
 }
 
 // Attention, flash style on tensor cores (WMMA: f16 products, f32 accumulation). A block owns
