@@ -638,13 +638,17 @@ TEST_CASE("decode attention of several sequences in one op equals one call per s
             const int il = 1;
             const std::string what = "attention_decode kv=" + std::string(name_of(dt)) + " hd=" + std::to_string(hd) +
                                      " gqa=" + std::to_string(n_gqa);
+            // Each sequence's K and V live as long as the op: op_mem keeps one device copy per host
+            // array, found by its address, which a dead vector's successor may reuse.
+            std::vector<std::vector<float>> ks, vs;
+            for (size_t i = 0; i < n_past.size(); ++i) {
+                ks.push_back(randn(size_t((n_past[i] + 1) * n_kv * hd), uint32_t(30 + i)));
+                vs.push_back(randn(ks.back().size(), uint32_t(40 + i)));
+            }
             auto fill = [&](const exec_ctx& ctx, kv_cache& cache, op_mem& m) -> kv_cache& {
                 kv_cache& kc = m.kv(cache);
-                for (size_t i = 0; i < n_past.size(); ++i) {
-                    const int32_t n = n_past[i] + 1;
-                    const auto k = randn(size_t(n * n_kv * hd), uint32_t(30 + i)), v = randn(k.size(), uint32_t(40 + i));
-                    ops::kv_store(ctx, kc, il, tables[i], 0, m.in(k), m.in(v), n);
-                }
+                for (size_t i = 0; i < n_past.size(); ++i)
+                    ops::kv_store(ctx, kc, il, tables[i], 0, m.in(ks[i]), m.in(vs[i]), n_past[i] + 1);
                 return kc;
             };
             for_each_cpu_variant([&](const exec_ctx& ctx) {

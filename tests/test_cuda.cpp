@@ -1,6 +1,7 @@
 // CUDA backend: device discovery, context, error checks, out-of-memory reporting, and the CUDA
 // runner against the CPU runner (same greedy tokens, K/V pages handed over both ways).
-// Without a device every case that needs one prints "skipped: no CUDA device" and passes.
+// Without a device every case that needs one prints "skipped: no CUDA device" and passes; built
+// as test_cuda_emulated, every case runs on the emulated device of tests/cuda_emu/.
 #include "cpu/ref/ops_ref.hpp"
 #include "cuda/blaslt.hpp"
 #include "cuda/check.hpp"
@@ -445,6 +446,12 @@ TEST_CASE("cuBLASLt is loaded on first use, not at start (runs without a device)
         std::string all((std::istreambuf_iterator<char>(maps)), {});
         return all.find("libcublasLt") != std::string::npos;
     };
+#if TANDEM_CUDA_EMULATED
+    MESSAGE("emulated backend: cuBLASLt is tests/cuda_emu/cublasLt.h, there is no library to map");
+    CHECK(bool(cuda::blaslt().Matmul));
+    CHECK(cuda::blaslt_loaded());
+    return;
+#endif
     if (!cuda::blaslt_loaded()) CHECK_FALSE(mapped()); // linking alone must not map it
     const cuda::blaslt_api* api = nullptr;
     try {

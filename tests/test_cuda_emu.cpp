@@ -1,8 +1,11 @@
-// The CUDA kernels' own source (cuda/ops/*_kernels.cuh, with their host launchers) run on the
-// CPU under tests/cuda_emu.hpp, against the scalar reference. This runs everywhere, GPU or not;
-// test_backend_ops runs the same kernels on a device.
+// The CUDA backend's kernels on the emulated device (tests/cuda_emu/), against the scalar
+// reference, through cuda/ops/ops.hpp as the runner calls them. This runs everywhere, GPU or
+// not; test_backend_ops and test_cuda run the same kernels on a real device.
 #include "cpu/ref/ops_ref.hpp"
+#include "cuda/device.hpp"
+#include "cuda/ops/ops.hpp"
 #include "runtime/kv_cache.hpp"
+#include "tests/cuda_emu/cuda_emu.hpp"
 #include "tests/op_data.hpp"
 
 #include <doctest/doctest.h>
@@ -14,13 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda_emu.hpp" // last but for the kernels: from here on tandem::cuda is the emulated one
-
-#include "cuda/ops/attention_kernel.cuh"
-#include "cuda/ops/elementwise_kernels.cuh"
-#include "cuda/ops/matmul_kernels.cuh"
-#include "cuda/ops/quant_kernels.cuh"
-
 using namespace tandem;
 using tandem::test::nmse;
 using tandem::test::randn;
@@ -28,27 +24,19 @@ using tandem::test::scattered_pages;
 
 namespace {
 
-// What the device would compute: every launch fa_launches plans, run under the emulation.
+// One emulated "device": the host.
+const cuda::context& host_device() {
+    static const cuda::context c(0);
+    return c;
+}
+
+// cuda::attention over every segment; n_launches: how many kernel launches that took.
 void emulated_attention(float* out, const float* q, const std::vector<cuda::attn_seg>& segs, int n_head,
                         const kv_cache& kv, int il, const int32_t* tables, float scale, int* n_launches = nullptr) {
-    const kv_layout& lay = kv.layout();
-    int launches = 0;
-    cuda::fa_launches(out, q, segs.data(), int64_t(segs.size()), n_head, kv.base(), lay, il, tables, scale,
-                      [&](const cuda::fa_params& prm, int n_warps, int64_t n_blocks) {
-                          ++launches;
-                          const cuda::fa_smem L = cuda::fa_smem_of(prm.hd_pad, n_warps, lay.dtype == kv_dtype::f32,
-                                                                   lay.dtype != kv_dtype::f16);
-                          const dim3 grid{unsigned(n_blocks), unsigned(lay.n_head_kv), 1};
-                          const dim3 block{unsigned(n_warps * 32), 1, 1};
-                          cuda_emu::launch(grid, block, L.total, [&] {
-                              switch (lay.dtype) {
-                              case kv_dtype::f32: cuda::flash_attention_kernel<kv_dtype::f32>(prm); break;
-                              case kv_dtype::f16: cuda::flash_attention_kernel<kv_dtype::f16>(prm); break;
-                              case kv_dtype::i8: cuda::flash_attention_kernel<kv_dtype::i8>(prm); break;
-                              }
-                          });
-                      });
-    if (n_launches) *n_launches = launches;
+    const uint64_t before = cuda_emu::state().launches;
+    cuda::attention(host_device(), out, q, segs.data(), int64_t(segs.size()), n_head, kv.base(), kv.layout(), il,
+                    tables, scale);
+    if (n_launches) *n_launches = int(cuda_emu::state().launches - before);
 }
 
 // A batch of sequences, each with its own scattered pages, K/V written by the reference for
@@ -191,7 +179,7 @@ TEST_CASE("the emulation catches a barrier not every thread reaches") {
     // and lets a correct one through: every thread sees every other's write
     std::vector<int> seen(64, 0);
     cuda_emu::launch(grid, block, 64 * sizeof(int), [&] {
-        int* sh = reinterpret_cast<int*>(cuda::dynamic_smem());
+        int* sh = reinterpret_cast<int*>(cuda_emu::dynamic_smem());
         sh[threadIdx.x] = int(threadIdx.x) + 1;
         __syncthreads();
         seen[threadIdx.x] = sh[63 - threadIdx.x];
@@ -200,12 +188,6 @@ TEST_CASE("the emulation catches a barrier not every thread reaches") {
 }
 
 namespace {
-
-// One emulated "device": the host.
-const cuda::context& host_device() {
-    static const cuda::context c(0);
-    return c;
-}
 
 bool same_bytes(const void* a, const void* b, size_t n) { return std::memcmp(a, b, n) == 0; }
 
@@ -356,7 +338,7 @@ TEST_CASE("CUDA KV store (emulated): the same page bytes as the reference, every
     }
 }
 
-TEST_CASE("CUDA INT8 GEMM, tiled dp4a kernel and cuBLASLt's epilogue (emulated): the reference's results") {
+TEST_CASE("CUDA INT8 GEMM, tiled dp4a kernel and through cuBLASLt (emulated): the reference's results") {
     const cuda::context& c = host_device();
     for (int64_t n_in : {7, 32, 100, 96}) { // 7, 100: the byte-wise loader; 32, 96: 8-byte loads
         for (int64_t n_tok : {1, 5, 70}) {
@@ -368,17 +350,14 @@ TEST_CASE("CUDA INT8 GEMM, tiled dp4a kernel and cuBLASLt's epilogue (emulated):
                 std::vector<float> want(size_t(n_tok * n_out)), got(want.size(), NAN), got_lt(want.size(), NAN);
                 cpu::ref::matmul_i8(want.data(), qx.data(), sx.data(), n_tok, qw.data(), sw.data(), nullptr, n_out,
                                     n_in, bias.data());
-                cuda::run_tiled(c, got.data(), qx.data(), sx.data(), n_tok, qw.data(), sw.data(), n_out, n_in,
-                                bias.data());
-                // cuBLASLt's part (the int32 dots) from the host, then the epilogue kernel.
-                std::vector<int32_t> dots(want.size());
-                for (int64_t t = 0; t < n_tok; ++t)
-                    for (int64_t o = 0; o < n_out; ++o) {
-                        int32_t d = 0;
-                        for (int64_t i = 0; i < n_in; ++i) d += int32_t(qx[size_t(t * n_in + i)]) * qw[size_t(o * n_in + i)];
-                        dots[size_t(t * n_out + o)] = d;
-                    }
-                cuda::scale_i32(c, got_lt.data(), dots.data(), sx.data(), sw.data(), bias.data(), n_tok, n_out);
+                CHECK(cuda::matmul_i8(c, got.data(), qx.data(), sx.data(), n_tok, qw.data(), sw.data(), n_out, n_in,
+                                      bias.data(), cuda::gemm_impl::tiled) == cuda::gemm_impl::tiled);
+                // cuBLASLt (its stand-in computes the int32 dots from the descriptors) and our epilogue;
+                // it takes rows of a multiple of 4 bytes only.
+                const cuda::gemm_impl lt = cuda::matmul_i8(c, got_lt.data(), qx.data(), sx.data(), n_tok, qw.data(),
+                                                           sw.data(), n_out, n_in, bias.data(),
+                                                           cuda::gemm_impl::cublaslt);
+                CHECK((lt == cuda::gemm_impl::cublaslt) == (n_in % 4 == 0 && n_out % 4 == 0));
                 INFO("n_in=", n_in, " n_tok=", n_tok, " n_out=", n_out);
                 CHECK(same_bytes(want.data(), got.data(), want.size() * 4));
                 CHECK(same_bytes(want.data(), got_lt.data(), want.size() * 4));

@@ -2,11 +2,435 @@
 // scales, the same bytes as the CPU writes); attention reads them flash style on tensor cores,
 // every sequence of a batch in one launch.
 #include "cuda/ops/common.cuh"
+#include "cuda/ops/ops.hpp"
 
-#include "cuda/ops/attention_kernel.cuh"
+#include <algorithm>
 
 namespace tandem::cuda {
+
 namespace {
+
+// kv_layout's offsets for one layer, computed on the host (kv_layout has no device members).
+struct kv_geom {
+    int64_t page_bytes;
+    int64_t k_off, v_off;             // element offset of (il, K|V, kv head 0) in a page
+    int64_t head_elems;               // page_size * head_dim: the stride between kv heads
+    int64_t scales_begin;             // byte offset of the i8 scales in a page
+    int64_t k_scale_off, v_scale_off; // f32 index of (il, K|V, kv head 0)'s scales
+    int page_size, head_dim, n_head_kv;
+};
+
+kv_geom geom_of(const kv_layout& lay, int il) {
+    return kv_geom{lay.page_bytes(),    lay.offset(il, false, 0), lay.offset(il, true, 0),
+                   lay.head_elems(),    lay.scales_begin(),       lay.scale_offset(il, false, 0),
+                   lay.scale_offset(il, true, 0), lay.page_size, lay.head_dim, lay.n_head_kv};
+}
+
+// One warp per (token, kv head, K|V): grid (n_tok, n_head_kv, 2).
+template <kv_dtype DT>
+__global__ void kv_store_kernel(uint8_t* kv_base, kv_geom g, const int32_t* table, int32_t pos0, const float* k,
+                                const float* v) {
+    const int64_t t = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const bool is_v = blockIdx.z == 1;
+    const int lane = threadIdx.x;
+    const int32_t pos = pos0 + int32_t(t);
+    uint8_t* page = kv_base + int64_t(table[pos / g.page_size]) * g.page_bytes;
+    const int slot = pos % g.page_size;
+    const float* src = (is_v ? v : k) + (t * g.n_head_kv + kvh) * g.head_dim;
+    const int64_t e0 = (is_v ? g.v_off : g.k_off) + kvh * g.head_elems + int64_t(slot) * g.head_dim;
+    if constexpr (DT == kv_dtype::f32) {
+        for (int i = lane; i < g.head_dim; i += 32) reinterpret_cast<float*>(page)[e0 + i] = src[i];
+    } else if constexpr (DT == kv_dtype::f16) {
+        for (int i = lane; i < g.head_dim; i += 32) reinterpret_cast<uint16_t*>(page)[e0 + i] = f32_to_fp16_bits(src[i]);
+    } else {
+        float amax = 0.0f;
+        for (int i = lane; i < g.head_dim; i += 32) amax = fmaxf(amax, finite_abs(src[i]));
+        amax = warp_max(amax);
+        const i8_row_scale sc = i8_scale_of(amax);
+        for (int i = lane; i < g.head_dim; i += 32)
+            reinterpret_cast<int8_t*>(page)[e0 + i] = quantize_one(src[i], sc.inv);
+        if (lane == 0)
+            reinterpret_cast<float*>(page + g.scales_begin)[(is_v ? g.v_scale_off : g.k_scale_off) +
+                                                            kvh * g.page_size + slot] = sc.scale;
+    }
+}
+
+template <kv_dtype DT>
+void launch_kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* table,
+                     int32_t pos0, const float* k, const float* v, int64_t n_tok) {
+    launch_kernel(c, kv_store_kernel<DT>, dim3{unsigned(n_tok), unsigned(lay.n_head_kv), 2}, 32, 0, kv_base,
+                  geom_of(lay, il), table, pos0, k, v);
+}
+
+// Attention, flash style on tensor cores (WMMA: f16 products, f32 accumulation). A block owns
+// one kv head and 16 rows per warp, a row being a (token, query head) pair of one segment with
+// the query heads of that kv head side by side: each K/V tile the block decodes into shared
+// memory serves every query head that reads it (GQA). Per tile of fa_keys positions, each warp
+// computes S = Q K^T for its 16 rows on tensor cores, runs the online softmax (two lanes per
+// row), rescales its rows of O and adds P V, again on tensor cores. O stays in shared memory in
+// f32 so the softmax can rescale it row by row.
+//
+// Precision: the reference computes in f32, and so, nearly, does this. Q and P are split into
+// two f16 terms (hi + lo, 22 significant bits together); K and V are exact in f16 when the pages
+// are f16 (the default) and K is when they are int8 (the integers; the scale multiplies the
+// score). f32 pages' K and V and int8 pages' dequantized V are split as well, a third product.
+// Q rows and f32 K rows are scaled by a power of two first, so their split keeps every bit
+// whatever their magnitude; V from f32 or int8 pages has to stay within f16's range (65504).
+constexpr int fa_keys = 32;    // positions per K/V tile
+constexpr int fa_max_hd = 256; // head dims are padded to a multiple of 16, up to this
+constexpr int fa_max_segs = 64; // segments per launch (they travel in the kernel parameters)
+
+struct fa_seg {
+    int64_t q_row;     // the row of its first token in q and out
+    int64_t table_off; // its block table is tables + table_off
+    int32_t n_tok, n_past;
+    int32_t block0, n_blocks; // its blocks: blockIdx.x in [block0, block0 + n_blocks)
+};
+
+struct fa_params {
+    float* out;
+    const float* q;
+    const uint8_t* kv_base;
+    const int32_t* tables;
+    kv_geom g;
+    int n_head, n_gqa, hd_pad;
+    float scale;
+    int n_seg;
+    fa_seg segs[fa_max_segs];
+};
+
+// Byte offsets of the block's shared memory, the same on host and device. Every array starts
+// 128-byte aligned; row strides are padded (8 halves, 4 floats) against bank conflicts while
+// keeping WMMA's alignment (fragments start on 16-row boundaries: 32-byte multiples).
+struct fa_smem {
+    int ldh = 0, ldo = 0; // halves per K/V/Q row, floats per O row
+    static constexpr int lds = fa_keys + 4, ldp = fa_keys + 8;
+    size_t kh = 0, kl = 0, vh = 0, vl = 0, kf = 0, qh = 0, ql = 0, qf = 0, pos = 0, s = 0, ph = 0, pl = 0, o = 0,
+           l = 0, total = 0;
+};
+
+__host__ __device__ inline fa_smem fa_smem_of(int hd_pad, int n_warps, bool k_split, bool v_split) {
+    fa_smem m;
+    m.ldh = hd_pad + 8;
+    m.ldo = hd_pad + 4;
+    const size_t rows = size_t(16) * size_t(n_warps);
+    size_t at = 0;
+    auto take = [&at](size_t bytes) {
+        const size_t begin = at;
+        at = (at + bytes + 127) / 128 * 128;
+        return begin;
+    };
+    const size_t tile = size_t(fa_keys) * size_t(m.ldh) * 2;
+    m.kh = take(tile);
+    m.kl = take(k_split ? tile : 0);
+    m.vh = take(tile);
+    m.vl = take(v_split ? tile : 0);
+    m.kf = take(fa_keys * 4);
+    m.qh = take(rows * size_t(m.ldh) * 2);
+    m.ql = take(rows * size_t(m.ldh) * 2);
+    m.qf = take(rows * 4);
+    m.pos = take(rows * 4);
+    m.s = take(rows * fa_smem::lds * 4);
+    m.ph = take(rows * fa_smem::ldp * 2);
+    m.pl = take(rows * fa_smem::ldp * 2);
+    m.o = take(rows * size_t(m.ldo) * 4);
+    m.l = take(rows * 4);
+    m.total = at;
+    return m;
+}
+
+// The exponent e with |a| = m * 2^e, m in [0.5, 1); 0 for 0, inf and NaN (nothing to scale).
+__device__ __forceinline__ int pow2_exponent(float a) {
+    if (!(a > 0.0f) || isinf(a)) return 0;
+    int e;
+    frexpf(a, &e);
+    return e;
+}
+
+// x = hi + lo with both in f16: hi the rounding of x, lo that of the (exact) remainder.
+__device__ __forceinline__ void split_f16(float x, __half& hi, __half& lo) {
+    hi = __float2half_rn(x);
+    lo = __float2half_rn(__fsub_rn(x, __half2float(hi)));
+}
+
+// Positions [p0, p0 + fa_keys) of kv head kvh into the K/V tiles (zero past last_pos and in
+// the padding columns, which the products then ignore), a warp per position.
+template <kv_dtype DT>
+__device__ void fa_load_tile(const fa_params& p, const fa_smem& L, unsigned char* smem, const int32_t* table, int kvh,
+                             int32_t p0, int32_t last_pos) {
+    const kv_geom& g = p.g;
+    const int n_warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+    const int hd = g.head_dim, hd_pad = p.hd_pad;
+    __half* kh = reinterpret_cast<__half*>(smem + L.kh);
+    __half* kl = reinterpret_cast<__half*>(smem + L.kl);
+    __half* vh = reinterpret_cast<__half*>(smem + L.vh);
+    __half* vl = reinterpret_cast<__half*>(smem + L.vl);
+    float* kf = reinterpret_cast<float*>(smem + L.kf);
+    for (int j = warp; j < fa_keys; j += n_warps) {
+        const int32_t ps = p0 + j;
+        const bool live = ps <= last_pos;
+        const uint8_t* page = p.kv_base + (live ? int64_t(table[ps / g.page_size]) * g.page_bytes : 0);
+        const int slot = live ? ps % g.page_size : 0;
+        const int64_t ke = g.k_off + kvh * g.head_elems + int64_t(slot) * hd;
+        const int64_t ve = g.v_off + kvh * g.head_elems + int64_t(slot) * hd;
+        __half* khr = kh + j * L.ldh;
+        __half* klr = kl + j * L.ldh;
+        __half* vhr = vh + j * L.ldh;
+        __half* vlr = vl + j * L.ldh;
+        if constexpr (DT == kv_dtype::f16) {
+            const uint16_t* e16 = reinterpret_cast<const uint16_t*>(page);
+            for (int i = lane; i < hd_pad; i += 32) {
+                const bool in = live && i < hd;
+                khr[i] = __ushort_as_half(in ? e16[ke + i] : uint16_t(0));
+                vhr[i] = __ushort_as_half(in ? e16[ve + i] : uint16_t(0));
+            }
+            if (lane == 0) kf[j] = 1.0f;
+        } else if constexpr (DT == kv_dtype::i8) {
+            const int8_t* e8 = reinterpret_cast<const int8_t*>(page);
+            const float* sc = reinterpret_cast<const float*>(page + g.scales_begin);
+            const float ks = live ? sc[g.k_scale_off + kvh * g.page_size + slot] : 0.0f;
+            const float vs = live ? sc[g.v_scale_off + kvh * g.page_size + slot] : 0.0f;
+            for (int i = lane; i < hd_pad; i += 32) {
+                const bool in = live && i < hd;
+                khr[i] = __float2half_rn(in ? float(e8[ke + i]) : 0.0f); // |k| <= 127: exact
+                split_f16(in ? __fmul_rn(vs, float(e8[ve + i])) : 0.0f, vhr[i], vlr[i]);
+            }
+            if (lane == 0) kf[j] = ks;
+        } else {
+            const float* e32 = reinterpret_cast<const float*>(page);
+            float x[fa_max_hd / 32];
+            float amax = 0.0f;
+#pragma unroll
+            for (int r = 0; r < fa_max_hd / 32; ++r) {
+                const int i = lane + 32 * r;
+                x[r] = live && i < hd ? e32[ke + i] : 0.0f;
+                amax = fmaxf(amax, fabsf(x[r]));
+            }
+            const int e = pow2_exponent(warp_max(amax));
+#pragma unroll
+            for (int r = 0; r < fa_max_hd / 32; ++r) {
+                const int i = lane + 32 * r;
+                if (i < hd_pad) {
+                    split_f16(ldexpf(x[r], -e), khr[i], klr[i]);
+                    split_f16(live && i < hd ? e32[ve + i] : 0.0f, vhr[i], vlr[i]);
+                }
+            }
+            if (lane == 0) kf[j] = ldexpf(1.0f, e);
+        }
+    }
+}
+
+template <kv_dtype DT>
+__global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_constant__ fa_params p) {
+    namespace wmma = nvcuda::wmma;
+    constexpr bool k_split = DT == kv_dtype::f32, v_split = DT != kv_dtype::f16;
+    unsigned char* smem = dynamic_smem();
+    const int n_warps = int(blockDim.x / 32), rows = 16 * n_warps;
+    const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+    const int hd = p.g.head_dim, hd_pad = p.hd_pad;
+    const fa_smem L = fa_smem_of(hd_pad, n_warps, k_split, v_split);
+    __half* kh = reinterpret_cast<__half*>(smem + L.kh);
+    __half* kl = reinterpret_cast<__half*>(smem + L.kl);
+    __half* vh = reinterpret_cast<__half*>(smem + L.vh);
+    __half* vl = reinterpret_cast<__half*>(smem + L.vl);
+    const float* kf = reinterpret_cast<const float*>(smem + L.kf);
+    __half* qh = reinterpret_cast<__half*>(smem + L.qh);
+    __half* ql = reinterpret_cast<__half*>(smem + L.ql);
+    float* qf = reinterpret_cast<float*>(smem + L.qf);
+    int32_t* pos = reinterpret_cast<int32_t*>(smem + L.pos);
+    float* s = reinterpret_cast<float*>(smem + L.s);
+    __half* ph = reinterpret_cast<__half*>(smem + L.ph);
+    __half* pl = reinterpret_cast<__half*>(smem + L.pl);
+    float* o = reinterpret_cast<float*>(smem + L.o);
+    float* lsum = reinterpret_cast<float*>(smem + L.l);
+
+    // This block's segment: the last one whose first block is at or before this one.
+    int lo_seg = 0, hi_seg = p.n_seg - 1;
+    while (lo_seg < hi_seg) {
+        const int mid = (lo_seg + hi_seg + 1) / 2;
+        if (p.segs[mid].block0 <= int(blockIdx.x)) lo_seg = mid;
+        else hi_seg = mid - 1;
+    }
+    const fa_seg& sg = p.segs[lo_seg];
+    // The segment's blocks run latest rows first: they see the most positions (causal mask).
+    const int64_t r0 = int64_t(sg.n_blocks - 1 - (int(blockIdx.x) - sg.block0)) * rows;
+    const int64_t n_rows = int64_t(sg.n_tok) * p.n_gqa;
+    const int kvh = int(blockIdx.y);
+    const int32_t* table = p.tables + sg.table_off;
+    const int32_t last_pos = sg.n_past + int32_t((min(r0 + rows, n_rows) - 1) / p.n_gqa);
+    // Row r of the block: token r0+r / n_gqa of the segment, query head kvh * n_gqa + r0+r % n_gqa.
+    auto q_offset = [&](int r) {
+        const int64_t lr = r0 + r;
+        const int64_t t = lr / p.n_gqa;
+        const int h = kvh * p.n_gqa + int(lr % p.n_gqa);
+        return ((sg.q_row + t) * p.n_head + h) * int64_t(hd);
+    };
+
+    // Q of this warp's 16 rows, each scaled by a power of two and split; O at zero.
+    for (int rr = 0; rr < 16; ++rr) {
+        const int r = warp * 16 + rr;
+        const bool valid = r0 + r < n_rows;
+        const float* qr = valid ? p.q + q_offset(r) : nullptr;
+        float x[fa_max_hd / 32];
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < fa_max_hd / 32; ++k) {
+            const int i = lane + 32 * k;
+            x[k] = valid && i < hd ? qr[i] : 0.0f;
+            amax = fmaxf(amax, fabsf(x[k]));
+        }
+        const int e = pow2_exponent(warp_max(amax));
+#pragma unroll
+        for (int k = 0; k < fa_max_hd / 32; ++k) {
+            const int i = lane + 32 * k;
+            if (i < hd_pad) split_f16(ldexpf(x[k], -e), qh[r * L.ldh + i], ql[r * L.ldh + i]);
+        }
+        if (lane == 0) {
+            qf[r] = ldexpf(p.scale, e);
+            pos[r] = valid ? sg.n_past + int32_t((r0 + r) / p.n_gqa) : -1;
+        }
+    }
+    for (int idx = lane; idx < 16 * L.ldo; idx += 32) o[warp * 16 * L.ldo + idx] = 0.0f;
+    __syncwarp();
+    int32_t warp_last = -1; // the last position any of this warp's rows sees (-1: no rows)
+    for (int rr = 0; rr < 16; ++rr) warp_last = max(warp_last, pos[warp * 16 + rr]);
+
+    // Lanes 2r and 2r+1 keep row r's running max and sum, each for half of the tile's keys.
+    const int my_r = warp * 16 + lane / 2, my_half = lane % 2;
+    const int32_t my_pos = pos[my_r];
+    float m = -INFINITY, l = 0.0f;
+
+    for (int32_t p0 = 0; p0 <= last_pos; p0 += fa_keys) {
+        __syncthreads(); // the previous tile is consumed
+        fa_load_tile<DT>(p, L, smem, table, kvh, p0, last_pos);
+        __syncthreads();
+        if (warp_last < p0) continue; // warp-uniform: this tile is past all of its rows
+
+        // S = Q K^T: [16 rows] x [fa_keys], (Qhi + Qlo) Khi (+ Qhi Klo)
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        for (int nt = 0; nt < fa_keys / 16; ++nt) {
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk < hd_pad / 16; ++kk) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+                const int qo = warp * 16 * L.ldh + kk * 16, ko = nt * 16 * L.ldh + kk * 16;
+                wmma::load_matrix_sync(b, kh + ko, unsigned(L.ldh));
+                wmma::load_matrix_sync(a, qh + qo, unsigned(L.ldh));
+                wmma::mma_sync(acc, a, b, acc);
+                if constexpr (k_split) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b_lo;
+                    wmma::load_matrix_sync(b_lo, kl + ko, unsigned(L.ldh));
+                    wmma::mma_sync(acc, a, b_lo, acc);
+                }
+                wmma::load_matrix_sync(a, ql + qo, unsigned(L.ldh));
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(s + warp * 16 * fa_smem::lds + nt * 16, acc, unsigned(fa_smem::lds),
+                                    wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        // Online softmax: scores scaled and masked, the new max, P split into f16 terms, O rescaled.
+        const int j0 = my_half * (fa_keys / 2);
+        float sv[fa_keys / 2];
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int jj = 0; jj < fa_keys / 2; ++jj) {
+            const int j = j0 + jj;
+            sv[jj] = my_pos >= p0 + j ? s[my_r * fa_smem::lds + j] * qf[my_r] * kf[j] : -INFINITY;
+            tmax = fmaxf(tmax, sv[jj]);
+        }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        const float m_new = fmaxf(m, tmax);
+        const float corr = m_new == -INFINITY ? 1.0f : expf(m - m_new); // 0 on a row's first keys
+        float psum = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < fa_keys / 2; ++jj) {
+            const float pj = sv[jj] == -INFINITY ? 0.0f : expf(sv[jj] - m_new);
+            psum += pj;
+            split_f16(pj, ph[my_r * fa_smem::ldp + j0 + jj], pl[my_r * fa_smem::ldp + j0 + jj]);
+        }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+        l = l * corr + psum;
+        m = m_new;
+        if (corr != 1.0f) {
+            float* orow = o + my_r * L.ldo + my_half * (hd_pad / 2);
+            for (int i = 0; i < hd_pad / 2; ++i) orow[i] *= corr;
+        }
+        __syncwarp();
+
+        // O += P V: [16 rows] x [hd_pad], (Phi + Plo) Vhi (+ Phi Vlo)
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa[fa_keys / 16][2];
+        for (int kk = 0; kk < fa_keys / 16; ++kk) {
+            wmma::load_matrix_sync(pa[kk][0], ph + warp * 16 * fa_smem::ldp + kk * 16, unsigned(fa_smem::ldp));
+            wmma::load_matrix_sync(pa[kk][1], pl + warp * 16 * fa_smem::ldp + kk * 16, unsigned(fa_smem::ldp));
+        }
+        for (int nt = 0; nt < hd_pad / 16; ++nt) {
+            float* ot = o + warp * 16 * L.ldo + nt * 16;
+            wmma::load_matrix_sync(acc, ot, unsigned(L.ldo), wmma::mem_row_major);
+            for (int kk = 0; kk < fa_keys / 16; ++kk) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+                const int vo = kk * 16 * L.ldh + nt * 16;
+                wmma::load_matrix_sync(b, vh + vo, unsigned(L.ldh));
+                wmma::mma_sync(acc, pa[kk][0], b, acc);
+                wmma::mma_sync(acc, pa[kk][1], b, acc);
+                if constexpr (v_split) {
+                    wmma::load_matrix_sync(b, vl + vo, unsigned(L.ldh));
+                    wmma::mma_sync(acc, pa[kk][0], b, acc);
+                }
+            }
+            wmma::store_matrix_sync(ot, acc, unsigned(L.ldo), wmma::mem_row_major);
+        }
+    }
+
+    __syncwarp();
+    if (my_half == 0) lsum[my_r] = l;
+    __syncwarp();
+    for (int rr = 0; rr < 16; ++rr) {
+        const int r = warp * 16 + rr;
+        if (pos[r] < 0) continue; // warp-uniform
+        float* out = p.out + q_offset(r);
+        for (int i = lane; i < hd; i += 32) out[i] = o[r * L.ldo + i] / lsum[r];
+    }
+}
+
+// Splits segs into launches of at most fa_max_segs segments and calls
+// launch(params, n_warps, n_blocks) for each; the grid is (n_blocks, n_head_kv).
+template <class Launch>
+void fa_launches(float* out, const float* q, const attn_seg* segs, int64_t n_seg, int n_head, const uint8_t* kv_base,
+                 const kv_layout& lay, int il, const int32_t* tables, float scale, Launch&& launch) {
+    const int n_gqa = n_head / lay.n_head_kv;
+    int64_t max_rows = 0;
+    for (int64_t i = 0; i < n_seg; ++i) max_rows = std::max(max_rows, int64_t(segs[i].n_tok) * n_gqa);
+    if (max_rows == 0) return;
+    fa_params prm{};
+    prm.out = out;
+    prm.q = q;
+    prm.kv_base = kv_base;
+    prm.tables = tables;
+    prm.g = geom_of(lay, il);
+    prm.n_head = n_head;
+    prm.n_gqa = n_gqa;
+    prm.hd_pad = (lay.head_dim + 15) / 16 * 16;
+    prm.scale = scale;
+    // Four warps (64 rows) a block, two for head dims above 128 (shared memory); fewer when no
+    // segment has that many rows (a decode step: n_gqa rows each).
+    const int n_warps = int(std::clamp<int64_t>((max_rows + 15) / 16, 1, prm.hd_pad <= 128 ? 4 : 2));
+    const int64_t rows = 16 * n_warps;
+    for (int64_t i = 0; i < n_seg;) {
+        prm.n_seg = 0;
+        int64_t blocks = 0;
+        for (; i < n_seg && prm.n_seg < fa_max_segs; ++i) {
+            const attn_seg& s = segs[i];
+            if (s.n_tok <= 0) continue;
+            const int64_t nb = (int64_t(s.n_tok) * n_gqa + rows - 1) / rows;
+            prm.segs[prm.n_seg++] = fa_seg{s.q_row, s.table_off, s.n_tok, s.n_past, int32_t(blocks), int32_t(nb)};
+            blocks += nb;
+        }
+        if (prm.n_seg > 0) launch(static_cast<const fa_params&>(prm), n_warps, blocks);
+    }
+}
 
 // The opt-in shared memory per block of the context's device.
 int max_smem_optin(const context& c) {
@@ -32,6 +456,17 @@ void launch_flash(const context& c, const fa_params& prm, int n_warps, int64_t n
 }
 
 } // namespace
+
+void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
+              int32_t pos0, const float* k, const float* v, int64_t n_tok) {
+    if (n_tok == 0) return;
+    c.make_current();
+    switch (lay.dtype) {
+    case kv_dtype::f32: launch_kv_store<kv_dtype::f32>(c, kv_base, lay, il, block_table, pos0, k, v, n_tok); break;
+    case kv_dtype::f16: launch_kv_store<kv_dtype::f16>(c, kv_base, lay, il, block_table, pos0, k, v, n_tok); break;
+    case kv_dtype::i8: launch_kv_store<kv_dtype::i8>(c, kv_base, lay, il, block_table, pos0, k, v, n_tok); break;
+    }
+}
 
 void attention(const context& c, float* out, const float* q, const attn_seg* segs, int64_t n_seg, int n_head,
                const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* tables, float scale) {

@@ -1,22 +1,19 @@
-// A host emulation of the CUDA thread model, enough to run a kernel's own source on a machine
-// without a GPU (tests/test_cuda_emu.cpp runs cuda/ops/attention_kernel.cuh with it).
+// The device side of the CUDA emulation in tests/cuda_emu/: enough of the CUDA thread model to
+// run Tandem's kernels, from their own source, on a machine without a GPU. The headers beside
+// this one (cuda_runtime.h, cuda_fp16.h, mma.h, cublasLt.h) stand in for the CUDA toolkit's
+// when the backend is built with TANDEM_CUDA_EMULATED (tests/CMakeLists.txt): device memory is
+// host memory, every call completes before it returns, and kernels run here.
 //
 // Each CUDA thread of a block is a fiber (ucontext), run one at a time until it reaches a
-// barrier (__syncthreads, __syncwarp, a shuffle); blocks run one after another. That makes the
-// run deterministic and turns the mistakes the hardware would hide or hang on into errors:
-// a barrier some threads never reach (deadlock), a WMMA pointer or stride that breaks the
-// alignment rules, shared memory read before it is written (it starts as NaN bytes), and,
-// through three orders of running the threads, a barrier missing between warps. What it
-// does not model: timing, memory ordering between blocks, the fragment layout inside a warp
-// (each lane holds the whole 16x16 tile and stores a share of it; mma_sync is the
+// barrier (__syncthreads, __syncwarp, a shuffle, a WMMA product); blocks run one after
+// another. That makes the run deterministic and turns the mistakes the hardware would hide or
+// hang on into errors: a barrier some threads never reach (deadlock), a WMMA pointer or stride
+// that breaks the alignment rules, shared memory read before it is written (it starts as NaN
+// bytes), and, through three orders of running the threads, a barrier missing between warps.
+// What it does not model: timing, memory ordering between blocks, the fragment layout inside a
+// warp (each lane holds the whole 16x16 tile and stores a share of it; mma_sync is the
 // warp-collective step), and the hardware's own rounding in tensor-core accumulation (here:
-// f32 sums in k order).
-//
-// Include it after every other header and before the kernels' (*_kernels.cuh): it defines the
-// CUDA keywords away, and renames namespace tandem::cuda to tandem::cuda_emulated for the rest
-// of the file, so the emulated kernels and host launchers never clash with tandem_cuda's own
-// (linked in through tandem_engine where nvcc is present). The kernels' host side gets a
-// context whose device is the host: pointers are host memory, launches run here, in order.
+// f32 sums in k order) and in its math functions (here: the host's).
 #pragma once
 
 #include "runtime/fp16.hpp"
@@ -57,8 +54,27 @@ struct dim3 {
     unsigned x, y, z;
 };
 
+// Switching between fibers: the fast switch of fiber.cpp (callee-saved registers and the stack
+// pointer, no system call), or ucontext under AddressSanitizer, which knows that one.
+#if defined(__SANITIZE_ADDRESS__)
+#define TANDEM_EMU_UCONTEXT 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TANDEM_EMU_UCONTEXT 1
+#endif
+#endif
+#if !TANDEM_EMU_UCONTEXT
+// Saves the callee-saved registers on the current stack, stores its pointer in *save, and
+// continues on the stack `load` (saved the same way, or made by fiber_stack_init).
+extern "C" void tandem_emu_switch(void** save, void* load);
+#endif
+
 struct fiber {
+#if TANDEM_EMU_UCONTEXT
     ucontext_t ctx{};
+#else
+    void* sp = nullptr;
+#endif
     std::vector<char> stack;
     dim3 idx;
     bool done = false;
@@ -70,9 +86,15 @@ struct fiber {
 // The machine state: one block at a time.
 struct machine {
     dim3 grid, block, block_idx;
-    std::vector<fiber> threads;
+    std::vector<fiber> threads; // the first n_threads are the block's (kept: stacks are reused)
+    size_t n_threads = 0;
     int cur = -1;
+#if TANDEM_EMU_UCONTEXT
     ucontext_t scheduler{};
+#else
+    void* scheduler_sp = nullptr;
+#endif
+    bool released = false; // a barrier let its threads go since the scheduler last looked
     uint64_t block_gen = 0;
     int block_arrived = 0;
     std::vector<uint64_t> warp_gen;
@@ -91,6 +113,9 @@ inline machine& state() {
 
 inline fiber& self() { return state().threads[size_t(state().cur)]; }
 
+// The running block's dynamic shared memory.
+inline unsigned char* dynamic_smem() { return state().smem(); }
+
 // Blocks until every thread of the block (kind 1) or of the calling thread's warp (kind 2)
 // has arrived here.
 inline void barrier(int kind) {
@@ -99,14 +124,19 @@ inline void barrier(int kind) {
     const size_t warp = size_t(m.cur) / 32;
     uint64_t& gen = kind == 1 ? m.block_gen : m.warp_gen[warp];
     int& arrived = kind == 1 ? m.block_arrived : m.warp_arrived[warp];
-    const int need = kind == 1 ? int(m.threads.size()) : 32;
+    const int need = kind == 1 ? int(m.n_threads) : 32;
     f.waiting = kind;
     f.wait_gen = gen;
     if (++arrived == need) {
         arrived = 0;
         ++gen;
+        m.released = true;
     }
+#if TANDEM_EMU_UCONTEXT
     swapcontext(&f.ctx, &m.scheduler); // resumed once gen has moved on
+#else
+    tandem_emu_switch(&f.sp, m.scheduler_sp);
+#endif
     f.waiting = 0;
 }
 
@@ -117,8 +147,28 @@ inline void thread_entry() {
     } catch (const std::exception& e) {
         if (m.error.empty()) m.error = e.what();
     }
-    self().done = true; // uc_link returns to the scheduler
+    self().done = true;
 }
+
+#if !TANDEM_EMU_UCONTEXT
+// Where a new fiber starts: its thread, then back to the scheduler for good.
+[[noreturn]] inline void fiber_main() {
+    thread_entry();
+    void* dead = nullptr;
+    tandem_emu_switch(&dead, state().scheduler_sp);
+    __builtin_unreachable();
+}
+
+// A stack that tandem_emu_switch "returns" into fiber_main from: six zero registers, then
+// fiber_main as the return address, 16-byte aligned as after a call.
+inline void* fiber_stack_init(std::vector<char>& stack) {
+    auto top = (reinterpret_cast<uintptr_t>(stack.data()) + stack.size()) & ~uintptr_t(15);
+    auto* slot = reinterpret_cast<uintptr_t*>(top - 16);
+    slot[0] = reinterpret_cast<uintptr_t>(&fiber_main);
+    for (int i = 1; i <= 6; ++i) slot[-i] = 0;
+    return slot - 6;
+}
+#endif
 
 [[noreturn]] inline void fail(const std::string& what) { throw std::runtime_error("cuda_emu: " + what); }
 
@@ -139,9 +189,10 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, std::function<void(
     m.block = block;
     m.body = std::move(body);
     m.error.clear();
-    m.threads.resize(n);
-    for (fiber& f : m.threads)
-        if (f.stack.empty()) f.stack.resize(256 << 10);
+    if (m.threads.size() < n) m.threads.resize(n);
+    m.n_threads = n;
+    for (size_t i = 0; i < n; ++i)
+        if (m.threads[i].stack.empty()) m.threads[i].stack.resize(256 << 10);
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
@@ -156,21 +207,29 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, std::function<void(
                     f.idx = {unsigned(i), 0, 0};
                     f.done = false;
                     f.waiting = 0;
+#if TANDEM_EMU_UCONTEXT
                     getcontext(&f.ctx);
                     f.ctx.uc_stack.ss_sp = f.stack.data();
                     f.ctx.uc_stack.ss_size = f.stack.size();
                     f.ctx.uc_link = &m.scheduler;
                     makecontext(&f.ctx, thread_entry, 0);
+#else
+                    f.sp = fiber_stack_init(f.stack);
+#endif
                 }
                 // Which runnable thread goes next: in turn, or always the lowest (highest) numbered
                 // one, which lets the first (last) warps run far ahead of the others, so a missing
                 // barrier between warps shows. Blocks take the three orders in turn.
                 const int order = int((m.launches + bx + by + bz) % 3);
-                size_t next = 0;
+                size_t next = 0;    // order 0: where the turn goes on
+                size_t from = 0;    // orders 1, 2: before this (in the order's sense) nothing can run
+                m.released = false;
                 for (;;) {
                     size_t pick = n;
                     bool all_done = true;
-                    for (size_t j = 0; j < n; ++j) {
+                    if (m.released) from = 0; // a barrier released threads: look from the start
+                    m.released = false;
+                    for (size_t j = order == 0 ? 0 : from; j < n; ++j) {
                         const size_t i = order == 0 ? (next + j) % n : order == 1 ? j : n - 1 - j;
                         const fiber& f = m.threads[i];
                         if (f.done) continue;
@@ -178,8 +237,13 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, std::function<void(
                         const uint64_t gen = f.waiting == 1 ? m.block_gen : m.warp_gen[i / 32];
                         if (f.waiting == 0 || gen != f.wait_gen) {
                             pick = i;
+                            from = j; // those before it stay blocked until a barrier releases them
                             break;
                         }
+                    }
+                    if (pick == n && order != 0 && from != 0) { // judge done or stuck on a full scan
+                        from = 0;
+                        continue;
                     }
                     if (all_done) break;
                     if (pick == n)
@@ -187,7 +251,11 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, std::function<void(
                              std::to_string(by) + ") reaches");
                     m.cur = int(pick);
                     next = pick + 1;
+#if TANDEM_EMU_UCONTEXT
                     swapcontext(&m.scheduler, &m.threads[pick].ctx);
+#else
+                    tandem_emu_switch(&m.scheduler_sp, m.threads[pick].sp);
+#endif
                     if (!m.error.empty()) throw std::runtime_error(m.error);
                 }
             }
@@ -250,97 +318,8 @@ inline __half __float2half_rn(float f) { return {tandem::f32_to_fp16(f)}; }
 inline float __half2float(__half h) { return tandem::fp16_to_f32(h.bits); }
 inline __half __ushort_as_half(uint16_t b) { return {b}; }
 
-#define cuda cuda_emulated
-#include "cuda/device.hpp"
-
 namespace tandem::cuda {
 using std::max;
 using std::min;
-inline unsigned char* dynamic_smem() { return cuda_emu::state().smem(); }
-
-// common.cuh's launch, run here: the launch waits for the kernel (so does nothing on a device).
-template <class... P, class... A>
-void launch_kernel(const context&, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
-    cuda_emu::launch(grid, block, smem, [&] { kernel(args...); });
-}
-
-// The host as the device: the members the kernels' host side calls.
-struct context::impl {};
-inline context::context(int device) : device_(device) {}
-inline context::~context() = default;
-inline void context::make_current() const {}
 } // namespace tandem::cuda
 
-// WMMA at 16x16x16: every lane holds the whole tile, element (row, col) at x[row * 16 + col].
-namespace nvcuda::wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
-    static_assert(M == 16 && N == 16 && K == 16, "the emulation has the 16x16x16 shape only");
-    T x[256];
-};
-
-namespace detail {
-inline float to_f32(float v) { return v; }
-inline float to_f32(__half v) { return __half2float(v); }
-
-// WMMA's rules: a 256-bit aligned pointer and a stride of a multiple of 16 bytes.
-template <class T> void check_operands(const T* p, unsigned ldm) {
-    if (reinterpret_cast<uintptr_t>(p) % 32 != 0) tandem::cuda_emu::fail("a WMMA pointer not 32-byte aligned");
-    if (ldm * sizeof(T) % 16 != 0 || ldm < 16) tandem::cuda_emu::fail("a WMMA ldm not a multiple of 16 bytes");
-}
-template <class T> void load(T* x, const T* p, unsigned ldm, bool row_major) {
-    check_operands(p, ldm);
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) x[r * 16 + c] = row_major ? p[r * ldm + unsigned(c)] : p[unsigned(c) * ldm + r];
-}
-} // namespace detail
-
-template <class Use, class T, class Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
-    static_assert(!std::is_void_v<Layout>);
-    detail::load(f.x, p, ldm, std::is_same_v<Layout, row_major>);
-}
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm, layout_t l) {
-    detail::load(f.x, p, ldm, l == mem_row_major);
-}
-// Each lane stores its share of the tile only (here: elements lane, lane + 32, ...), as on the
-// device, so reading the tile back needs a __syncwarp first.
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t l) {
-    detail::check_operands(p, ldm);
-    for (int e = tandem::cuda_emu::state().cur % 32; e < 256; e += 32) {
-        const unsigned r = unsigned(e / 16), c = unsigned(e % 16);
-        (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[e];
-    }
-}
-template <class T> void fill_fragment(fragment<accumulator, 16, 16, 16, T>& f, T v) { std::fill(f.x, f.x + 256, v); }
-
-// Warp-collective, as on the device: no lane gets its result before every lane has handed in
-// its operands (so a lane's store after it cannot overwrite what another lane still loads).
-// Lane 0 computes; the others take its result (every lane holds the same tiles).
-template <class TA, class LA, class TB, class LB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, TA, LA>& a,
-              const fragment<matrix_b, 16, 16, 16, TB, LB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
-    static std::vector<std::array<float, 256>> result; // per warp
-    namespace emu = tandem::cuda_emu;
-    const size_t warp = size_t(emu::state().cur) / 32;
-    __syncwarp();
-    if (emu::state().cur % 32 == 0) {
-        result.resize(std::max(result.size(), warp + 1));
-        for (int r = 0; r < 16; ++r)
-            for (int n = 0; n < 16; ++n) {
-                float acc = c.x[r * 16 + n];
-                for (int k = 0; k < 16; ++k) acc += detail::to_f32(a.x[r * 16 + k]) * detail::to_f32(b.x[k * 16 + n]);
-                result[warp][size_t(r * 16 + n)] = acc;
-            }
-    }
-    __syncwarp();
-    std::copy(result[warp].begin(), result[warp].end(), d.x);
-    __syncwarp(); // lane 0 may compute the next product only when every lane has its copy
-}
-} // namespace nvcuda::wmma
