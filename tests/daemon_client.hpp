@@ -170,6 +170,16 @@ inline double metric(const std::string& text, const std::string& name_and_labels
     return -1;
 }
 
+// The daemon the suites start: the build's tandemd, or the one TANDEM_TANDEMD names (a suite
+// built against the emulated CUDA device starts tandemd_emulated).
+inline std::string default_tandemd() {
+#ifdef TANDEM_TANDEMD
+    return TANDEM_TANDEMD;
+#else
+    return binary_dir() + "/daemon/tandemd";
+#endif
+}
+
 // A tandemd child process on a scratch socket.
 struct daemon_process {
     pid_t pid = -1;
@@ -179,7 +189,7 @@ struct daemon_process {
     void spawn(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
                const std::string& binary = "") {
         std::vector<std::string> argv_s;
-        argv_s.push_back(binary.empty() ? binary_dir() + "/daemon/tandemd" : binary);
+        argv_s.push_back(binary.empty() ? default_tandemd() : binary);
         for (const auto& a : args) argv_s.push_back(a);
         std::vector<char*> argv;
         for (auto& a : argv_s) argv.push_back(a.data());
