@@ -108,8 +108,7 @@ void bench_gemms(const cuda::context& c, const model_config& cfg, int64_t n_tok)
 
 // Device-to-host copy bandwidth into registered memory: one large copy, and page-sized copies
 // into scattered pages (the hand-off's pattern).
-void bench_handoff_raw(const cuda::context& c, int64_t page_bytes) {
-    const size_t bytes = size_t(1) << 30;
+void bench_handoff_raw(const cuda::context& c, int64_t page_bytes, size_t bytes) {
     std::vector<uint8_t> host(bytes);
     cuda::register_host(host.data(), bytes);
     const cuda::buffer d(c, bytes);
@@ -124,7 +123,8 @@ void bench_handoff_raw(const cuda::context& c, int64_t page_bytes) {
             c.download(host.data() + order[size_t(i)] * page_bytes, d.as<uint8_t>() + i * page_bytes,
                        size_t(page_bytes));
     });
-    line("d2h registered, one 1 GiB copy", fmt::format("{:.1f} GB/s", double(bytes) / one / 1e9));
+    line(fmt::format("d2h registered, one {} MiB copy", bytes >> 20),
+         fmt::format("{:.1f} GB/s", double(bytes) / one / 1e9));
     line(fmt::format("d2h registered, {} KiB pages scattered", page_bytes >> 10),
          fmt::format("{:.1f} GB/s", double(n_pages * page_bytes) / paged / 1e9));
     cuda::unregister_host(host.data());
@@ -135,15 +135,18 @@ void bench_handoff_raw(const cuda::context& c, int64_t page_bytes) {
 int main(int argc, char** argv) {
     std::string model_path;
     int64_t n_prompt = 2048;
+    size_t handoff_bytes = size_t(1) << 30;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "-m" && i + 1 < argc) model_path = argv[++i];
         else if (a == "-p" && i + 1 < argc) n_prompt = std::stoll(argv[++i]);
+        else if (a == "-H" && i + 1 < argc) handoff_bytes = size_t(std::stoll(argv[++i])) << 20;
         else {
             std::fprintf(stderr,
-                         "usage: cuda_bench [-m MODEL.gguf] [-p PROMPT_TOKENS]\n"
+                         "usage: cuda_bench [-m MODEL.gguf] [-p PROMPT_TOKENS] [-H HANDOFF_MIB]\n"
                          "  without -m, writes the synthetic TinyLlama-1.1B (tandem synth --preset tinyllama-1.1b)\n"
-                         "  to ./tinyllama-1.1b-synth.gguf first (kept for the next run)\n");
+                         "  to ./tinyllama-1.1b-synth.gguf first (kept for the next run)\n"
+                         "  -H: MiB of the raw device-to-host copy test (default 1024)\n");
             return 2;
         }
     }
@@ -219,7 +222,7 @@ int main(int argc, char** argv) {
             line("attention, one layer, causal prefill",
                  fmt::format("{:.2f} ms (x {} layers = {:.1f} ms)", ta * 1e3, cfg.n_layer, ta * 1e3 * cfg.n_layer));
             bench_gemms(c, cfg, n_prompt);
-            bench_handoff_raw(c, lay.page_bytes());
+            bench_handoff_raw(c, lay.page_bytes(), handoff_bytes);
         }
         return 0;
     } catch (const std::exception& e) {

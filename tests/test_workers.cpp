@@ -320,26 +320,29 @@ TEST_CASE("workers: a pool smaller than the load preempts, and every request sti
     CHECK_FALSE(std::filesystem::exists(d.sock + ".kv")); // kv_pool_persist=false removes it
 }
 
-TEST_CASE("workers: GPU prefill + CPU decode gives the cpu/cpu tokens, or fails to start cleanly without a GPU") {
-    daemon_process d;
-    d.start(scratch().file("g.sock"), {"--set", "prefill=gpu"});
-    int rc = -1;
-    const bool ready = ready_or_exit(d, rc);
-    if (!ready) {
-        // no usable device: the daemon must refuse to start, with exit code 1
-        CHECK(rc == 1);
-        MESSAGE("skipped: no CUDA device (prefill=gpu refused to start, as it must without one)");
-        return;
+TEST_CASE("workers: GPU prefill + CPU or GPU decode gives the cpu/cpu tokens, or fails to start cleanly without a GPU") {
+    for (const std::string decode : {"cpu", "gpu"}) {
+        daemon_process d;
+        d.start(scratch().file("g" + decode + ".sock"), {"--set", "prefill=gpu", "--set", "decode=" + decode});
+        int rc = -1;
+        const bool ready = ready_or_exit(d, rc);
+        if (!ready) {
+            // no usable device: the daemon must refuse to start, with exit code 1
+            CHECK(rc == 1);
+            MESSAGE("skipped: no CUDA device (prefill=gpu refused to start, as it must without one)");
+            return;
+        }
+        INFO("decode=", decode);
+        CHECK(status(d.sock)["placement"]["prefill"].get<std::string>().rfind("cuda", 0) == 0);
+        CHECK(status(d.sock)["placement"]["decode"].get<std::string>().rfind(decode == "gpu" ? "cuda" : "cpu", 0) == 0);
+        std::vector<std::future<streamed>> fs;
+        for (size_t i = 0; i < prompts.size(); ++i)
+            fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 48); }));
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            const streamed s = fs[i].get();
+            CHECK(s.finish == "length");
+            CHECK_MESSAGE(s.text == offline_text(prompts[i], 48), "prompt ", i);
+        }
+        CHECK(d.stop() == 0);
     }
-    CHECK(status(d.sock)["placement"]["prefill"].get<std::string>().rfind("cuda", 0) == 0);
-    CHECK(status(d.sock)["placement"]["decode"] == "cpu");
-    std::vector<std::future<streamed>> fs;
-    for (size_t i = 0; i < prompts.size(); ++i)
-        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 48); }));
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        const streamed s = fs[i].get();
-        CHECK(s.finish == "length");
-        CHECK_MESSAGE(s.text == offline_text(prompts[i], 48), "prompt ", i);
-    }
-    CHECK(d.stop() == 0);
 }

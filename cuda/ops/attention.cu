@@ -395,43 +395,6 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
     }
 }
 
-// Splits segs into launches of at most fa_max_segs segments and calls
-// launch(params, n_warps, n_blocks) for each; the grid is (n_blocks, n_head_kv).
-template <class Launch>
-void fa_launches(float* out, const float* q, const attn_seg* segs, int64_t n_seg, int n_head, const uint8_t* kv_base,
-                 const kv_layout& lay, int il, const int32_t* tables, float scale, Launch&& launch) {
-    const int n_gqa = n_head / lay.n_head_kv;
-    int64_t max_rows = 0;
-    for (int64_t i = 0; i < n_seg; ++i) max_rows = std::max(max_rows, int64_t(segs[i].n_tok) * n_gqa);
-    if (max_rows == 0) return;
-    fa_params prm{};
-    prm.out = out;
-    prm.q = q;
-    prm.kv_base = kv_base;
-    prm.tables = tables;
-    prm.g = geom_of(lay, il);
-    prm.n_head = n_head;
-    prm.n_gqa = n_gqa;
-    prm.hd_pad = (lay.head_dim + 15) / 16 * 16;
-    prm.scale = scale;
-    // Four warps (64 rows) a block, two for head dims above 128 (shared memory); fewer when no
-    // segment has that many rows (a decode step: n_gqa rows each).
-    const int n_warps = int(std::clamp<int64_t>((max_rows + 15) / 16, 1, prm.hd_pad <= 128 ? 4 : 2));
-    const int64_t rows = 16 * n_warps;
-    for (int64_t i = 0; i < n_seg;) {
-        prm.n_seg = 0;
-        int64_t blocks = 0;
-        for (; i < n_seg && prm.n_seg < fa_max_segs; ++i) {
-            const attn_seg& s = segs[i];
-            if (s.n_tok <= 0) continue;
-            const int64_t nb = (int64_t(s.n_tok) * n_gqa + rows - 1) / rows;
-            prm.segs[prm.n_seg++] = fa_seg{s.q_row, s.table_off, s.n_tok, s.n_past, int32_t(blocks), int32_t(nb)};
-            blocks += nb;
-        }
-        if (prm.n_seg > 0) launch(static_cast<const fa_params&>(prm), n_warps, blocks);
-    }
-}
-
 // The opt-in shared memory per block of the context's device.
 int max_smem_optin(const context& c) {
     int v = 0;
@@ -473,15 +436,43 @@ void attention(const context& c, float* out, const float* q, const attn_seg* seg
     TANDEM_ASSERT(lay.head_dim >= 1 && lay.head_dim <= fa_max_hd, "CUDA attention supports head_dim up to {}, not {}",
                   fa_max_hd, lay.head_dim);
     TANDEM_ASSERT(n_head % lay.n_head_kv == 0);
+    const int n_gqa = n_head / lay.n_head_kv;
+    int64_t max_rows = 0;
+    for (int64_t i = 0; i < n_seg; ++i) max_rows = std::max(max_rows, int64_t(segs[i].n_tok) * n_gqa);
+    if (max_rows == 0) return;
     c.make_current();
-    fa_launches(out, q, segs, n_seg, n_head, kv_base, lay, il, tables, scale,
-                [&](const fa_params& prm, int n_warps, int64_t n_blocks) {
-                    switch (lay.dtype) {
-                    case kv_dtype::f32: launch_flash<kv_dtype::f32>(c, prm, n_warps, n_blocks, lay.n_head_kv); break;
-                    case kv_dtype::f16: launch_flash<kv_dtype::f16>(c, prm, n_warps, n_blocks, lay.n_head_kv); break;
-                    case kv_dtype::i8: launch_flash<kv_dtype::i8>(c, prm, n_warps, n_blocks, lay.n_head_kv); break;
-                    }
-                });
+    fa_params prm{};
+    prm.out = out;
+    prm.q = q;
+    prm.kv_base = kv_base;
+    prm.tables = tables;
+    prm.g = geom_of(lay, il);
+    prm.n_head = n_head;
+    prm.n_gqa = n_gqa;
+    prm.hd_pad = (lay.head_dim + 15) / 16 * 16;
+    prm.scale = scale;
+    // Four warps (64 rows) a block, two for head dims above 128 (shared memory); fewer when no
+    // segment has that many rows (a decode step: n_gqa rows each).
+    const int n_warps = int(std::clamp<int64_t>((max_rows + 15) / 16, 1, prm.hd_pad <= 128 ? 4 : 2));
+    const int64_t rows = 16 * n_warps;
+    // Up to fa_max_segs segments a launch; the grid is (their blocks, n_head_kv).
+    for (int64_t i = 0; i < n_seg;) {
+        prm.n_seg = 0;
+        int64_t blocks = 0;
+        for (; i < n_seg && prm.n_seg < fa_max_segs; ++i) {
+            const attn_seg& s = segs[i];
+            if (s.n_tok <= 0) continue;
+            const int64_t nb = (int64_t(s.n_tok) * n_gqa + rows - 1) / rows;
+            prm.segs[prm.n_seg++] = fa_seg{s.q_row, s.table_off, s.n_tok, s.n_past, int32_t(blocks), int32_t(nb)};
+            blocks += nb;
+        }
+        if (prm.n_seg == 0) continue;
+        switch (lay.dtype) {
+        case kv_dtype::f32: launch_flash<kv_dtype::f32>(c, prm, n_warps, blocks, lay.n_head_kv); break;
+        case kv_dtype::f16: launch_flash<kv_dtype::f16>(c, prm, n_warps, blocks, lay.n_head_kv); break;
+        case kv_dtype::i8: launch_flash<kv_dtype::i8>(c, prm, n_warps, blocks, lay.n_head_kv); break;
+        }
+    }
 }
 
 void attention(const context& c, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,

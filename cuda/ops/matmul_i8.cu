@@ -1,5 +1,5 @@
 // INT8 matmuls on CUDA: W8A8 through cuBLASLt's IMMA kernels (int32 out, then a per-token x
-// per-channel scale kernel) or a hand-written tiled dp4a kernel .
+// per-channel scale kernel) or a hand-written tiled dp4a kernel.
 #include "cuda/blaslt.hpp"
 #include "cuda/ops/common.cuh"
 #include "cuda/ops/ops.hpp"

@@ -18,17 +18,15 @@
 
 #include "runtime/fp16.hpp"
 
-#include <bit>
-
 #include <ucontext.h>
 
 #include <algorithm>
-#include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -181,6 +179,8 @@ inline void* fiber_stack_init(std::vector<char>& stack) {
 // Runs body as the kernel of a grid x block launch with smem_bytes of dynamic shared memory.
 // Throws what a thread threw, or a deadlock (a barrier not every thread reaches).
 inline void launch(dim3 grid, dim3 block, size_t smem_bytes, std::function<void()> body) {
+    static std::mutex one_at_a_time; // launches from several host threads take turns
+    std::lock_guard lock(one_at_a_time);
     machine& m = state();
     const size_t n = size_t(block.x) * block.y * block.z;
     if (block.y != 1 || block.z != 1 || block.x % 32 != 0 || n == 0 || n > 1024)
