@@ -502,6 +502,8 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             j["prefix_cache_hit_tokens"] = es.n_prefix_hits;
             j["preemptions"] = es.n_preemptions;
             j["worker_restarts"] = es.n_worker_restarts;
+            j["kv_device_upload_bytes"] = es.n_kv_upload_bytes;
+            j["kv_device_kept_bytes"] = es.n_kv_kept_bytes;
             j["limits"] = {{"max_running", st.cfg.max_running},
                            {"max_waiting", st.cfg.max_waiting},
                            {"max_prompt_tokens", ms->max_prompt_tokens},

@@ -59,6 +59,7 @@ public:
     bool up() const override { return up_; }
     std::string failure() const override { return failure_; }
     uint64_t n_restarts() const override { return n_restarts_; }
+    device_kv_bytes device_kv() const override { return {kv_upload_bytes_, kv_kept_bytes_}; }
 
     void start(std::span<const planned_seq> batch) override {
         TANDEM_ASSERT(ready());
@@ -119,6 +120,8 @@ public:
                 if (!d || !in_flight_ || d->batch_id != batch_id_) return died("sent a result out of turn");
                 in_flight_ = false;
                 if (!d->ok) return outcome{false, false, d->error};
+                kv_upload_bytes_ += uint64_t(d->kv_upload_bytes);
+                kv_kept_bytes_ += uint64_t(d->kv_kept_bytes);
                 return outcome{};
             } else {
                 return died(fmt::format("sent an unknown message type {}", type));
@@ -215,6 +218,7 @@ private:
     std::optional<outcome> pending_;
     std::string failure_;
     uint64_t batch_id_ = 0, n_restarts_ = 0;
+    uint64_t kv_upload_bytes_ = 0, kv_kept_bytes_ = 0; // summed over ok batches, across restarts
     int n_early_deaths_ = 0;
     std::vector<int32_t> rows_;                     // [batch] logits row of each entry, -1 none
     std::vector<uint8_t> buf_, msg_;
@@ -360,8 +364,8 @@ int run_worker(const worker_args_parsed& a) {
                         log->info("device KV pages: {} of the pool's {} ({} MiB), {}", mirror_pages, s.n_pages,
                                   (int64_t(mirror_pages) * layout.page_bytes()) >> 20, use);
                     }
-                    log->debug("batch {}: {} KiB of past K/V uploaded, {} KiB held on the device already",
-                               m->batch_id, st->upload_bytes >> 10, st->kept_bytes >> 10);
+                    d.kv_upload_bytes = st->upload_bytes;
+                    d.kv_kept_bytes = st->kept_bytes;
                 }
 #endif
             }

@@ -143,6 +143,8 @@ void encode(const done_msg& m, std::vector<uint8_t>& out) {
     put(out, uint8_t(m.ok ? 1 : 0));
     put_string(out, m.error);
     put(out, m.compute_s);
+    put(out, m.kv_upload_bytes);
+    put(out, m.kv_kept_bytes);
 }
 
 std::optional<hello_msg> decode_hello(std::span<const uint8_t> in) {
@@ -185,7 +187,9 @@ std::optional<done_msg> decode_done(std::span<const uint8_t> in) {
     m.ok = r.get_bool();
     m.error = r.get_string();
     m.compute_s = r.get<double>();
-    if (!r.finished()) return std::nullopt;
+    m.kv_upload_bytes = r.get<int64_t>();
+    m.kv_kept_bytes = r.get<int64_t>();
+    if (!r.finished() || m.kv_upload_bytes < 0 || m.kv_kept_bytes < 0) return std::nullopt;
     return m;
 }
 

@@ -46,6 +46,10 @@ struct done_msg {
     bool ok = true;
     std::string error;         // when !ok: one line
     double compute_s = 0;      // time in the forward pass
+    // A GPU worker's past K/V for this batch: bytes copied from the pool's pages to the device,
+    // and bytes its device pages held already (0 and 0 on a CPU worker, or when !ok).
+    int64_t kv_upload_bytes = 0;
+    int64_t kv_kept_bytes = 0;
 };
 
 // What a decoder accepts. Encoders assert the counts and cut longer strings.

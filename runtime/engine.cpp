@@ -362,8 +362,12 @@ private:
             }
         }
         const scheduler_stats ss = sched_->stats();
-        uint64_t restarts = 0;
-        for (const auto& e : parts_.executors) restarts += e->n_restarts();
+        uint64_t restarts = 0, uploaded = 0, kept = 0;
+        for (const auto& e : parts_.executors) {
+            restarts += e->n_restarts();
+            uploaded += e->device_kv().uploaded;
+            kept += e->device_kv().kept;
+        }
         std::lock_guard lock(stats_mu_);
         n_running_ = ss.n_running;
         stats_.n_running = ss.n_running;
@@ -380,6 +384,8 @@ private:
         stats_.n_generated_tokens = n_generated_tokens_;
         stats_.n_preemptions = ss.n_preemptions;
         stats_.n_worker_restarts = restarts;
+        stats_.n_kv_upload_bytes = uploaded;
+        stats_.n_kv_kept_bytes = kept;
     }
 
     const tokenizer& tok_;

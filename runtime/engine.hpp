@@ -81,6 +81,8 @@ struct engine_stats {
     int32_t n_pages_cached = 0;       // free pages still holding a cached prefix
     uint64_t n_preemptions = 0;       // sequences sent back to wait (pages freed, recomputed later)
     uint64_t n_worker_restarts = 0;   // worker processes restarted after a crash
+    uint64_t n_kv_upload_bytes = 0;   // past K/V GPU workers copied from the pool's pages to the device
+    uint64_t n_kv_kept_bytes = 0;     // past K/V GPU workers read from device pages they held already
 };
 
 // The interface the daemon uses, whatever computes behind it (one process, or prefill and
@@ -146,6 +148,11 @@ public:
     // Longest wait before poll() must be called again (a restart backoff, a start timeout).
     virtual std::chrono::milliseconds poll_interval() const { return std::chrono::milliseconds(1000); }
     virtual uint64_t n_restarts() const { return 0; }
+    // Past K/V bytes a GPU worker uploaded and found on the device already, over its life.
+    struct device_kv_bytes {
+        uint64_t uploaded = 0, kept = 0;
+    };
+    virtual device_kv_bytes device_kv() const { return {}; }
     // Has been ready once (a worker loaded its model and said hello).
     virtual bool up() const { return true; }
     // Non-empty when it cannot work at all (its worker died while starting).

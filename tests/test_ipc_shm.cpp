@@ -732,12 +732,16 @@ TEST_CASE("wire: every message round trips") {
         d.ok = ok;
         d.error = ok ? "" : "CUDA error: out of memory";
         d.compute_s = 0.125;
+        d.kv_upload_bytes = ok ? int64_t(5) << 32 : 0;
+        d.kv_kept_bytes = ok ? 12345 : 0;
         auto d2 = ipc::decode_done(enc(d));
         REQUIRE(d2);
         CHECK(d2->batch_id == 77);
         CHECK(d2->ok == ok);
         CHECK(d2->error == d.error);
         CHECK(d2->compute_s == 0.125);
+        CHECK(d2->kv_upload_bytes == d.kv_upload_bytes);
+        CHECK(d2->kv_kept_bytes == d.kv_kept_bytes);
     }
     // A longer error text is cut to the cap, not refused.
     ipc::done_msg long_err;
@@ -824,6 +828,8 @@ TEST_CASE("wire: counts over the caps and negative fields are refused") {
         put_raw(b, n);
         b.resize(b.size() + n, 'e');
         put_raw(b, 0.5);
+        put_raw(b, int64_t(0)); // K/V bytes uploaded
+        put_raw(b, int64_t(0)); // and kept
         CHECK(ipc::decode_done(b).has_value() == (n == ipc::wire_max_string));
     }
     // Field values no sender makes.
@@ -856,6 +862,9 @@ TEST_CASE("wire: counts over the caps and negative fields are refused") {
     auto db = enc(ipc::done_msg{});
     db[8] = 2; // the ok flag
     CHECK_FALSE(ipc::decode_done(db));
+    ipc::done_msg neg;
+    neg.kv_kept_bytes = -1; // byte counts are never negative
+    CHECK_FALSE(ipc::decode_done(enc(neg)));
     ipc::hello_msg h; // pid 0
     CHECK_FALSE(ipc::decode_hello(enc(h)));
 }

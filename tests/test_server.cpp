@@ -75,7 +75,7 @@ TEST_CASE("health, models, metrics, status") {
     CHECK(st.j()["status"] == "ready");
     CHECK(st.j()["kv_pages_total"].get<int>() > 0);
     for (const char* k : {"kv_tokens_stored", "kv_pages_cached", "prefix_cache_hit_tokens", "preemptions",
-                          "worker_restarts"})
+                          "worker_restarts", "kv_device_upload_bytes", "kv_device_kept_bytes"})
         CHECK_MESSAGE((st.j().contains(k) && st.j()[k].is_number_integer() && st.j()[k].get<int64_t>() >= 0), k);
     auto met = request(s, "GET", "/metrics");
     REQUIRE(met.status == 200);
@@ -85,7 +85,8 @@ TEST_CASE("health, models, metrics, status") {
                              "tandem_generation_tokens_total", "tandem_time_to_first_token_seconds_count",
                              "tandem_inter_token_latency_seconds_count", "tandem_queue_time_seconds_count",
                              "tandem_kv_tokens_stored", "tandem_kv_pages_cached", "tandem_preemptions_total",
-                             "tandem_worker_restarts_total"})
+                             "tandem_worker_restarts_total", "tandem_kv_device_upload_bytes_total",
+                             "tandem_kv_device_kept_bytes_total"})
         CHECK_MESSAGE(metric(met.body, name) >= 0, name);
     CHECK(metric(met.body, "tandem_prefix_cache_hits_total") == 0);
 }

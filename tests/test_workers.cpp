@@ -286,6 +286,7 @@ TEST_CASE("workers: CPU prefill + GPU decode keeping its pages gives the cpu/cpu
     }
     CHECK(status(d.sock)["placement"]["decode"].get<std::string>().rfind("cuda", 0) == 0);
     CHECK(status(d.sock)["placement"]["prefill"] == "cpu");
+    CHECK(status(d.sock)["kv_device_upload_bytes"] == 0);
     const std::string base = "Once upon a time, there was a little girl named Lily. She liked to play with her dog. ";
     for (int round = 0; round < 2; ++round) {
         std::vector<std::future<streamed>> fs;
@@ -297,6 +298,13 @@ TEST_CASE("workers: CPU prefill + GPU decode keeping its pages gives the cpu/cpu
             CHECK_MESSAGE(s.text == offline_text(base + prompts[i], 100), "round ", round, " request ", i);
         }
     }
+    // The decode worker uploaded what the CPU prefill wrote, then decoded mostly from the pages
+    // it kept: each step uploads nothing but what another worker appended.
+    const json st = status(d.sock);
+    const auto up = st["kv_device_upload_bytes"].get<int64_t>(), kept = st["kv_device_kept_bytes"].get<int64_t>();
+    MESSAGE("device K/V: ", up >> 10, " KiB uploaded, ", kept >> 10, " KiB kept");
+    CHECK(up > 0);
+    CHECK(kept > 10 * up);
     CHECK(d.stop() == 0);
 }
 
