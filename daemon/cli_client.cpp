@@ -533,6 +533,14 @@ int cmd_status(const client_opts& o) {
         row("kv cache", num(*used) + "/" + num(*total) + " pages" + buf);
     }
     if (auto hits = metric(m, {"tandem_prefix_cache_hits_total"})) row("prefix hits", num(*hits));
+    // GPU workers only: past K/V copied to the device, against what its kept pages held already.
+    const auto up = metric(m, {"tandem_kv_device_upload_bytes_total"});
+    const auto kept = metric(m, {"tandem_kv_device_kept_bytes_total"});
+    if (up && kept && *up + *kept > 0) {
+        std::snprintf(buf, sizeof buf, "%.1f MiB uploaded, %.1f MiB kept on the device", *up / 1048576.0,
+                      *kept / 1048576.0);
+        row("device kv", buf);
+    }
     if (!metrics.ok()) row("metrics", "unavailable (HTTP " + std::to_string(metrics.status) + ")");
     return ready ? exit_ok : exit_busy;
 }

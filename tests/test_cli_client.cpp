@@ -232,7 +232,8 @@ TEST_CASE("tandem status: model, placement, load and a metrics summary") {
                           "tandem_time_to_first_token_seconds_bucket{le=\"0.1\"} 15\n"
                           "tandem_time_to_first_token_seconds_sum 0.75\ntandem_time_to_first_token_seconds_count 15\n"
                           "tandem_inter_token_latency_seconds_sum 6\ntandem_inter_token_latency_seconds_count 1200\n"
-                          "tandem_kv_pages_used 64\ntandem_kv_pages_total 256\ntandem_prefix_cache_hits_total 7\n");
+                          "tandem_kv_pages_used 64\ntandem_kv_pages_total 256\ntandem_prefix_cache_hits_total 7\n"
+                          "tandem_kv_device_upload_bytes_total 1048576\ntandem_kv_device_kept_bytes_total 52428800\n");
     });
     auto r = run_tandem({"status", "--socket", d.path()});
     INFO(r.err);
@@ -245,6 +246,7 @@ TEST_CASE("tandem status: model, placement, load and a metrics summary") {
     CHECK(r.out.find("300 prompt, 1200 generated") != std::string::npos);
     CHECK(r.out.find("first token 50.0 ms, between tokens 5.0 ms") != std::string::npos);
     CHECK(r.out.find("64/256 pages (25%)") != std::string::npos);
+    CHECK(r.out.find("1.0 MiB uploaded, 50.0 MiB kept on the device") != std::string::npos);
     CHECK(r.out.find("\033[") == std::string::npos); // no colour into a file
 
     auto j = run_tandem({"status", "--socket", d.path(), "--json"});
