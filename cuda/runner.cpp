@@ -276,10 +276,8 @@ void cuda_runner::forward_placed(std::span<const batch_seq> batch, kv_cache& kv,
                    cfg_.rope_freq_scale, neox);
         cuda::rope(c, k, d_pos, n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
                    cfg_.rope_freq_scale, neox);
-        for (const cuda::attn_seg& s : h_segs_)
-            cuda::kv_store(c, mirror, lay, il, d_tables + s.table_off, s.n_past, k + s.q_row * n_kv,
-                           v + s.q_row * n_kv, s.n_tok);
-        // Every sequence of the batch, prefill chunks and decode tokens alike, in one launch.
+        // Every sequence of the batch, prefill chunks and decode tokens alike, in one launch each.
+        cuda::kv_store(c, mirror, lay, il, h_segs_.data(), n_seq, d_tables, k, v);
         cuda::attention(c, attn, q, h_segs_.data(), n_seq, cfg_.n_head, mirror, lay, il, d_tables, scale);
         cuda::quantize_rows(c, xq, xs, attn, n_tok, e);
         mm(proj, xq, xs, n_tok, l.wo, nullptr);

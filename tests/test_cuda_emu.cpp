@@ -338,6 +338,39 @@ TEST_CASE("CUDA KV store (emulated): the same page bytes as the reference, every
     }
 }
 
+TEST_CASE("CUDA KV store of a batch's segments in one launch (emulated): each sequence's reference bytes") {
+    const cuda::context& c = host_device();
+    for (kv_dtype dt : {kv_dtype::f16, kv_dtype::i8}) {
+        const kv_layout lay{2, 2, 64, 8, dt};
+        // 70 sequences (two launches): chunks of 1 to 9 tokens after 0 to 29 positions, rows
+        // in reverse order, each with its own pages.
+        std::vector<cuda::attn_seg> segs;
+        std::vector<int32_t> tables;
+        int64_t n_rows = 0;
+        for (int i = 0; i < 70; ++i) n_rows += 1 + i % 9;
+        int64_t row = n_rows;
+        for (int i = 0; i < 70; ++i) {
+            const int32_t n_tok = 1 + i % 9, n_past = (i * 7) % 30;
+            const int32_t n_pages = (n_past + n_tok + lay.page_size - 1) / lay.page_size;
+            row -= n_tok;
+            segs.push_back({row, n_tok, n_past, int64_t(tables.size())});
+            for (int32_t pg = 0; pg < n_pages; ++pg) tables.push_back(int32_t(tables.size()));
+        }
+        const auto k = randn(size_t(n_rows * 2 * 64), 31), v = randn(k.size(), 32);
+        kv_cache want(lay, int32_t(tables.size())), got(lay, int32_t(tables.size()));
+        std::memset(want.base(), 0x5a, size_t(want.bytes()));
+        std::memset(got.base(), 0x5a, size_t(got.bytes()));
+        for (const auto& s : segs)
+            cpu::ref::kv_store(want.base(), lay, 1, tables.data() + s.table_off, s.n_past, k.data() + s.q_row * 128,
+                               v.data() + s.q_row * 128, s.n_tok);
+        const uint64_t before = cuda_emu::state().launches;
+        cuda::kv_store(c, got.base(), lay, 1, segs.data(), int64_t(segs.size()), tables.data(), k.data(), v.data());
+        INFO("kv=", name_of(dt));
+        CHECK(cuda_emu::state().launches - before == 2);
+        CHECK(same_bytes(want.base(), got.base(), size_t(want.bytes())));
+    }
+}
+
 TEST_CASE("CUDA INT8 GEMM, tiled dp4a kernel and through cuBLASLt (emulated): the reference's results") {
     const cuda::context& c = host_device();
     for (int64_t n_in : {7, 32, 100, 96}) { // 7, 100: the byte-wise loader; 32, 96: 8-byte loads

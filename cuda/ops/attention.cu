@@ -26,18 +26,71 @@ kv_geom geom_of(const kv_layout& lay, int il) {
                    lay.scale_offset(il, true, 0), lay.page_size, lay.head_dim, lay.n_head_kv};
 }
 
-// One warp per (token, kv head, K|V): grid (n_tok, n_head_kv, 2).
+// A batch's sequences as segments of one launch: each gets a run of blocks, and a block finds
+// its segment in the kernel's parameters (no copy, no allocation per launch).
+constexpr int max_segs = 64; // segments per launch
+
+struct seg_desc {
+    int64_t q_row;     // the row of its first token in q, k, v and out
+    int64_t table_off; // its block table is tables + table_off
+    int32_t n_tok, n_past;
+    int32_t block0, n_blocks; // its blocks: blockIdx.x in [block0, block0 + n_blocks)
+};
+
+struct seg_batch {
+    int n_seg;
+    seg_desc segs[max_segs];
+};
+
+// This block's segment: the last one whose first block is at or before this one.
+__device__ __forceinline__ const seg_desc& seg_of_block(const seg_batch& b) {
+    int lo = 0, hi = b.n_seg - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (b.segs[mid].block0 <= int(blockIdx.x)) lo = mid;
+        else hi = mid - 1;
+    }
+    return b.segs[lo];
+}
+
+// Fills b with the next segments from segs[i] on (empty ones skipped, at most max_segs), each
+// given blocks_of(segment) blocks; returns how many blocks they take in all (0: none left).
+template <class Blocks>
+int64_t next_seg_batch(const attn_seg* segs, int64_t n_seg, int64_t& i, seg_batch& b, Blocks blocks_of) {
+    b.n_seg = 0;
+    int64_t blocks = 0;
+    for (; i < n_seg && b.n_seg < max_segs; ++i) {
+        const attn_seg& s = segs[i];
+        if (s.n_tok <= 0) continue;
+        const int64_t nb = blocks_of(s);
+        b.segs[b.n_seg++] = seg_desc{s.q_row, s.table_off, s.n_tok, s.n_past, int32_t(blocks), int32_t(nb)};
+        blocks += nb;
+    }
+    return blocks;
+}
+
+struct kv_store_params {
+    uint8_t* kv_base;
+    const int32_t* tables;
+    const float* k;
+    const float* v;
+    kv_geom g;
+    seg_batch b;
+};
+
+// One warp per (token, kv head, K|V): grid (the segments' tokens, n_head_kv, 2).
 template <kv_dtype DT>
-__global__ void kv_store_kernel(uint8_t* kv_base, kv_geom g, const int32_t* table, int32_t pos0, const float* k,
-                                const float* v) {
-    const int64_t t = blockIdx.x;
+__global__ void kv_store_kernel(const __grid_constant__ kv_store_params p) {
+    const kv_geom& g = p.g;
+    const seg_desc& sg = seg_of_block(p.b);
+    const int64_t t = sg.q_row + (int(blockIdx.x) - sg.block0); // the token's row in k and v
     const int kvh = blockIdx.y;
     const bool is_v = blockIdx.z == 1;
     const int lane = threadIdx.x;
-    const int32_t pos = pos0 + int32_t(t);
-    uint8_t* page = kv_base + int64_t(table[pos / g.page_size]) * g.page_bytes;
+    const int32_t pos = sg.n_past + (int(blockIdx.x) - sg.block0);
+    uint8_t* page = p.kv_base + int64_t(p.tables[sg.table_off + pos / g.page_size]) * g.page_bytes;
     const int slot = pos % g.page_size;
-    const float* src = (is_v ? v : k) + (t * g.n_head_kv + kvh) * g.head_dim;
+    const float* src = (is_v ? p.v : p.k) + (t * g.n_head_kv + kvh) * g.head_dim;
     const int64_t e0 = (is_v ? g.v_off : g.k_off) + kvh * g.head_elems + int64_t(slot) * g.head_dim;
     if constexpr (DT == kv_dtype::f32) {
         for (int i = lane; i < g.head_dim; i += 32) reinterpret_cast<float*>(page)[e0 + i] = src[i];
@@ -56,13 +109,6 @@ __global__ void kv_store_kernel(uint8_t* kv_base, kv_geom g, const int32_t* tabl
     }
 }
 
-template <kv_dtype DT>
-void launch_kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* table,
-                     int32_t pos0, const float* k, const float* v, int64_t n_tok) {
-    launch_kernel(c, kv_store_kernel<DT>, dim3{unsigned(n_tok), unsigned(lay.n_head_kv), 2}, 32, 0, kv_base,
-                  geom_of(lay, il), table, pos0, k, v);
-}
-
 // Attention, flash style on tensor cores (WMMA: f16 products, f32 accumulation). A block owns
 // one kv head and 16 rows per warp, a row being a (token, query head) pair of one segment with
 // the query heads of that kv head side by side: each K/V tile the block decodes into shared
@@ -79,15 +125,6 @@ void launch_kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, i
 // whatever their magnitude; V from f32 or int8 pages has to stay within f16's range (65504).
 constexpr int fa_keys = 32;    // positions per K/V tile
 constexpr int fa_max_hd = 256; // head dims are padded to a multiple of 16, up to this
-constexpr int fa_max_segs = 64; // segments per launch (they travel in the kernel parameters)
-
-struct fa_seg {
-    int64_t q_row;     // the row of its first token in q and out
-    int64_t table_off; // its block table is tables + table_off
-    int32_t n_tok, n_past;
-    int32_t block0, n_blocks; // its blocks: blockIdx.x in [block0, block0 + n_blocks)
-};
-
 struct fa_params {
     float* out;
     const float* q;
@@ -96,8 +133,7 @@ struct fa_params {
     kv_geom g;
     int n_head, n_gqa, hd_pad;
     float scale;
-    int n_seg;
-    fa_seg segs[fa_max_segs];
+    seg_batch b;
 };
 
 // Byte offsets of the block's shared memory, the same on host and device. Every array starts
@@ -245,14 +281,7 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
     float* o = reinterpret_cast<float*>(smem + L.o);
     float* lsum = reinterpret_cast<float*>(smem + L.l);
 
-    // This block's segment: the last one whose first block is at or before this one.
-    int lo_seg = 0, hi_seg = p.n_seg - 1;
-    while (lo_seg < hi_seg) {
-        const int mid = (lo_seg + hi_seg + 1) / 2;
-        if (p.segs[mid].block0 <= int(blockIdx.x)) lo_seg = mid;
-        else hi_seg = mid - 1;
-    }
-    const fa_seg& sg = p.segs[lo_seg];
+    const seg_desc& sg = seg_of_block(p.b);
     // The segment's blocks run latest rows first: they see the most positions (causal mask).
     const int64_t r0 = int64_t(sg.n_blocks - 1 - (int(blockIdx.x) - sg.block0)) * rows;
     const int64_t n_rows = int64_t(sg.n_tok) * p.n_gqa;
@@ -420,15 +449,26 @@ void launch_flash(const context& c, const fa_params& prm, int n_warps, int64_t n
 
 } // namespace
 
+void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const attn_seg* segs, int64_t n_seg,
+              const int32_t* tables, const float* k, const float* v) {
+    c.make_current();
+    kv_store_params prm{kv_base, tables, k, v, geom_of(lay, il), {}};
+    for (int64_t i = 0; i < n_seg;) {
+        const int64_t n_tok = next_seg_batch(segs, n_seg, i, prm.b, [](const attn_seg& s) { return int64_t(s.n_tok); });
+        if (n_tok == 0) continue;
+        const dim3 grid{unsigned(n_tok), unsigned(lay.n_head_kv), 2};
+        switch (lay.dtype) {
+        case kv_dtype::f32: launch_kernel(c, kv_store_kernel<kv_dtype::f32>, grid, 32, 0, prm); break;
+        case kv_dtype::f16: launch_kernel(c, kv_store_kernel<kv_dtype::f16>, grid, 32, 0, prm); break;
+        case kv_dtype::i8: launch_kernel(c, kv_store_kernel<kv_dtype::i8>, grid, 32, 0, prm); break;
+        }
+    }
+}
+
 void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
               int32_t pos0, const float* k, const float* v, int64_t n_tok) {
-    if (n_tok == 0) return;
-    c.make_current();
-    switch (lay.dtype) {
-    case kv_dtype::f32: launch_kv_store<kv_dtype::f32>(c, kv_base, lay, il, block_table, pos0, k, v, n_tok); break;
-    case kv_dtype::f16: launch_kv_store<kv_dtype::f16>(c, kv_base, lay, il, block_table, pos0, k, v, n_tok); break;
-    case kv_dtype::i8: launch_kv_store<kv_dtype::i8>(c, kv_base, lay, il, block_table, pos0, k, v, n_tok); break;
-    }
+    const attn_seg seg{0, int32_t(n_tok), pos0, 0};
+    kv_store(c, kv_base, lay, il, &seg, 1, block_table, k, v);
 }
 
 void attention(const context& c, float* out, const float* q, const attn_seg* segs, int64_t n_seg, int n_head,
@@ -455,18 +495,12 @@ void attention(const context& c, float* out, const float* q, const attn_seg* seg
     // segment has that many rows (a decode step: n_gqa rows each).
     const int n_warps = int(std::clamp<int64_t>((max_rows + 15) / 16, 1, prm.hd_pad <= 128 ? 4 : 2));
     const int64_t rows = 16 * n_warps;
-    // Up to fa_max_segs segments a launch; the grid is (their blocks, n_head_kv).
+    // Up to max_segs segments a launch; the grid is (their blocks, n_head_kv).
     for (int64_t i = 0; i < n_seg;) {
-        prm.n_seg = 0;
-        int64_t blocks = 0;
-        for (; i < n_seg && prm.n_seg < fa_max_segs; ++i) {
-            const attn_seg& s = segs[i];
-            if (s.n_tok <= 0) continue;
-            const int64_t nb = (int64_t(s.n_tok) * n_gqa + rows - 1) / rows;
-            prm.segs[prm.n_seg++] = fa_seg{s.q_row, s.table_off, s.n_tok, s.n_past, int32_t(blocks), int32_t(nb)};
-            blocks += nb;
-        }
-        if (prm.n_seg == 0) continue;
+        const int64_t blocks = next_seg_batch(segs, n_seg, i, prm.b, [&](const attn_seg& s) {
+            return (int64_t(s.n_tok) * n_gqa + rows - 1) / rows;
+        });
+        if (blocks == 0) continue;
         switch (lay.dtype) {
         case kv_dtype::f32: launch_flash<kv_dtype::f32>(c, prm, n_warps, blocks, lay.n_head_kv); break;
         case kv_dtype::f16: launch_flash<kv_dtype::f16>(c, prm, n_warps, blocks, lay.n_head_kv); break;

@@ -31,15 +31,17 @@ void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, 
 void attention(const context& c, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
                const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale);
 
-// One sequence's new tokens in a batched attention: rows q_row.. of q and out, at positions
-// n_past.., reading the block table at tables + table_off.
+// One sequence's new tokens in a batched kv_store or attention: rows q_row.. of q, k, v and
+// out, at positions n_past.., with its block table at tables + table_off.
 struct attn_seg {
     int64_t q_row;
     int32_t n_tok, n_past;
     int64_t table_off;
 };
-// attention() of every segment (a host array) in one launch per 64 segments: a decode step's
-// sequences, or a whole mixed batch. tables is a device array.
+// kv_store() and attention() of every segment (a host array) in one launch per 64 segments: a
+// decode step's sequences, or a whole mixed batch. tables is a device array.
+void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const attn_seg* segs, int64_t n_seg,
+              const int32_t* tables, const float* k, const float* v);
 void attention(const context& c, float* out, const float* q, const attn_seg* segs, int64_t n_seg, int n_head,
                const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* tables, float scale);
 
