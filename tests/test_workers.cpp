@@ -308,6 +308,34 @@ TEST_CASE("workers: CPU prefill + GPU decode keeping its pages gives the cpu/cpu
     CHECK(d.stop() == 0);
 }
 
+#if TANDEM_CUDA_EMULATED
+TEST_CASE("workers: a GPU too small ends the daemon with exit 1; one with room for a few pages still serves (emulated device)") {
+    // 16 MiB: not even a context (cuBLASLt's workspace is 32 MiB) for either worker.
+    for (const std::string role : {"prefill", "decode"}) {
+        daemon_process d;
+        d.start(scratch().file("small" + role + ".sock"), {"--set", role + "=gpu"}, {"TANDEM_EMU_DEVICE_MIB=16"});
+        int rc = -1;
+        CHECK_FALSE(ready_or_exit(d, rc));
+        CHECK_MESSAGE(rc == 1, role);
+    }
+    // 40 MiB: the decode worker keeps far fewer device pages than the pool has (least recently
+    // used evicted) and gives the same text.
+    daemon_process d;
+    d.start(scratch().file("few.sock"), {"--set", "decode=gpu", "--set", "kv_pool_persist=false"},
+            {"TANDEM_EMU_DEVICE_MIB=40"});
+    REQUIRE(d.wait_ready(60));
+    std::vector<std::future<streamed>> fs;
+    for (size_t i = 0; i < 4; ++i)
+        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 40); }));
+    for (size_t i = 0; i < fs.size(); ++i) {
+        const streamed s = fs[i].get();
+        CHECK(s.finish == "length");
+        CHECK_MESSAGE(s.text == offline_text(prompts[i], 40), "request ", i);
+    }
+    CHECK(d.stop() == 0);
+}
+#endif
+
 TEST_CASE("workers: a pool smaller than the load preempts, and every request still completes") {
     daemon_process d;
     // 24 pages of 16 tokens: six requests of ~110 positions need ~48

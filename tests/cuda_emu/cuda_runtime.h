@@ -1,8 +1,8 @@
 // Stand-in for the CUDA runtime API in the emulated build (see cuda_emu.hpp): the calls Tandem
 // makes, on one device whose memory is host memory. Copies and launches complete before they
-// return, so streams and events are bookkeeping. The device has a memory limit
-// (emu_device_bytes) so running out of it can be tested; failed calls set the sticky error
-// cudaGetLastError returns.
+// return, so streams and events are bookkeeping. The device has a memory limit, 8 GiB or
+// $TANDEM_EMU_DEVICE_MIB, so running out of it can be tested; failed calls set the sticky
+// error cudaGetLastError returns.
 #pragma once
 
 #include "cuda_emu.hpp"
@@ -60,7 +60,13 @@ struct cudaDeviceProp {
 
 namespace tandem::cuda_emu {
 
-constexpr size_t emu_device_bytes = size_t(8) << 30;
+inline size_t emu_device_bytes() {
+    static const size_t bytes = [] {
+        const char* mib = std::getenv("TANDEM_EMU_DEVICE_MIB");
+        return mib && *mib ? size_t(std::strtoull(mib, nullptr, 10)) << 20 : size_t(8) << 30;
+    }();
+    return bytes;
+}
 constexpr int emu_smem_optin = 227 * 1024; // an H100/H200's
 
 struct runtime_state {
@@ -137,7 +143,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
     std::strcpy(p->name, "emulated CUDA device (the host)");
     p->major = 9;
     p->minor = 0;
-    p->totalGlobalMem = tandem::cuda_emu::emu_device_bytes;
+    p->totalGlobalMem = tandem::cuda_emu::emu_device_bytes();
     p->multiProcessorCount = 1;
     return cudaSuccess;
 }
@@ -150,7 +156,7 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
 inline cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
     auto& s = tandem::cuda_emu::rt();
     std::lock_guard lock(s.mu);
-    *total_b = tandem::cuda_emu::emu_device_bytes;
+    *total_b = tandem::cuda_emu::emu_device_bytes();
     *free_b = *total_b - s.used;
     return cudaSuccess;
 }
@@ -158,7 +164,7 @@ inline cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
     auto& s = tandem::cuda_emu::rt();
     std::lock_guard lock(s.mu);
-    if (bytes > tandem::cuda_emu::emu_device_bytes - s.used) return tandem::cuda_emu::fail_with(cudaErrorMemoryAllocation);
+    if (bytes > tandem::cuda_emu::emu_device_bytes() - s.used) return tandem::cuda_emu::fail_with(cudaErrorMemoryAllocation);
     *p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256); // cudaMalloc's alignment
     if (!*p) return tandem::cuda_emu::fail_with(cudaErrorMemoryAllocation);
     s.allocs[*p] = bytes;
