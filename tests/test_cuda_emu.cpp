@@ -156,6 +156,20 @@ TEST_CASE("CUDA flash attention (emulated): a decode step of 70 sequences takes 
     CHECK(rows_nmse(b, b.reference(0.125f), got) < tol_split);
 }
 
+TEST_CASE("CUDA flash attention (emulated): long contexts split over their positions, then combined") {
+    // Decoding sequences past 1,024 positions, and a short chunk after a long past, are split
+    // into blocks of 512 positions; a 600-position sequence and a prompt are not.
+    for (kv_dtype dt : {kv_dtype::f16, kv_dtype::i8}) {
+        for (int n_gqa : {1, 4}) {
+            const kv_layout lay{2, 2, 64, 16, dt};
+            const batch b(lay, 2 * n_gqa, {{1, 1500}, {1, 600}, {5, 1030}, {1, 2100}, {40, 0}}, uint32_t(n_gqa + 50));
+            const double e = rows_nmse(b, b.reference(0.125f), b.emulated(0.125f));
+            INFO("kv=", name_of(dt), " gqa=", n_gqa, " nmse=", e);
+            CHECK(e < tol_split);
+        }
+    }
+}
+
 TEST_CASE("CUDA flash attention (emulated): Q and K far outside f16's range keep their precision") {
     // |q| ~ 1e6 and ~ 1e-6 would overflow or vanish as plain f16 operands; scaled by powers of
     // two first, their split keeps 22 bits. f32 pages' K at 1e5 likewise.

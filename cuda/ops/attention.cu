@@ -35,6 +35,8 @@ struct seg_desc {
     int64_t table_off; // its block table is tables + table_off
     int32_t n_tok, n_past;
     int32_t block0, n_blocks; // its blocks: blockIdx.x in [block0, block0 + n_blocks)
+    int32_t n_split;          // attention: blocks splitting its positions (1: none)
+    int32_t part0;            // attention, n_split > 1: its first slot of partial results
 };
 
 struct seg_batch {
@@ -54,17 +56,23 @@ __device__ __forceinline__ const seg_desc& seg_of_block(const seg_batch& b) {
 }
 
 // Fills b with the next segments from segs[i] on (empty ones skipped, at most max_segs), each
-// given blocks_of(segment) blocks; returns how many blocks they take in all (0: none left).
-template <class Blocks>
-int64_t next_seg_batch(const attn_seg* segs, int64_t n_seg, int64_t& i, seg_batch& b, Blocks blocks_of) {
+// given blocks_of(segment) blocks, times split_of(segment) splits; returns how many blocks they
+// take in all (0: none left) and, in n_parts, how many partial-result slots the splits need.
+template <class Blocks, class Splits>
+int64_t next_seg_batch(const attn_seg* segs, int64_t n_seg, int64_t& i, seg_batch& b, Blocks blocks_of,
+                       Splits split_of, int32_t& n_parts) {
     b.n_seg = 0;
     int64_t blocks = 0;
+    n_parts = 0;
     for (; i < n_seg && b.n_seg < max_segs; ++i) {
         const attn_seg& s = segs[i];
         if (s.n_tok <= 0) continue;
-        const int64_t nb = blocks_of(s);
-        b.segs[b.n_seg++] = seg_desc{s.q_row, s.table_off, s.n_tok, s.n_past, int32_t(blocks), int32_t(nb)};
+        const int32_t n_split = split_of(s);
+        const int64_t nb = blocks_of(s) * n_split;
+        b.segs[b.n_seg++] = seg_desc{s.q_row, s.table_off, s.n_tok, s.n_past, int32_t(blocks), int32_t(nb), n_split,
+                                     n_split > 1 ? n_parts : 0};
         blocks += nb;
+        if (n_split > 1) n_parts += n_split;
     }
     return blocks;
 }
@@ -125,6 +133,11 @@ __global__ void kv_store_kernel(const __grid_constant__ kv_store_params p) {
 // whatever their magnitude; V from f32 or int8 pages has to stay within f16's range (65504).
 constexpr int fa_keys = 32;    // positions per K/V tile
 constexpr int fa_max_hd = 256; // head dims are padded to a multiple of 16, up to this
+// A segment whose rows fit one block (a decoding sequence, a short chunk) and that sees more
+// than twice this many positions is split over its positions, a block per this many, and the
+// blocks' partial results combined (fa_combine_kernel): otherwise a decode step with few
+// sequences would keep a handful of SMs busy over the whole context.
+constexpr int fa_split_keys = 512; // a multiple of fa_keys
 struct fa_params {
     float* out;
     const float* q;
@@ -133,6 +146,11 @@ struct fa_params {
     kv_geom g;
     int n_head, n_gqa, hd_pad;
     float scale;
+    // Partial results of split segments: O (unnormalized) [n_head_kv][n_parts][part_rows][hd]
+    // and its running max and sum [n_head_kv][n_parts][part_rows][2].
+    float* part_o;
+    float* part_ml;
+    int32_t n_parts, part_rows;
     seg_batch b;
 };
 
@@ -282,12 +300,17 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
     float* lsum = reinterpret_cast<float*>(smem + L.l);
 
     const seg_desc& sg = seg_of_block(p.b);
+    const int local = int(blockIdx.x) - sg.block0;
+    const int split = local % sg.n_split;
     // The segment's blocks run latest rows first: they see the most positions (causal mask).
-    const int64_t r0 = int64_t(sg.n_blocks - 1 - (int(blockIdx.x) - sg.block0)) * rows;
+    const int64_t r0 = int64_t(sg.n_blocks / sg.n_split - 1 - local / sg.n_split) * rows;
     const int64_t n_rows = int64_t(sg.n_tok) * p.n_gqa;
     const int kvh = int(blockIdx.y);
     const int32_t* table = p.tables + sg.table_off;
     const int32_t last_pos = sg.n_past + int32_t((min(r0 + rows, n_rows) - 1) / p.n_gqa);
+    // The positions this block reads: all it sees, or its split's share of them.
+    const int32_t k_begin = split * fa_split_keys;
+    const int32_t k_last = sg.n_split == 1 ? last_pos : min(last_pos, k_begin + fa_split_keys - 1);
     // Row r of the block: token r0+r / n_gqa of the segment, query head kvh * n_gqa + r0+r % n_gqa.
     auto q_offset = [&](int r) {
         const int64_t lr = r0 + r;
@@ -330,9 +353,9 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
     const int32_t my_pos = pos[my_r];
     float m = -INFINITY, l = 0.0f;
 
-    for (int32_t p0 = 0; p0 <= last_pos; p0 += fa_keys) {
+    for (int32_t p0 = k_begin; p0 <= k_last; p0 += fa_keys) {
         __syncthreads(); // the previous tile is consumed
-        fa_load_tile<DT>(p, L, smem, table, kvh, p0, last_pos);
+        fa_load_tile<DT>(p, L, smem, table, kvh, p0, k_last);
         __syncthreads();
         if (warp_last < p0) continue; // warp-uniform: this tile is past all of its rows
 
@@ -414,6 +437,19 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
     }
 
     __syncwarp();
+    if (sg.n_split > 1) { // a share of the positions: O as it is, with the row's max and sum
+        const int64_t base = (int64_t(kvh) * p.n_parts + sg.part0 + split) * p.part_rows;
+        if (my_half == 0 && my_pos >= 0) {
+            p.part_ml[(base + my_r) * 2] = m;
+            p.part_ml[(base + my_r) * 2 + 1] = l;
+        }
+        for (int rr = 0; rr < 16; ++rr) {
+            const int r = warp * 16 + rr;
+            if (pos[r] < 0) continue; // warp-uniform
+            for (int i = lane; i < hd; i += 32) p.part_o[(base + r) * hd + i] = o[r * L.ldo + i];
+        }
+        return;
+    }
     if (my_half == 0) lsum[my_r] = l;
     __syncwarp();
     for (int rr = 0; rr < 16; ++rr) {
@@ -421,6 +457,38 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
         if (pos[r] < 0) continue; // warp-uniform
         float* out = p.out + q_offset(r);
         for (int i = lane; i < hd; i += 32) out[i] = o[r * L.ldo + i] / lsum[r];
+    }
+}
+
+// The split segments' partial results merged: a block per (split segment, kv head), its rows in
+// turn. Each partial was computed against its own running max m_s; with M the largest,
+// out = sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M). A row that saw none of a split's
+// positions left m_s = -inf, l_s = 0 there: its weight is 0.
+__global__ void fa_combine_kernel(const __grid_constant__ fa_params p) {
+    const seg_desc& sg = p.b.segs[blockIdx.x];
+    const int kvh = int(blockIdx.y), hd = p.g.head_dim;
+    const int64_t n_rows = int64_t(sg.n_tok) * p.n_gqa;
+    for (int64_t r = 0; r < n_rows; ++r) {
+        float big = -INFINITY;
+        for (int s = 0; s < sg.n_split; ++s)
+            big = fmaxf(big, p.part_ml[((int64_t(kvh) * p.n_parts + sg.part0 + s) * p.part_rows + r) * 2]);
+        float den = 0.0f;
+        for (int s = 0; s < sg.n_split; ++s) {
+            const float* ml = p.part_ml + ((int64_t(kvh) * p.n_parts + sg.part0 + s) * p.part_rows + r) * 2;
+            if (ml[0] != -INFINITY) den += ml[1] * expf(ml[0] - big);
+        }
+        const int64_t t = r / p.n_gqa;
+        const int h = kvh * p.n_gqa + int(r % p.n_gqa);
+        float* out = p.out + ((sg.q_row + t) * p.n_head + h) * int64_t(hd);
+        for (int i = int(threadIdx.x); i < hd; i += int(blockDim.x)) {
+            float num = 0.0f;
+            for (int s = 0; s < sg.n_split; ++s) {
+                const int64_t at = (int64_t(kvh) * p.n_parts + sg.part0 + s) * p.part_rows + r;
+                const float ms = p.part_ml[at * 2];
+                if (ms != -INFINITY) num += p.part_o[at * hd + i] * expf(ms - big);
+            }
+            out[i] = num / den;
+        }
     }
 }
 
@@ -453,8 +521,11 @@ void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, 
               const int32_t* tables, const float* k, const float* v) {
     c.make_current();
     kv_store_params prm{kv_base, tables, k, v, geom_of(lay, il), {}};
+    int32_t n_parts = 0;
     for (int64_t i = 0; i < n_seg;) {
-        const int64_t n_tok = next_seg_batch(segs, n_seg, i, prm.b, [](const attn_seg& s) { return int64_t(s.n_tok); });
+        const int64_t n_tok = next_seg_batch(
+            segs, n_seg, i, prm.b, [](const attn_seg& s) { return int64_t(s.n_tok); },
+            [](const attn_seg&) { return int32_t(1); }, n_parts);
         if (n_tok == 0) continue;
         const dim3 grid{unsigned(n_tok), unsigned(lay.n_head_kv), 2};
         switch (lay.dtype) {
@@ -495,17 +566,36 @@ void attention(const context& c, float* out, const float* q, const attn_seg* seg
     // segment has that many rows (a decode step: n_gqa rows each).
     const int n_warps = int(std::clamp<int64_t>((max_rows + 15) / 16, 1, prm.hd_pad <= 128 ? 4 : 2));
     const int64_t rows = 16 * n_warps;
+    prm.part_rows = int32_t(rows);
+    auto row_blocks = [&](const attn_seg& s) { return (int64_t(s.n_tok) * n_gqa + rows - 1) / rows; };
+    auto splits = [&](const attn_seg& s) {
+        const int64_t seen = int64_t(s.n_past) + s.n_tok;
+        return row_blocks(s) == 1 && seen > 2 * fa_split_keys ? int32_t((seen + fa_split_keys - 1) / fa_split_keys)
+                                                              : int32_t(1);
+    };
     // Up to max_segs segments a launch; the grid is (their blocks, n_head_kv).
     for (int64_t i = 0; i < n_seg;) {
-        const int64_t blocks = next_seg_batch(segs, n_seg, i, prm.b, [&](const attn_seg& s) {
-            return (int64_t(s.n_tok) * n_gqa + rows - 1) / rows;
-        });
+        const int64_t blocks = next_seg_batch(segs, n_seg, i, prm.b, row_blocks, splits, prm.n_parts);
         if (blocks == 0) continue;
+        buffer parts; // freed in stream order, after the combine
+        if (prm.n_parts > 0) {
+            parts = buffer(c, size_t(lay.n_head_kv) * size_t(prm.n_parts) * size_t(rows) * size_t(lay.head_dim + 2) *
+                                  sizeof(float));
+            prm.part_o = parts.as<float>();
+            prm.part_ml = prm.part_o + int64_t(lay.n_head_kv) * prm.n_parts * rows * lay.head_dim;
+        }
         switch (lay.dtype) {
         case kv_dtype::f32: launch_flash<kv_dtype::f32>(c, prm, n_warps, blocks, lay.n_head_kv); break;
         case kv_dtype::f16: launch_flash<kv_dtype::f16>(c, prm, n_warps, blocks, lay.n_head_kv); break;
         case kv_dtype::i8: launch_flash<kv_dtype::i8>(c, prm, n_warps, blocks, lay.n_head_kv); break;
         }
+        if (prm.n_parts == 0) continue;
+        // The combine reads the split segments only: the same parameters, those segments kept.
+        fa_params cmb = prm;
+        cmb.b.n_seg = 0;
+        for (int j = 0; j < prm.b.n_seg; ++j)
+            if (prm.b.segs[j].n_split > 1) cmb.b.segs[cmb.b.n_seg++] = prm.b.segs[j];
+        launch_kernel(c, fa_combine_kernel, dim3{unsigned(cmb.b.n_seg), unsigned(lay.n_head_kv)}, 128, 0, cmb);
     }
 }
 
