@@ -109,6 +109,10 @@ private:
             auto it = copies_.find(host);
             if (it == copies_.end())
                 it = copies_.emplace(host, cuda::to_device(*ctx_.cuda, host, std::max<size_t>(bytes, 1))).first;
+            // Copies are found by address: another array at a dead one's address would get its
+            // stale copy. Arrays an op reads must live as long as the op_mem.
+            REQUIRE_MESSAGE(it->second.bytes() == std::max<size_t>(bytes, 1),
+                            "op_mem: a different array at an address already copied (keep inputs alive)");
             if (read_back) reads_[read_back] = {it->second.get(), bytes};
             return static_cast<T*>(it->second.get());
         }
