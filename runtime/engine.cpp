@@ -365,8 +365,9 @@ private:
         uint64_t restarts = 0, uploaded = 0, kept = 0;
         for (const auto& e : parts_.executors) {
             restarts += e->n_restarts();
-            uploaded += e->device_kv().uploaded;
-            kept += e->device_kv().kept;
+            const auto dk = e->device_kv();
+            uploaded += dk.uploaded;
+            kept += dk.kept;
         }
         std::lock_guard lock(stats_mu_);
         n_running_ = ss.n_running;

@@ -30,15 +30,6 @@ const cuda::context& host_device() {
     return c;
 }
 
-// cuda::attention over every segment; n_launches: how many kernel launches that took.
-void emulated_attention(float* out, const float* q, const std::vector<cuda::attn_seg>& segs, int n_head,
-                        const kv_cache& kv, int il, const int32_t* tables, float scale, int* n_launches = nullptr) {
-    const uint64_t before = cuda_emu::state().launches;
-    cuda::attention(host_device(), out, q, segs.data(), int64_t(segs.size()), n_head, kv.base(), kv.layout(), il,
-                    tables, scale);
-    if (n_launches) *n_launches = int(cuda_emu::state().launches - before);
-}
-
 // A batch of sequences, each with its own scattered pages, K/V written by the reference for
 // positions [0, n_past + n_tok), and its new tokens' queries at rows q_row of one q array.
 struct batch {
@@ -89,9 +80,13 @@ struct batch {
         return out;
     }
 
+    // cuda::attention of every segment in one call; n_launches: how many kernel launches it took.
     std::vector<float> emulated(float scale, int* n_launches = nullptr) const {
         std::vector<float> out(q.size(), NAN);
-        emulated_attention(out.data(), q.data(), segs, n_head, kv, 1, tables.data(), scale, n_launches);
+        const uint64_t before = cuda_emu::state().launches;
+        cuda::attention(host_device(), out.data(), q.data(), segs.data(), int64_t(segs.size()), n_head, kv.base(), lay,
+                        1, tables.data(), scale);
+        if (n_launches) *n_launches = int(cuda_emu::state().launches - before);
         return out;
     }
 };
@@ -104,13 +99,7 @@ double rows_nmse(const batch& b, const std::vector<float>& want, const std::vect
                 std::vector<float>(got.begin() + long(stride), got.end()));
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool sanitized = true;
-#elif defined(__has_feature)
-constexpr bool sanitized = __has_feature(address_sanitizer);
-#else
-constexpr bool sanitized = false;
-#endif
+constexpr bool sanitized = TANDEM_EMU_ASAN;
 
 // Q and P are split into two f16 terms and f16/int8 K and V are exact: the error is that of
 // f32 sums in another order, far below what an f16 operand would leave (~1e-7).

@@ -115,6 +115,16 @@ bool ready_or_exit(daemon_process& d, int& rc) {
     return false;
 }
 
+// A daemon started with a GPU placement: true once it serves; false (checked and reported as
+// skipped) when it refused to start with exit code 1, as it must without a usable device.
+bool gpu_daemon_up(daemon_process& d, const std::string& placement) {
+    int rc = -1;
+    if (ready_or_exit(d, rc)) return true;
+    CHECK(rc == 1);
+    MESSAGE("skipped: no CUDA device (", placement, " refused to start, as it must without one)");
+    return false;
+}
+
 } // namespace
 
 TEST_CASE("workers: two worker processes share the pool; outputs equal the offline loop") {
@@ -277,13 +287,7 @@ TEST_CASE("workers: CPU prefill + GPU decode keeping its pages gives the cpu/cpu
     // contents) and prompts sharing a prefix, twice (cached pages shared, contents kept).
     d.start(scratch().file("gd.sock"), {"--set", "prefill=cpu", "--set", "decode=gpu", "--set", "kv_pages=24", "--set",
                                         "n_ctx=256", "--set", "kv_pool_persist=false"});
-    int rc = -1;
-    const bool ready = ready_or_exit(d, rc);
-    if (!ready) {
-        CHECK(rc == 1);
-        MESSAGE("skipped: no CUDA device (decode=gpu refused to start, as it must without one)");
-        return;
-    }
+    if (!gpu_daemon_up(d, "decode=gpu")) return;
     CHECK(status(d.sock)["placement"]["decode"].get<std::string>().rfind("cuda", 0) == 0);
     CHECK(status(d.sock)["placement"]["prefill"] == "cpu");
     CHECK(status(d.sock)["kv_device_upload_bytes"] == 0);
@@ -360,14 +364,7 @@ TEST_CASE("workers: GPU prefill + CPU or GPU decode gives the cpu/cpu tokens, or
     for (const std::string decode : {"cpu", "gpu"}) {
         daemon_process d;
         d.start(scratch().file("g" + decode + ".sock"), {"--set", "prefill=gpu", "--set", "decode=" + decode});
-        int rc = -1;
-        const bool ready = ready_or_exit(d, rc);
-        if (!ready) {
-            // no usable device: the daemon must refuse to start, with exit code 1
-            CHECK(rc == 1);
-            MESSAGE("skipped: no CUDA device (prefill=gpu refused to start, as it must without one)");
-            return;
-        }
+        if (!gpu_daemon_up(d, "prefill=gpu")) return;
         INFO("decode=", decode);
         CHECK(status(d.sock)["placement"]["prefill"].get<std::string>().rfind("cuda", 0) == 0);
         CHECK(status(d.sock)["placement"]["decode"].get<std::string>().rfind(decode == "gpu" ? "cuda" : "cpu", 0) == 0);

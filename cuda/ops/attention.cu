@@ -91,11 +91,12 @@ template <kv_dtype DT>
 __global__ void kv_store_kernel(const __grid_constant__ kv_store_params p) {
     const kv_geom& g = p.g;
     const seg_desc& sg = seg_of_block(p.b);
-    const int64_t t = sg.q_row + (int(blockIdx.x) - sg.block0); // the token's row in k and v
+    const int local = int(blockIdx.x) - sg.block0; // the token within its segment
+    const int64_t t = sg.q_row + local;              // its row in k and v
+    const int32_t pos = sg.n_past + local;
     const int kvh = blockIdx.y;
     const bool is_v = blockIdx.z == 1;
     const int lane = threadIdx.x;
-    const int32_t pos = sg.n_past + (int(blockIdx.x) - sg.block0);
     uint8_t* page = p.kv_base + int64_t(p.tables[sg.table_off + pos / g.page_size]) * g.page_bytes;
     const int slot = pos % g.page_size;
     const float* src = (is_v ? p.v : p.k) + (t * g.n_head_kv + kvh) * g.head_dim;
@@ -138,6 +139,7 @@ constexpr int fa_max_hd = 256; // head dims are padded to a multiple of 16, up t
 // blocks' partial results combined (fa_combine_kernel): otherwise a decode step with few
 // sequences would keep a handful of SMs busy over the whole context.
 constexpr int fa_split_keys = 512; // a multiple of fa_keys
+
 struct fa_params {
     float* out;
     const float* q;
@@ -195,6 +197,12 @@ __host__ __device__ inline fa_smem fa_smem_of(int hd_pad, int n_warps, bool k_sp
 }
 
 // The exponent e with |a| = m * 2^e, m in [0.5, 1); 0 for 0, inf and NaN (nothing to scale).
+// Where row r's partial result from split `part` (of the launch's n_parts) under kv head kvh
+// sits: part_o[slot * head_dim ...], part_ml[slot * 2 ...].
+__device__ __forceinline__ int64_t fa_part_slot(const fa_params& p, int kvh, int32_t part, int64_t r) {
+    return (int64_t(kvh) * p.n_parts + part) * p.part_rows + r;
+}
+
 __device__ __forceinline__ int pow2_exponent(float a) {
     if (!(a > 0.0f) || isinf(a)) return 0;
     int e;
@@ -438,15 +446,16 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
 
     __syncwarp();
     if (sg.n_split > 1) { // a share of the positions: O as it is, with the row's max and sum
-        const int64_t base = (int64_t(kvh) * p.n_parts + sg.part0 + split) * p.part_rows;
         if (my_half == 0 && my_pos >= 0) {
-            p.part_ml[(base + my_r) * 2] = m;
-            p.part_ml[(base + my_r) * 2 + 1] = l;
+            const int64_t at = fa_part_slot(p, kvh, sg.part0 + split, my_r);
+            p.part_ml[at * 2] = m;
+            p.part_ml[at * 2 + 1] = l;
         }
         for (int rr = 0; rr < 16; ++rr) {
             const int r = warp * 16 + rr;
             if (pos[r] < 0) continue; // warp-uniform
-            for (int i = lane; i < hd; i += 32) p.part_o[(base + r) * hd + i] = o[r * L.ldo + i];
+            const int64_t at = fa_part_slot(p, kvh, sg.part0 + split, r);
+            for (int i = lane; i < hd; i += 32) p.part_o[at * hd + i] = o[r * L.ldo + i];
         }
         return;
     }
@@ -469,12 +478,12 @@ __global__ void fa_combine_kernel(const __grid_constant__ fa_params p) {
     const int kvh = int(blockIdx.y), hd = p.g.head_dim;
     const int64_t n_rows = int64_t(sg.n_tok) * p.n_gqa;
     for (int64_t r = 0; r < n_rows; ++r) {
+        auto slot = [&](int s) { return fa_part_slot(p, kvh, sg.part0 + s, r); };
         float big = -INFINITY;
-        for (int s = 0; s < sg.n_split; ++s)
-            big = fmaxf(big, p.part_ml[((int64_t(kvh) * p.n_parts + sg.part0 + s) * p.part_rows + r) * 2]);
+        for (int s = 0; s < sg.n_split; ++s) big = fmaxf(big, p.part_ml[slot(s) * 2]);
         float den = 0.0f;
         for (int s = 0; s < sg.n_split; ++s) {
-            const float* ml = p.part_ml + ((int64_t(kvh) * p.n_parts + sg.part0 + s) * p.part_rows + r) * 2;
+            const float* ml = p.part_ml + slot(s) * 2;
             if (ml[0] != -INFINITY) den += ml[1] * expf(ml[0] - big);
         }
         const int64_t t = r / p.n_gqa;
@@ -483,7 +492,7 @@ __global__ void fa_combine_kernel(const __grid_constant__ fa_params p) {
         for (int i = int(threadIdx.x); i < hd; i += int(blockDim.x)) {
             float num = 0.0f;
             for (int s = 0; s < sg.n_split; ++s) {
-                const int64_t at = (int64_t(kvh) * p.n_parts + sg.part0 + s) * p.part_rows + r;
+                const int64_t at = slot(s);
                 const float ms = p.part_ml[at * 2];
                 if (ms != -INFINITY) num += p.part_o[at * hd + i] * expf(ms - big);
             }

@@ -52,15 +52,20 @@ struct dim3 {
     unsigned x, y, z;
 };
 
-// Switching between fibers: the fast switch of fiber.cpp (callee-saved registers and the stack
-// pointer, no system call), or ucontext under AddressSanitizer, which knows that one.
+// TANDEM_EMU_ASAN: 1 under AddressSanitizer (suites may run less there: it is several times
+// slower). Switching between fibers: the fast switch of fiber.cpp (callee-saved registers and
+// the stack pointer, no system call), or ucontext under ASan, which knows that one.
 #if defined(__SANITIZE_ADDRESS__)
-#define TANDEM_EMU_UCONTEXT 1
+#define TANDEM_EMU_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define TANDEM_EMU_UCONTEXT 1
+#define TANDEM_EMU_ASAN 1
 #endif
 #endif
+#ifndef TANDEM_EMU_ASAN
+#define TANDEM_EMU_ASAN 0
+#endif
+#define TANDEM_EMU_UCONTEXT TANDEM_EMU_ASAN
 #if !TANDEM_EMU_UCONTEXT
 // Saves the callee-saved registers on the current stack, stores its pointer in *save, and
 // continues on the stack `load` (saved the same way, or made by fiber_stack_init).
