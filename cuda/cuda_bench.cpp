@@ -186,11 +186,11 @@ int main(int argc, char** argv) {
         std::mt19937 rng(7);
         for (auto& t : toks) t = token_id(3 + rng() % uint32_t(cfg.n_vocab - 3));
         std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
-        const batch_seq bs{toks, 0, seq.block_table()};
+        const batch bs = one_sequence(toks, 0, seq.block_table());
         std::vector<double> fwd;
         cuda::forward_stats last{};
         for (int i = 0; i < 4; ++i) { // the first is a warm-up (plans, pools)
-            r->forward(std::span(&bs, 1), kv, logits.data());
+            r->forward(bs, kv, logits.data());
             if (i > 0) fwd.push_back(cuda::stats_of(*r)->forward_s);
             last = *cuda::stats_of(*r);
         }

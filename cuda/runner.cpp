@@ -55,7 +55,7 @@ public:
                            opts_.keep_pages ? ", KV pages kept on the device" : "");
     }
 
-    void forward(std::span<const batch_seq> batch, kv_cache& kv, float* logits) override;
+    void forward(const batch& b, kv_cache& kv, float* logits) override;
 
     const cuda::forward_stats& stats() const { return stats_; }
 
@@ -67,10 +67,9 @@ private:
         return m;
     }
 
-    void place_pages(std::span<const batch_seq> batch, const kv_cache& kv);
+    void place_pages(const batch& b, const kv_cache& kv);
     // The forward once place_pages has planned the batch's pages.
-    void forward_placed(std::span<const batch_seq> batch, kv_cache& kv, float* logits,
-                        std::chrono::steady_clock::time_point t_start);
+    void forward_placed(const batch& b, kv_cache& kv, float* logits, std::chrono::steady_clock::time_point t_start);
     int64_t copy_pages(std::span<const page_copy> copies, kv_cache& kv, bool to_device);
 
     model_config cfg_;
@@ -82,7 +81,7 @@ private:
     cuda::forward_stats stats_;
 
     // host staging for one batch
-    std::vector<int32_t> h_tokens_, h_pos_, h_rows_;
+    std::vector<int32_t> h_rows_;        // the tokens whose logits are wanted
     std::vector<cuda::attn_seg> h_segs_; // each sequence's rows, positions and table, for attention
     // device scratch
     grow_buffer tokens_, pos_, tables_, rows_;
@@ -108,7 +107,7 @@ bool same_layout(const kv_layout& a, const kv_layout& b) {
 // than they hold; fills plan_. With keep_pages the device pages persist across forwards
 // (sized once from the pool and free memory), else they are scratch forgotten every forward
 // (sized to the largest batch so far, as before the mirror existed).
-void cuda_runner::place_pages(std::span<const batch_seq> batch, const kv_cache& kv) {
+void cuda_runner::place_pages(const batch& b, const kv_cache& kv) {
     const kv_layout& lay = kv.layout();
     const int64_t pb = lay.page_bytes();
     if (kv.base() != pool_base_ || kv.n_pages() != pool_pages_ || !same_layout(lay, pool_layout_)) {
@@ -120,7 +119,7 @@ void cuda_runner::place_pages(std::span<const batch_seq> batch, const kv_cache& 
         pages_.reset(0, kv.n_pages(), lay.page_size);
     }
     if (!opts_.keep_pages) pages_.forget();
-    if (pages_.prepare(batch, plan_)) return;
+    if (pages_.prepare(b, plan_)) return;
 
     // More pages than there are device pages: new ones, dropping what the old ones held
     // (the mirror has no pages until the allocation succeeds).
@@ -143,7 +142,7 @@ void cuda_runner::place_pages(std::span<const batch_seq> batch, const kv_cache& 
     // Zeroed, so padding and positions never written carry no stale bytes to the host pages.
     CUDA_CHECK(cudaMemsetAsync(mirror_.get(), 0, mirror_.bytes(), static_cast<cudaStream_t>(ctx_.stream())));
     pages_.reset(int32_t(cap), kv.n_pages(), lay.page_size);
-    const bool placed = pages_.prepare(batch, plan_);
+    const bool placed = pages_.prepare(b, plan_);
     TANDEM_ASSERT(placed, "{} device pages for a batch of {} pages", cap, plan_.n_pages);
 }
 
@@ -183,39 +182,34 @@ int64_t cuda_runner::copy_pages(std::span<const page_copy> copies, kv_cache& kv,
     return bytes;
 }
 
-void cuda_runner::forward(std::span<const batch_seq> batch, kv_cache& kv, float* logits) {
+void cuda_runner::forward(const batch& b, kv_cache& kv, float* logits) {
     const auto t_start = std::chrono::steady_clock::now();
     const kv_layout& lay = kv.layout();
     TANDEM_CHECK(lay.n_layer == cfg_.n_layer && lay.n_head_kv == cfg_.n_head_kv && lay.head_dim == cfg_.head_dim,
                  "KV pages of {} layers x {} heads x {} dims do not fit the model", lay.n_layer, lay.n_head_kv,
                  lay.head_dim);
-    // Host side: flat tokens and positions (the pages are checked by page_mirror::prepare).
-    h_tokens_.clear(); h_pos_.clear(); h_rows_.clear();
-    for (const auto& s : batch) {
-        TANDEM_ASSERT(!s.tokens.empty(), "a sequence in a batch needs at least one new token");
-        for (size_t i = 0; i < s.tokens.size(); ++i) {
-            TANDEM_CHECK(s.tokens[i] >= 0 && s.tokens[i] < cfg_.n_vocab,
-                         "token id {} is outside the vocabulary [0, {})", s.tokens[i], cfg_.n_vocab);
-            h_tokens_.push_back(s.tokens[i]);
-            h_pos_.push_back(s.n_past + int32_t(i));
-        }
-        h_rows_.push_back(int32_t(h_tokens_.size()) - 1);
+    // Host side: the tokens are checked here, the pages by page_mirror::prepare.
+    h_rows_.clear();
+    for (int32_t t = 0; t < b.n_tokens(); ++t) {
+        TANDEM_CHECK(b.tokens[size_t(t)] >= 0 && b.tokens[size_t(t)] < cfg_.n_vocab,
+                     "token id {} is outside the vocabulary [0, {})", b.tokens[size_t(t)], cfg_.n_vocab);
+        if (b.wants_logits[size_t(t)]) h_rows_.push_back(t);
     }
-    if (h_tokens_.empty()) return;
+    if (b.empty()) return;
     ctx_.make_current();
-    place_pages(batch, kv);
+    place_pages(b, kv);
     try {
-        forward_placed(batch, kv, logits, t_start);
+        forward_placed(b, kv, logits, t_start);
     } catch (...) {
         pages_.forget(); // what the device pages hold after a failure is unknown
         throw;
     }
 }
 
-void cuda_runner::forward_placed(std::span<const batch_seq> batch, kv_cache& kv, float* logits,
+void cuda_runner::forward_placed(const batch& b, kv_cache& kv, float* logits,
                                  std::chrono::steady_clock::time_point t_start) {
     const kv_layout& lay = kv.layout();
-    const int64_t n_tok = int64_t(h_tokens_.size()), n_seq = int64_t(batch.size());
+    const int64_t n_tok = b.n_tokens(), n_seq = b.n_seqs(), n_rows = b.n_logits();
     const int64_t e = cfg_.n_embd, n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff;
     const cuda::context& c = ctx_;
     uint8_t* mirror = mirror_.as<uint8_t>();
@@ -234,17 +228,14 @@ void cuda_runner::forward_placed(std::span<const batch_seq> batch, kv_cache& kv,
     int32_t* d_pos = pos_.get<int32_t>(c, size_t(n_tok));
     const int64_t n_slots = int64_t(plan_.tables.size());
     int32_t* d_tables = tables_.get<int32_t>(c, size_t(n_slots));
-    int32_t* d_rows = rows_.get<int32_t>(c, size_t(n_seq));
-    c.upload(d_tokens, h_tokens_.data(), size_t(n_tok) * 4);
-    c.upload(d_pos, h_pos_.data(), size_t(n_tok) * 4);
+    int32_t* d_rows = rows_.get<int32_t>(c, size_t(n_rows));
+    c.upload(d_tokens, b.tokens.data(), size_t(n_tok) * 4);
+    c.upload(d_pos, b.pos.data(), size_t(n_tok) * 4);
     c.upload(d_tables, plan_.tables.data(), size_t(n_slots) * 4);
-    c.upload(d_rows, h_rows_.data(), size_t(n_seq) * 4);
+    if (n_rows > 0) c.upload(d_rows, h_rows_.data(), size_t(n_rows) * 4);
     h_segs_.clear();
-    for (int64_t i = 0, t = 0; i < n_seq; ++i) {
-        const batch_seq& s = batch[size_t(i)];
-        h_segs_.push_back({t, int32_t(s.tokens.size()), s.n_past, slot0[size_t(i)]});
-        t += int64_t(s.tokens.size());
-    }
+    for (int32_t i = 0; i < n_seq; ++i)
+        h_segs_.push_back({b.tok_begin[size_t(i)], b.n_new(i), b.n_past(i), slot0[size_t(i)]});
 
     float* x = x_.get<float>(c, size_t(n_tok * e));
     float* q = q_.get<float>(c, size_t(n_tok * e));
@@ -299,23 +290,25 @@ void cuda_runner::forward_placed(std::span<const batch_seq> batch, kv_cache& kv,
         cuda::add(c, x, proj, n_tok * e);
     }
 
-    // Logits of each sequence's last token, as model.cpp computes them: the normed rows as two
-    // int8 terms (hi, then its rounding error), run as 2 * n_seq adjacent rows and summed.
+    // Logits of the tokens that want them, as model.cpp computes them: the normed rows as two
+    // int8 terms (hi, then its rounding error), run as 2 * n_rows adjacent rows and summed.
     const int64_t n_voc = cfg_.n_vocab;
-    float* last = last_.get<float>(c, size_t(n_seq * e));
-    float* xn = xn_.get<float>(c, size_t(n_seq * e));
-    float* d_logits = logits_.get<float>(c, size_t(2 * n_seq * n_voc));
-    cuda::gather_rows(c, last, x, d_rows, n_seq, e);
-    cuda::rms_norm(c, xn, last, w_.output_norm.f32(), n_seq, e, cfg_.rms_eps);
-    cuda::quantize_rows_split(c, xq, xs, xq + n_seq * e, xs + n_seq, xn, n_seq, e);
-    mm(d_logits, xq, xs, 2 * n_seq, w_.logits_weight(), nullptr);
-    cuda::add(c, d_logits, d_logits + n_seq * n_voc, n_seq * n_voc);
+    float* d_logits = logits_.get<float>(c, size_t(std::max<int64_t>(1, 2 * n_rows * n_voc)));
+    if (n_rows > 0) {
+        float* last = last_.get<float>(c, size_t(n_rows * e));
+        float* xn = xn_.get<float>(c, size_t(n_rows * e));
+        cuda::gather_rows(c, last, x, d_rows, n_rows, e);
+        cuda::rms_norm(c, xn, last, w_.output_norm.f32(), n_rows, e, cfg_.rms_eps);
+        cuda::quantize_rows_split(c, xq, xs, xq + n_rows * e, xs + n_rows, xn, n_rows, e);
+        mm(d_logits, xq, xs, 2 * n_rows, w_.logits_weight(), nullptr);
+        cuda::add(c, d_logits, d_logits + n_rows * n_voc, n_rows * n_voc);
+    }
 
     const auto st = static_cast<cudaStream_t>(c.stream());
     CUDA_CHECK(cudaEventRecord(ev_[0], st));
     stats_.handoff_bytes = copy_pages(plan_.writes, kv, false);
     CUDA_CHECK(cudaEventRecord(ev_[1], st));
-    c.download(logits, d_logits, size_t(n_seq * n_voc) * sizeof(float));
+    if (n_rows > 0) c.download(logits, d_logits, size_t(n_rows * n_voc) * sizeof(float));
     c.synchronize();
     pages_.commit(); // the new positions are in the device pages too
     float ms = 0;

@@ -271,9 +271,9 @@ int cmd_bench(const bench_opts& o) {
     for (int rep = 0; rep < 2; ++rep) {
         sequence_kv seq(kv);
         TANDEM_ASSERT(seq.reserve(seq_len));
-        batch_seq s{prompt, 0, seq.block_table()};
+        const batch s = one_sequence(prompt, 0, seq.block_table());
         const auto t0 = clock_type::now();
-        m.forward(ctx, std::span(&s, 1), kv, logits.data());
+        m.forward(ctx, s, kv, logits.data());
         prefill_s = since(t0);
     }
     const double prefill_tok_s = double(o.n_prompt) / prefill_s;
@@ -284,11 +284,11 @@ int cmd_bench(const bench_opts& o) {
     {
         sequence_kv seq(kv);
         TANDEM_ASSERT(seq.reserve(seq_len));
-        batch_seq s{prompt, 0, seq.block_table()};
+        const batch s = one_sequence(prompt, 0, seq.block_table());
         exec_ctx pctx = ctx;
         pctx.profile = &prof;
         const auto t0 = clock_type::now();
-        m.forward(pctx, std::span(&s, 1), kv, logits.data());
+        m.forward(pctx, s, kv, logits.data());
         prof_s = since(t0);
     }
     const std::vector<op_profile::entry> prefill_ops = sorted_ops(prof);
@@ -300,35 +300,34 @@ int cmd_bench(const bench_opts& o) {
     for (int nb : o.batches) {
         std::vector<std::unique_ptr<sequence_kv>> seqs;
         std::vector<std::vector<token_id>> toks;
-        std::vector<batch_seq> batch;
+        batch step_batch;
+        // Each sequence's next token at position pos (the step's tokens, one per sequence).
+        auto step = [&](int32_t pos) -> const batch& {
+            step_batch.clear();
+            for (int i = 0; i < nb; ++i)
+                step_batch.add_seq(uint64_t(i), pos, std::span(&toks[size_t(i)][size_t(pos)], 1),
+                                   seqs[size_t(i)]->block_table(), {}, pos);
+            return step_batch;
+        };
         for (int i = 0; i < nb; ++i) {
             seqs.push_back(std::make_unique<sequence_kv>(kv));
             TANDEM_ASSERT(seqs.back()->reserve(n_short + o.n_gen + 1));
             toks.push_back(random_tokens(n_short + o.n_gen + 1, n_vocab, uint32_t(100 + i)));
         }
         for (int i = 0; i < nb; ++i) { // prompts (not timed)
-            batch_seq s{std::span(toks[size_t(i)]).first(size_t(n_short)), 0, seqs[size_t(i)]->block_table()};
-            m.forward(ctx, std::span(&s, 1), kv, logits.data());
+            m.forward(ctx, one_sequence(std::span(toks[size_t(i)]).first(size_t(n_short)), 0, seqs[size_t(i)]->block_table()),
+                      kv, logits.data());
         }
         const auto t0 = clock_type::now();
-        for (int32_t step = 0; step < o.n_gen; ++step) {
-            batch.clear();
-            for (int i = 0; i < nb; ++i)
-                batch.push_back({std::span(&toks[size_t(i)][size_t(n_short + step)], 1), n_short + step,
-                                 seqs[size_t(i)]->block_table()});
-            m.forward(ctx, batch, kv, logits.data());
-        }
+        for (int32_t s = 0; s < o.n_gen; ++s) m.forward(ctx, step(n_short + s), kv, logits.data());
         batch_tok_s[nb] = double(nb) * double(o.n_gen) / since(t0);
         log->info("decode batch {}: {:.2f} tok/s aggregate", nb, batch_tok_s[nb]);
         if (nb == max_batch) { // one more step with each op timed (not in the figure above)
-            batch.clear();
-            for (int i = 0; i < nb; ++i)
-                batch.push_back({std::span(&toks[size_t(i)][size_t(n_short + o.n_gen)], 1), n_short + o.n_gen,
-                                 seqs[size_t(i)]->block_table()});
             exec_ctx pctx = ctx;
             pctx.profile = &decode_prof;
+            const auto& b = step(n_short + o.n_gen);
             const auto t1 = clock_type::now();
-            m.forward(pctx, batch, kv, logits.data());
+            m.forward(pctx, b, kv, logits.data());
             decode_prof_s = since(t1);
         }
     }

@@ -151,6 +151,7 @@ void server::load_engine(const config& cfg, model_state& ms) {
     eo.max_running = cfg.max_running;
     eo.max_waiting = cfg.max_waiting;
     eo.step_tokens = cfg.step_tokens;
+    eo.max_logits = std::max(1, cfg.max_running); // one row per decoding sequence: the channel's logits area
     eo.prefix_cache = cfg.prefix_cache;
     eo.priority_aging_s = cfg.priority_aging_s;
     // Default pool: max_running full contexts but at most 2 GiB, and never less than one
@@ -198,7 +199,7 @@ void server::load_engine(const config& cfg, model_state& ms) {
     base.page_size = cfg.page_size;
     base.n_pages = eo.n_pages;
     base.fingerprint = fp;
-    base.max_rows = std::max(1, eo.max_running);
+    base.max_rows = eo.max_logits;
     base.n_vocab = mc.n_vocab;
     base.log_level = cfg.log_level;
     base.timeout_s = cfg.worker_timeout_s;

@@ -61,27 +61,13 @@ public:
     uint64_t n_restarts() const override { return n_restarts_; }
     device_kv_bytes device_kv() const override { return {kv_upload_bytes_, kv_kept_bytes_}; }
 
-    void start(std::span<const planned_seq> batch) override {
+    void start(const batch& b) override {
         TANDEM_ASSERT(ready());
-        ipc::run_msg m;
-        m.batch_id = ++batch_id_;
-        int32_t row = 0;
-        rows_.assign(batch.size(), -1);
-        for (size_t i = 0; i < batch.size(); ++i) {
-            const auto& p = batch[i];
-            ipc::seq_work w;
-            w.seq_id = p.id;
-            w.n_past = p.n_past;
-            w.logits_row = p.wants_logits ? row : -1;
-            if (p.wants_logits) rows_[i] = row++;
-            w.tokens.assign(p.tokens.begin(), p.tokens.end());
-            w.block_table.assign(p.block_table.begin(), p.block_table.end());
-            w.generations.assign(p.generations.begin(), p.generations.end());
-            m.seqs.push_back(std::move(w));
-        }
-        TANDEM_ASSERT(row <= spec_.max_rows, "{} logits rows, the channel holds {}", row, spec_.max_rows);
+        TANDEM_ASSERT(b.n_logits() <= spec_.max_rows, "{} logits rows, the channel holds {}", b.n_logits(),
+                      spec_.max_rows);
+        n_rows_ = b.n_logits();
         buf_.clear();
-        ipc::encode(m, buf_);
+        ipc::encode_run(++batch_id_, b, buf_);
         in_flight_ = true;
         t_start_ = clock_type::now();
         if (!ch_->commands().push(uint32_t(ipc::msg_type::run), buf_)) {
@@ -134,9 +120,9 @@ public:
         return std::nullopt;
     }
 
-    std::span<const float> logits(size_t i) override {
-        TANDEM_ASSERT(i < rows_.size() && rows_[i] >= 0);
-        return {ch_->logits_row(rows_[i]), size_t(spec_.n_vocab)};
+    std::span<const float> logits(int32_t row) override {
+        TANDEM_ASSERT(row >= 0 && row < n_rows_);
+        return {ch_->logits_row(row), size_t(spec_.n_vocab)};
     }
 
     std::vector<int> wait_fds() override {
@@ -220,7 +206,7 @@ private:
     uint64_t batch_id_ = 0, n_restarts_ = 0;
     uint64_t kv_upload_bytes_ = 0, kv_kept_bytes_ = 0; // summed over ok batches, across restarts
     int n_early_deaths_ = 0;
-    std::vector<int32_t> rows_;                     // [batch] logits row of each entry, -1 none
+    int32_t n_rows_ = 0;                            // logits rows of the batch in flight
     std::vector<uint8_t> buf_, msg_;
     clock_type::time_point t_spawn_{}, t_hello_{}, t_start_{}, next_spawn_{};
 };
@@ -235,20 +221,9 @@ struct worker_args_parsed {
 
 // Checks a batch against the pool before any page is touched: the supervisor is trusted,
 // but a bug there must end as an error message, not as a write out of the segment.
-std::optional<std::string> check_batch(const ipc::run_msg& m, const worker_spec& s) {
-    if (m.seqs.empty()) return "empty batch";
-    for (const auto& w : m.seqs) {
-        if (w.tokens.empty() || w.n_past < 0) return fmt::format("sequence {}: no tokens", w.seq_id);
-        const int64_t end = int64_t(w.n_past) + int64_t(w.tokens.size());
-        if (int64_t(w.block_table.size()) * s.page_size < end)
-            return fmt::format("sequence {}: {} pages cannot hold {} positions", w.seq_id, w.block_table.size(), end);
-        for (int32_t p : w.block_table)
-            if (p < 0 || p >= s.n_pages) return fmt::format("sequence {}: page {} out of range", w.seq_id, p);
-        for (int32_t t : w.tokens)
-            if (t < 0 || t >= s.n_vocab) return fmt::format("sequence {}: token {} out of range", w.seq_id, t);
-        if (w.logits_row < -1 || w.logits_row >= s.max_rows)
-            return fmt::format("sequence {}: logits row {} out of range", w.seq_id, w.logits_row);
-    }
+std::optional<std::string> check_batch(const batch& b, const worker_spec& s) {
+    if (auto bad = b.check(s.page_size, s.n_pages, s.n_vocab)) return bad;
+    if (b.n_logits() > s.max_rows) return fmt::format("{} logits rows, the channel holds {}", b.n_logits(), s.max_rows);
     return std::nullopt;
 }
 
@@ -303,10 +278,7 @@ int run_worker(const worker_args_parsed& a) {
     TANDEM_CHECK(ch->results().push(uint32_t(ipc::msg_type::hello), buf), "cannot post hello");
     ch->notify_supervisor();
 
-    const int32_t n_vocab = b.cfg.n_vocab;
     [[maybe_unused]] int32_t mirror_pages = 0; // device pages the CUDA runner holds (logged when it changes)
-    std::vector<float> logits;
-    std::vector<batch_seq> batch;
     for (;;) {
         const auto ready = ipc::wait_readable({ch->worker_wait_fd(), parent_fd}, 1000ms);
         if (std::find(ready.begin(), ready.end(), size_t(1)) != ready.end()) {
@@ -322,31 +294,14 @@ int run_worker(const worker_args_parsed& a) {
             TANDEM_CHECK(m.has_value(), "malformed batch command");
             ipc::done_msg d;
             d.batch_id = m->batch_id;
-            if (auto bad = check_batch(*m, s)) {
+            if (auto bad = check_batch(m->b, s)) {
                 d.ok = false;
                 d.error = "bad batch: " + *bad;
             } else {
-                batch.clear();
-                bool rows_in_order = true;
-                for (size_t i = 0; i < m->seqs.size(); ++i) {
-                    const auto& w = m->seqs[i];
-                    batch.push_back({w.tokens, w.n_past, w.block_table, w.generations});
-                    rows_in_order = rows_in_order && w.logits_row == int32_t(i);
-                }
                 const auto t0 = clock_type::now();
                 try {
-                    // A decode batch wants every row in order: the forward writes straight
-                    // into the shared logits area.
-                    if (rows_in_order && int32_t(batch.size()) <= s.max_rows) {
-                        run->forward(batch, kv, ch->logits_row(0));
-                    } else {
-                        logits.resize(batch.size() * size_t(n_vocab));
-                        run->forward(batch, kv, logits.data());
-                        for (size_t i = 0; i < m->seqs.size(); ++i)
-                            if (m->seqs[i].logits_row >= 0)
-                                std::memcpy(ch->logits_row(m->seqs[i].logits_row), &logits[i * size_t(n_vocab)],
-                                            size_t(n_vocab) * sizeof(float));
-                    }
+                    // The rows go straight into the shared logits area, in the batch's order.
+                    run->forward(m->b, kv, ch->logits_row(0));
                 } catch (const std::exception& e) {
                     d.ok = false;
                     d.error = e.what();

@@ -20,7 +20,7 @@ namespace tandem::ipc {
 namespace {
 
 constexpr uint64_t channel_magic = 0x4c544354444e4154ull; // "TANDCTL" + 'L'
-constexpr uint32_t channel_version = 3; // 2: run_msg carries page generations; 3: done_msg, device K/V bytes
+constexpr uint32_t channel_version = 4; // 2: run_msg carries page generations; 3: done_msg, device K/V bytes; 4: run_msg is a batch (per-token logits flags)
 constexpr int32_t max_rows_cap = 1 << 16;
 constexpr int32_t n_vocab_cap = 1 << 24;
 constexpr uint64_t logits_bytes_cap = uint64_t(1) << 34;

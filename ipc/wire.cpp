@@ -35,12 +35,18 @@ void put_string(std::vector<uint8_t>& out, const std::string& s) {
 
 // A count-prefixed array of 4-byte values.
 template <class T>
-void put_array(std::vector<uint8_t>& out, const std::vector<T>& v) {
+void put_span(std::vector<uint8_t>& out, std::span<const T> v) {
     static_assert(sizeof(T) == 4 && std::is_trivially_copyable_v<T>);
     put(out, uint32_t(v.size()));
     const size_t at = out.size();
     out.resize(at + v.size() * sizeof(T));
     if (!v.empty()) std::memcpy(out.data() + at, v.data(), v.size() * sizeof(T));
+}
+
+// A count-prefixed array of bytes.
+void put_bytes(std::vector<uint8_t>& out, std::span<const uint8_t> v) {
+    put(out, uint32_t(v.size()));
+    out.insert(out.end(), v.begin(), v.end());
 }
 
 // A cursor over the input; every get fails (and stays failed) rather than read past the end.
@@ -81,10 +87,10 @@ struct reader {
         return s;
     }
 
-    // A count-prefixed array of 4-byte values, at most `cap` of them.
+    // A count-prefixed array of 1- or 4-byte values, at most `cap` of them.
     template <class T>
     std::vector<T> get_array(uint32_t cap) {
-        static_assert(sizeof(T) == 4 && std::is_trivially_copyable_v<T>);
+        static_assert((sizeof(T) == 4 || sizeof(T) == 1) && std::is_trivially_copyable_v<T>);
         const uint32_t n = get<uint32_t>();
         // Checked against the bytes left before allocating: garbage cannot ask for gigabytes.
         if (!ok || n > cap || uint64_t(n) * sizeof(T) > left()) {
@@ -120,21 +126,24 @@ void encode(const hello_msg& m, std::vector<uint8_t>& out) {
     put_string(out, m.device);
 }
 
-void encode(const run_msg& m, std::vector<uint8_t>& out) {
-    TANDEM_ASSERT(m.seqs.size() <= max_seqs, "run_msg with {} sequences", m.seqs.size());
-    put(out, m.batch_id);
-    put(out, uint32_t(m.seqs.size()));
-    for (const seq_work& s : m.seqs) {
-        TANDEM_ASSERT(s.tokens.size() <= max_seq_tokens && s.block_table.size() <= max_blocks &&
-                          s.generations.size() == s.block_table.size(),
-                      "seq_work with {} tokens, {} blocks, {} generations", s.tokens.size(), s.block_table.size(),
-                      s.generations.size());
-        put(out, s.seq_id);
-        put(out, s.n_past);
-        put(out, s.logits_row);
-        put_array(out, s.tokens);
-        put_array(out, s.block_table);
-        put_array(out, s.generations);
+void encode(const run_msg& m, std::vector<uint8_t>& out) { encode_run(m.batch_id, m.b, out); }
+
+void encode_run(uint64_t batch_id, const batch& b, std::vector<uint8_t>& out) {
+    TANDEM_ASSERT(uint32_t(b.n_seqs()) <= max_seqs, "run_msg with {} sequences", b.n_seqs());
+    TANDEM_ASSERT(b.generations.size() == b.tables.size(), "a batch on the wire carries every page's generation");
+    put(out, batch_id);
+    put(out, uint32_t(b.n_seqs()));
+    for (int32_t i = 0; i < b.n_seqs(); ++i) {
+        const auto toks = b.seq_tokens(i);
+        const auto table = b.table(i);
+        TANDEM_ASSERT(toks.size() <= max_seq_tokens && table.size() <= max_blocks, "sequence with {} tokens, {} blocks",
+                      toks.size(), table.size());
+        put(out, b.seq_id[size_t(i)]);
+        put(out, b.n_past(i));
+        put_span(out, toks);
+        put_bytes(out, std::span(b.wants_logits).subspan(size_t(b.tok_begin[size_t(i)]), toks.size()));
+        put_span(out, table);
+        put_span(out, b.table_generations(i));
     }
 }
 
@@ -165,16 +174,18 @@ std::optional<run_msg> decode_run(std::span<const uint8_t> in) {
     const uint32_t n_seqs = r.get<uint32_t>();
     // Each sequence takes at least 28 bytes, so a count the input cannot hold fails here.
     if (!r.ok || n_seqs > max_seqs || uint64_t(n_seqs) * 28 > r.left()) return std::nullopt;
-    m.seqs.resize(n_seqs);
-    for (seq_work& s : m.seqs) {
-        s.seq_id = r.get<uint64_t>();
-        s.n_past = r.get<int32_t>();
-        s.logits_row = r.get<int32_t>();
-        s.tokens = r.get_i32s(max_seq_tokens, std::numeric_limits<int32_t>::min());
-        s.block_table = r.get_i32s(max_blocks, 0);
-        s.generations = r.get_array<uint32_t>(max_blocks);
-        if (!r.ok || s.n_past < 0 || s.logits_row < -1 || s.generations.size() != s.block_table.size())
+    for (uint32_t i = 0; i < n_seqs; ++i) {
+        const uint64_t id = r.get<uint64_t>();
+        const int32_t n_past = r.get<int32_t>();
+        const auto tokens = r.get_i32s(max_seq_tokens, std::numeric_limits<int32_t>::min());
+        const auto wants = r.get_array<uint8_t>(max_seq_tokens);
+        const auto table = r.get_i32s(max_blocks, no_page);
+        const auto gens = r.get_array<uint32_t>(max_blocks);
+        for (uint8_t w : wants) r.ok = r.ok && w <= 1;
+        if (!r.ok || n_past < 0 || int64_t(n_past) + int64_t(tokens.size()) > std::numeric_limits<int32_t>::max() ||
+            tokens.empty() || wants.size() != tokens.size() || gens.size() != table.size())
             return std::nullopt;
+        m.b.add_seq(id, n_past, tokens, table, gens, wants);
     }
     if (!r.finished()) return std::nullopt;
     return m;

@@ -1,6 +1,8 @@
 // Messages between the supervisor and its workers (payloads of the channel's rings).
 #pragma once
 
+#include "runtime/batch.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -23,22 +25,13 @@ struct hello_msg {
     std::string device;        // "cpu (avx512_vnni)", "cuda:0 NVIDIA H200", ...
 };
 
-// One sequence's share of a batch: the tokens to compute at positions n_past.., the pages
-// that hold positions 0..n_past+tokens (block table) with their generations (a worker that
-// keeps device copies of pages knows by them what it still holds: runtime/page_mirror.hpp),
-// and where its last token's logits go.
-struct seq_work {
-    uint64_t seq_id = 0;
-    int32_t n_past = 0;
-    int32_t logits_row = -1;   // -1: no logits wanted (a prefill chunk that is not the last)
-    std::vector<int32_t> tokens;
-    std::vector<int32_t> block_table;
-    std::vector<uint32_t> generations; // [block_table.size()] block_pool::generation of each page
-};
-
+// A batch to run (runtime/batch.hpp): per sequence its id, n_past, new tokens with their
+// wants-logits flags, block table and page generations (a worker that keeps device copies of
+// pages knows by them what it still holds: runtime/page_mirror.hpp). Logits rows go to the
+// channel's logits area in the batch's row order.
 struct run_msg {
     uint64_t batch_id = 0;
-    std::vector<seq_work> seqs;
+    batch b;
 };
 
 struct done_msg {
@@ -58,11 +51,13 @@ inline constexpr uint32_t wire_max_tokens = 1u << 24;    // tokens, and block-ta
 inline constexpr uint32_t wire_max_string = 64 * 1024;   // bytes of a string
 
 // Encoders append to `out`; decoders return nullopt on any malformed payload (short,
-// trailing bytes, negative or oversized counts, negative n_past or page numbers, a
-// logits_row below -1, generations not one per page, a bool not 0/1) and never read past
+// trailing bytes, negative or oversized counts, negative n_past, page numbers below no_page,
+// flags not one per token, generations not one per page, a bool not 0/1) and never read past
 // `in`. (The channel's version changes with the encoding: both ends are one build.)
 void encode(const hello_msg& m, std::vector<uint8_t>& out);
 void encode(const run_msg& m, std::vector<uint8_t>& out);
+// encode(run_msg{id, b}) without copying the batch.
+void encode_run(uint64_t batch_id, const batch& b, std::vector<uint8_t>& out);
 void encode(const done_msg& m, std::vector<uint8_t>& out);
 std::optional<hello_msg> decode_hello(std::span<const uint8_t> in);
 std::optional<run_msg> decode_run(std::span<const uint8_t> in);

@@ -86,6 +86,12 @@ uint32_t block_pool::generation(int32_t p) const {
     return gen_[size_t(p)];
 }
 
+void block_pool::renew(int32_t p) {
+    TANDEM_ASSERT(p >= 0 && p < n_pages() && ref_[size_t(p)] == 1 && !has_hash_[size_t(p)],
+                  "page {} renewed while shared or cached", p);
+    ++gen_[size_t(p)];
+}
+
 bool block_pool::set_hash(int32_t p, uint64_t hash) {
     TANDEM_ASSERT(p >= 0 && p < n_pages() && ref_[size_t(p)] > 0, "set_hash of page {}", p);
     if (has_hash_[size_t(p)]) return hash_[size_t(p)] == hash;

@@ -43,6 +43,9 @@ public:
     // sharing a cached prefix (add_ref), release, set_hash and drop_hash keep it. Within one
     // generation positions are only appended, never rewritten. Starts at 0; wraps at 2^32.
     uint32_t generation(int32_t page) const;
+    // A new generation for a page whose positions its one owner will rewrite (rejected
+    // drafts): it must be referenced once and have no hash.
+    void renew(int32_t page);
 
     // Prefix cache. A page gets a hash once it is full and its K/V are computed; the hash
     // keys the page's whole token prefix (see prefix_hash). If another page already has

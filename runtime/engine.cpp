@@ -31,7 +31,10 @@ using clock_type = std::chrono::steady_clock;
 engine_options resolve(engine_options o, const model_config& c) {
     if (o.n_ctx <= 0 || o.n_ctx > c.n_ctx_train) o.n_ctx = c.n_ctx_train;
     o.max_running = std::max(1, o.max_running);
-    o.step_tokens = std::max(o.step_tokens, o.max_running + 1);
+    o.decode_tokens = std::max(1, o.decode_tokens);
+    o.step_tokens = std::max(o.step_tokens, o.max_running * o.decode_tokens + 1);
+    if (o.max_logits <= 0) o.max_logits = o.max_running * o.decode_tokens;
+    o.max_logits = std::max(o.max_logits, o.decode_tokens); // any one decode step fits
     const int32_t pages_per_ctx = (o.n_ctx + o.page_size - 1) / o.page_size;
     if (o.n_pages <= 0) o.n_pages = pages_per_ctx * o.max_running;
     o.n_pages = std::max(o.n_pages, pages_per_ctx);
@@ -48,6 +51,7 @@ struct request_state {
     int32_t n_generated = 0;
     int32_t max_tokens = 0;           // after cutting to the context
     int32_t n_failures = 0;           // batches lost with it to a crashed worker
+    token_id final_token = -1;        // the EOS that ended it
     bool cancel_pending = false;      // cancelled while a batch ran it
     sampler smp;
     stream_decoder dec;
@@ -69,6 +73,8 @@ public:
         so.n_pages = opts_.n_pages;
         so.max_running = opts_.max_running;
         so.step_tokens = opts_.step_tokens;
+        so.decode_tokens = opts_.decode_tokens;
+        so.max_logits = opts_.max_logits;
         so.prefix_cache = opts_.prefix_cache;
         so.prefix_seed = opts_.prefix_seed;
         so.priority_aging_s = opts_.priority_aging_s;
@@ -152,6 +158,7 @@ private:
 
     void loop() {
         std::vector<bool> started(parts_.executors.size(), false);
+        planned_.assign(parts_.executors.size(), nullptr);
         for (;;) {
             std::unordered_set<uint64_t> cancels;
             bool stopping = false;
@@ -189,9 +196,10 @@ private:
             for (size_t i = 0; i < parts_.executors.size(); ++i) {
                 executor& ex = *parts_.executors[i];
                 if (!started[i] && ex.ready()) {
-                    auto batch = sched_->plan(int(i), ex.kind());
-                    if (!batch.empty()) {
-                        ex.start(batch);
+                    const batch& b = sched_->plan(int(i), ex.kind());
+                    if (!b.empty()) {
+                        ex.start(b);
+                        planned_[i] = &b;
                         started[i] = true;
                         ++n_steps_;
                         if (ex.wait_fds().empty()) sync_result = true;
@@ -274,15 +282,18 @@ private:
             return;
         }
         const std::vector<uint64_t> due = sched_->complete(slot, true);
-        std::unordered_map<uint64_t, size_t> index;
-        for (size_t i = 0; i < members.size(); ++i) index.emplace(members[i], i);
+        const batch& b = *planned_[size_t(slot)];
+        std::unordered_map<uint64_t, int32_t> index;
+        for (int32_t i = 0; i < b.n_seqs(); ++i) index.emplace(b.seq_id[size_t(i)], i);
         for (uint64_t id : members) {
             auto it = reqs_.find(id);
             if (it != reqs_.end() && it->second->cancel_pending) finish(id, "cancelled");
         }
         for (uint64_t id : due) {
             if (!reqs_.contains(id)) continue;
-            sample_next(*reqs_.at(id), parts_.executors[size_t(slot)]->logits(index.at(id)));
+            // the row of the sequence's last token
+            const int32_t row = b.logits_begin[size_t(index.at(id)) + 1] - 1;
+            sample_next(*reqs_.at(id), parts_.executors[size_t(slot)]->logits(row));
         }
     }
 
@@ -300,6 +311,7 @@ private:
         ++n_generated_tokens_;
         ++s.n_generated;
         if (!s.req.ignore_eos && tok_.is_eog(id)) {
+            s.final_token = id;
             finish(s.id, "stop");
             return;
         }
@@ -332,6 +344,7 @@ private:
         ev.error = std::move(error);
         ev.n_prompt = s.n_prompt;
         ev.n_generated = s.n_generated;
+        ev.final_token = s.final_token;
         ev.t = clock_type::now();
         ev.t_admitted = s.t_admitted;
         if (sched_->contains(id)) sched_->remove(id);
@@ -416,6 +429,7 @@ private:
     std::unordered_map<uint64_t, std::unique_ptr<request_state>> reqs_;
     std::vector<float> row_;                              // [n_vocab] logits being sampled
     std::vector<std::pair<engine_sink, engine_event>> done_;
+    std::vector<const batch*> planned_;                  // [executor] the batch it ran last
     uint64_t n_steps_ = 0, n_generated_tokens_ = 0;
     std::thread thread_;
 };
@@ -428,13 +442,11 @@ public:
     std::string name() const override { return "in-process " + runner_->device(); }
     work_kind kind() const override { return work_kind::both; }
     bool ready() override { return !result_; }
-    void start(std::span<const planned_seq> batch) override {
-        batch_.clear();
-        for (const auto& p : batch) batch_.push_back({p.tokens, p.n_past, p.block_table, p.generations});
-        logits_.resize(batch_.size() * size_t(n_vocab_));
+    void start(const batch& b) override {
+        logits_.resize(size_t(b.n_logits()) * size_t(n_vocab_));
         result_ = outcome{};
         try {
-            runner_->forward(batch_, kv_, logits_.data());
+            runner_->forward(b, kv_, logits_.data());
         } catch (const std::exception& e) { // a failed step ends its batch, not the daemon
             result_ = outcome{false, false, e.what()};
         }
@@ -444,8 +456,8 @@ public:
         result_.reset();
         return r;
     }
-    std::span<const float> logits(size_t i) override {
-        return std::span<const float>(logits_).subspan(i * size_t(n_vocab_), size_t(n_vocab_));
+    std::span<const float> logits(int32_t row) override {
+        return std::span<const float>(logits_).subspan(size_t(row) * size_t(n_vocab_), size_t(n_vocab_));
     }
     std::vector<int> wait_fds() override { return {}; }
 
@@ -453,8 +465,7 @@ private:
     std::unique_ptr<runner> runner_;
     kv_cache& kv_;
     int32_t n_vocab_;
-    std::vector<batch_seq> batch_;
-    std::vector<float> logits_;                           // [batch, n_vocab]
+    std::vector<float> logits_;                           // [n_logits, n_vocab]
     std::optional<outcome> result_;
 };
 
@@ -476,14 +487,13 @@ private:
 // The local engine owns its page pool, store and runner alongside the engine.
 class local_engine final : public engine {
 public:
-    local_engine(model& mdl, const tokenizer& tok, const engine_options& opts) {
+    local_engine(model& mdl, const tokenizer& tok, const engine_options& opts, std::unique_ptr<runner> r) {
         const auto& c = mdl.config();
         const engine_options o = resolve(opts, c);
         kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(o.page_size), o.n_pages);
         store_ = std::make_unique<local_store>(*kv_);
         engine_parts parts;
-        parts.executors.push_back(
-            std::make_unique<inproc_executor>(make_cpu_runner(mdl, std::max(1, o.n_threads)), *kv_, c.n_vocab));
+        parts.executors.push_back(std::make_unique<inproc_executor>(std::move(r), *kv_, c.n_vocab));
         parts.store = store_.get();
         impl_ = make_engine(c, tok, o, std::move(parts));
     }
@@ -507,7 +517,12 @@ std::unique_ptr<engine> make_engine(const model_config& cfg, const tokenizer& to
 }
 
 std::unique_ptr<engine> make_local_engine(model& mdl, const tokenizer& tok, const engine_options& opts) {
-    return std::make_unique<local_engine>(mdl, tok, opts);
+    return make_local_engine(mdl, tok, opts, make_cpu_runner(mdl, std::max(1, opts.n_threads)));
+}
+
+std::unique_ptr<engine> make_local_engine(model& mdl, const tokenizer& tok, const engine_options& opts,
+                                          std::unique_ptr<runner> r) {
+    return std::make_unique<local_engine>(mdl, tok, opts, std::move(r));
 }
 
 } // namespace tandem

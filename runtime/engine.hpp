@@ -19,6 +19,8 @@
 namespace tandem {
 
 class model;
+class runner;
+struct batch;
 
 using steady_time = std::chrono::steady_clock::time_point;
 
@@ -47,6 +49,7 @@ struct engine_event {
     std::string error;                // with "error": what went wrong, one line
     int32_t n_prompt = 0;
     int32_t n_generated = 0;          // sampled tokens, a final EOS included
+    token_id final_token = -1;        // the end-of-generation token that ended it (sent as no token event)
     steady_time t_admitted{};         // when the request joined the batch (zero if it never did)
 };
 
@@ -115,6 +118,8 @@ struct engine_options {
     int32_t max_running = 16;         // sequences in one batch
     int32_t max_waiting = 64;         // queued requests beyond a full batch; more are refused
     int32_t step_tokens = 512;        // token budget of one step (prefill is chunked to fit)
+    int32_t decode_tokens = 1;        // a sequence with at most this many tokens to compute is decode work
+    int32_t max_logits = 0;           // logits rows one step may return; 0: max_running * decode_tokens
     bool prefix_cache = true;         // reuse the K/V of full pages of earlier prompts
     uint64_t prefix_seed = 0;         // the model fingerprint (prefix hashes of other models never match)
     double priority_aging_s = 5;      // each this many seconds waited raises a request's priority by one
@@ -135,14 +140,14 @@ public:
     virtual work_kind kind() const = 0;
     // Alive and without a batch in flight.
     virtual bool ready() = 0;
-    // Starts running `batch` (its spans stay valid until the outcome is taken).
-    virtual void start(std::span<const planned_seq> batch) = 0;
+    // Starts running `b` (it stays valid until the outcome is taken).
+    virtual void start(const batch& b) = 0;
     // The outcome of the batch in flight once there is one (never blocks); also does the
     // executor's housekeeping (restarting a dead worker).
     virtual std::optional<outcome> poll() = 0;
-    // After an ok outcome: the logits row of batch entry i (one that wanted logits), valid
-    // until the next start().
-    virtual std::span<const float> logits(size_t i) = 0;
+    // After an ok outcome: logits row `row` of the batch (the row-th token that wanted
+    // logits), valid until the next start().
+    virtual std::span<const float> logits(int32_t row) = 0;
     // Fds that become readable when poll() has news; empty when poll() never waits.
     virtual std::vector<int> wait_fds() = 0;
     // Longest wait before poll() must be called again (a restart backoff, a start timeout).
@@ -179,5 +184,8 @@ std::unique_ptr<engine> make_engine(const model_config& cfg, const tokenizer& to
 // private page pool. Greedy outputs equal the solo outputs because every token's row is
 // computed the same way whatever else is in the batch.
 std::unique_ptr<engine> make_local_engine(model& mdl, const tokenizer& tok, const engine_options& opts);
+// The same on a given runner (make_runner: the caller's execution context).
+std::unique_ptr<engine> make_local_engine(model& mdl, const tokenizer& tok, const engine_options& opts,
+                                          std::unique_ptr<runner> r);
 
 } // namespace tandem

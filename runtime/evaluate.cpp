@@ -28,8 +28,9 @@ void for_each_window(const exec_ctx& ctx, model& m, std::span<const token_id> to
         logits.resize(win.size() * size_t(n_vocab));
         for (size_t b = 0; b < win.size(); b += size_t(p.n_batch)) {
             const size_t n = std::min(win.size() - b, size_t(p.n_batch));
-            batch_seq s{win.subspan(b, n), int32_t(b), seq.block_table()};
-            m.forward(ctx, std::span(&s, 1), kv, &logits[b * size_t(n_vocab)], /*all_logits=*/true);
+            batch step;
+            step.add_seq(0, int32_t(b), win.subspan(b, n), seq.block_table(), {}, 0); // logits for every token
+            m.forward(ctx, step, kv, &logits[b * size_t(n_vocab)]);
         }
         fn(logits.data(), win.subspan(1));
     }

@@ -2,14 +2,19 @@
 #include "runtime/generate.hpp"
 
 #include "cpu/thread_pool.hpp"
+#include "runtime/engine.hpp"
 #include "runtime/error.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/log.hpp"
+#include "runtime/runner.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <sys/mman.h>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <optional>
+#include <sys/mman.h>
 
 namespace tandem {
 namespace {
@@ -104,74 +109,72 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     r.prompt_tokens = std::move(prompt);
     const int32_t n_prompt = int32_t(r.prompt_tokens.size());
     TANDEM_CHECK(n_prompt > 0, "the prompt is empty");
-    const int32_t n_ctx = p.n_ctx > 0 ? p.n_ctx : c.n_ctx_train;
+    const int32_t n_ctx = p.n_ctx > 0 ? std::min(p.n_ctx, c.n_ctx_train) : c.n_ctx_train;
     TANDEM_CHECK(n_prompt < n_ctx, "the prompt has {} tokens but the context holds {}", n_prompt, n_ctx);
     const int32_t n_predict = p.n_predict < 0 ? n_ctx - n_prompt : std::min(p.n_predict, n_ctx - n_prompt);
-
-    // Enough pages for the whole run, so it can never stall half-way.
-    const int32_t n_total = n_prompt + std::max(n_predict, 1);
-    kv_cache kv(mdl.make_kv_layout(p.page_size), (n_total + p.page_size - 1) / p.page_size);
-    sequence_kv seq(kv);
-    TANDEM_ASSERT(seq.reserve(n_total));
-
-    sampler smp(p.sampling);
-    stream_decoder dec(tok);
-    stop_matcher stops(p.stop);
-    std::vector<float> logits(static_cast<size_t>(c.n_vocab));
-    std::vector<token_id> history = r.prompt_tokens;
-
-    bool cancelled = false;
-    auto emit = [&](const std::string& text) {
-        if (text.empty()) return;
-        r.text += text;
-        if (on_text && !on_text(text)) cancelled = true;
-    };
-
-    // prefill in chunks; the last chunk's logits give the first token
-    auto t0 = std::chrono::steady_clock::now();
-    for (int32_t done = 0; done < n_prompt;) {
-        const int32_t n = std::min(p.prefill_chunk, n_prompt - done);
-        batch_seq s{std::span(r.prompt_tokens).subspan(size_t(done), size_t(n)), done, seq.block_table()};
-        mdl.forward(ctx, std::span(&s, 1), kv, logits.data());
-        done += n;
-    }
-    r.prefill_s = seconds_since(t0);
-
     r.finish_reason = "length";
-    t0 = std::chrono::steady_clock::now();
-    for (int32_t i = 0; i < n_predict; ++i) {
-        if (i > 0) { // feed back the previous token
-            batch_seq s{std::span(&history.back(), 1), int32_t(history.size()) - 1, seq.block_table()};
-            mdl.forward(ctx, std::span(&s, 1), kv, logits.data());
-            ++r.n_decode_steps;
+    if (n_predict == 0) return r;
+
+    // The in-process engine with this one request: the daemon's decode loop, on the caller's
+    // execution context. One full context of pages, so it never stalls half-way.
+    engine_options eo;
+    eo.n_ctx = n_ctx;
+    eo.page_size = p.page_size;
+    eo.max_running = 1;
+    eo.max_waiting = 1;
+    eo.step_tokens = p.prefill_chunk;
+    eo.prefix_cache = false;
+    auto eng = make_local_engine(mdl, tok, eo, make_runner(mdl, ctx));
+    engine_request req;
+    req.prompt = r.prompt_tokens;
+    req.max_tokens = n_predict;
+    req.sampling = p.sampling;
+    req.stop = p.stop;
+    req.ignore_eos = p.ignore_eos;
+
+    // Events come on the engine thread; the caller's thread takes them (on_text runs here).
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<engine_event> events;
+    const auto t0 = std::chrono::steady_clock::now();
+    const submit_result sr = eng->submit(std::move(req), [&](engine_event&& ev) {
+        std::lock_guard lock(mu);
+        events.push_back(std::move(ev));
+        cv.notify_one();
+    });
+    TANDEM_CHECK(sr.status == submit_status::ok, "the engine refused the request");
+    bool cancelled = false;
+    std::optional<std::chrono::steady_clock::time_point> t_first; // the first token sampled
+    for (;;) {
+        engine_event ev;
+        {
+            std::unique_lock lock(mu);
+            cv.wait(lock, [&] { return !events.empty(); });
+            ev = std::move(events.front());
+            events.pop_front();
         }
-        const token_id id = smp.sample(logits, history);
-        if (id == sampler::none) { // every token was banned (logit_bias): nothing can follow
-            r.finish_reason = "stop";
-            break;
+        if (!ev.text.empty()) {
+            r.text += ev.text;
+            if (on_text && !cancelled && !on_text(ev.text)) {
+                cancelled = true;
+                eng->cancel(sr.id);
+            }
         }
-        r.tokens.push_back(id);
-        history.push_back(id);
-        if (!p.ignore_eos && tok.is_eog(id)) {
-            r.finish_reason = "stop";
-            break;
+        if (!ev.done) {
+            r.tokens.push_back(ev.id);
+            if (!t_first) t_first = ev.t;
+            continue;
         }
-        emit(stops.push(dec.push(id)));
-        if (stops.stopped()) {
-            r.finish_reason = "stop";
-            break;
-        }
-        if (cancelled) {
-            r.finish_reason = "cancelled";
-            break;
-        }
+        TANDEM_CHECK(ev.finish_reason != "error", "generation failed: {}", ev.error);
+        if (ev.final_token >= 0) r.tokens.push_back(ev.final_token);
+        r.finish_reason = ev.finish_reason;
+        if (!t_first) t_first = ev.t; // it ended at its first token
+        // Every token after the first took one decode step; the last one ended at the done event.
+        r.prefill_s = std::chrono::duration<double>(*t_first - t0).count();
+        r.decode_s = std::chrono::duration<double>(ev.t - *t_first).count();
+        r.n_decode_steps = std::max(0, int32_t(r.tokens.size()) - 1);
+        return r;
     }
-    r.decode_s = seconds_since(t0);
-    if (!stops.stopped()) {
-        emit(stops.push(dec.flush()));
-        if (!stops.stopped()) emit(stops.flush());
-    }
-    return r;
 }
 
 } // namespace tandem

@@ -1,5 +1,5 @@
-// Offline generation for one sequence: prompt prefill in chunks, then decode with sampling,
-// stop strings, EOS and a token limit, streaming complete UTF-8 text as it goes.
+// Loading a model for inference, stop strings, and offline generation of one sequence: the
+// in-process engine with one request, streaming complete UTF-8 text as it goes.
 #pragma once
 
 #include "runtime/model.hpp"
@@ -79,7 +79,9 @@ struct generate_result {
     double decode_tok_s() const { return decode_s > 0 ? double(n_decode_steps) / decode_s : 0; }
 };
 
-// on_text receives each piece of text as soon as it is complete; returning false cancels.
+// The engine's decode loop (make_local_engine) on `ctx`, with this one request. on_text
+// receives each piece of text as soon as it is complete, on the caller's thread; returning
+// false cancels. Throws tandem::error on a bad prompt or a failed step.
 generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, std::vector<token_id> prompt,
                          const generate_params& p,
                          const std::function<bool(std::string_view)>& on_text = {});

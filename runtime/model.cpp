@@ -26,35 +26,22 @@ void model::ensure_scratch(int64_t n_tok) {
     x_.resize(t * e); xn_.resize(t * e); q_.resize(t * e); attn_.resize(t * e); proj_.resize(2 * t * e);
     k_.resize(t * kv); v_.resize(t * kv);
     gate_.resize(t * ff); up_.resize(t * ff);
-    pos_.resize(t);
     xq_.resize(2 * t * std::max(e, ff)); // two terms for the down projection
     xs_.resize(2 * t);
 }
 
-void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_cache& kv, float* logits,
-                    bool all_logits) {
-    int64_t n_tok = 0;
-    for (const auto& s : batch) {
-        TANDEM_ASSERT(!s.tokens.empty(), "a sequence in a batch needs at least one new token");
-        n_tok += int64_t(s.tokens.size());
-    }
+void model::forward(const exec_ctx& ctx, const batch& b, kv_cache& kv, float* logits) {
+    const int64_t n_tok = b.n_tokens();
     if (n_tok == 0) return;
     ensure_scratch(n_tok);
     const int64_t e = cfg_.n_embd, n_kv = cfg_.n_embd_kv();
 
-    // embeddings and positions
-    {
-        int64_t t = 0;
-        for (const auto& s : batch) {
-            for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
-                const token_id id = s.tokens[i];
-                TANDEM_CHECK(id >= 0 && id < cfg_.n_vocab, "token id {} is outside the vocabulary [0, {})", id,
-                             cfg_.n_vocab);
-                w_.tok_embd.row_f32(id, &x_[size_t(t * e)]);
-                pos_[size_t(t)] = s.n_past + int32_t(i);
-            }
-        }
+    for (int64_t t = 0; t < n_tok; ++t) {
+        const token_id id = b.tokens[size_t(t)];
+        TANDEM_CHECK(id >= 0 && id < cfg_.n_vocab, "token id {} is outside the vocabulary [0, {})", id, cfg_.n_vocab);
+        w_.tok_embd.row_f32(id, &x_[size_t(t * e)]);
     }
+    const int32_t* pos = b.pos.data();
 
     const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
     const bool neox = cfg_.rope == rope_style::neox;
@@ -74,22 +61,21 @@ void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_ca
             ops::matmul(ctx, k_.data(), xn_.data(), n_tok, l.wk, &l.bk);
             ops::matmul(ctx, v_.data(), xn_.data(), n_tok, l.wv, &l.bv);
         }
-        ops::rope(ctx, q_.data(), pos_.data(), n_tok, cfg_.n_head, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
+        ops::rope(ctx, q_.data(), pos, n_tok, cfg_.n_head, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
                   cfg_.rope_freq_scale, neox);
-        ops::rope(ctx, k_.data(), pos_.data(), n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot,
+        ops::rope(ctx, k_.data(), pos, n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot,
                   cfg_.rope_freq_base, cfg_.rope_freq_scale, neox);
         // Sequences with one new token (decode) share one attention op; longer ones get their own.
-        int64_t t = 0;
         decode_.clear();
-        for (const auto& s : batch) {
-            const int64_t n = int64_t(s.tokens.size());
-            ops::kv_store(ctx, kv, il, s.block_table, s.n_past, &k_[size_t(t * n_kv)], &v_[size_t(t * n_kv)], n);
+        for (int32_t i = 0; i < b.n_seqs(); ++i) {
+            const int64_t t = b.tok_begin[size_t(i)], n = b.n_new(i);
+            const int32_t n_past = b.n_past(i);
+            ops::kv_store(ctx, kv, il, b.table(i), n_past, &k_[size_t(t * n_kv)], &v_[size_t(t * n_kv)], n);
             if (n == 1)
-                decode_.push_back({t, s.n_past, s.block_table});
+                decode_.push_back({t, n_past, b.table(i)});
             else
-                ops::attention(ctx, &attn_[size_t(t * e)], &q_[size_t(t * e)], n, s.n_past, cfg_.n_head, kv, il,
-                               s.block_table, scale);
-            t += n;
+                ops::attention(ctx, &attn_[size_t(t * e)], &q_[size_t(t * e)], n, n_past, cfg_.n_head, kv, il,
+                               b.table(i), scale);
         }
         if (!decode_.empty()) ops::attention_decode(ctx, attn_.data(), q_.data(), decode_, cfg_.n_head, kv, il, scale);
         if (i8) {
@@ -125,17 +111,15 @@ void model::forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_ca
     }
 
     // The output norm and vocab projection only for the rows whose logits are wanted.
+    const int64_t n_rows = b.n_logits();
+    if (n_rows == 0) return;
     const float* rows = x_.data();
-    int64_t n_rows = n_tok;
-    if (!all_logits) {
-        last_.resize(batch.size() * size_t(e));
-        int64_t t = 0;
-        for (size_t i = 0; i < batch.size(); ++i) {
-            t += int64_t(batch[i].tokens.size());
-            std::memcpy(&last_[i * size_t(e)], &x_[size_t((t - 1) * e)], size_t(e) * sizeof(float));
-        }
+    if (n_rows < n_tok) {
+        last_.resize(size_t(n_rows * e));
+        for (int64_t t = 0, r = 0; t < n_tok; ++t)
+            if (b.wants_logits[size_t(t)])
+                std::memcpy(&last_[size_t(r++ * e)], &x_[size_t(t * e)], size_t(e) * sizeof(float));
         rows = last_.data();
-        n_rows = int64_t(batch.size());
     }
     const weight& out_w = w_.logits_weight();
     if (out_w.is_i8()) {

@@ -1,6 +1,7 @@
 // The engine's forward pass: a Llama-family model built from ops over a paged KV cache.
 #pragma once
 
+#include "runtime/batch.hpp"
 #include "runtime/kv_cache.hpp"
 #include "runtime/model_config.hpp"
 #include "runtime/ops/attention.hpp"
@@ -12,17 +13,6 @@
 #include <vector>
 
 namespace tandem {
-
-// One sequence's share of a step: its new tokens, how many positions it already has in
-// the cache, and its pages (which must cover n_past + tokens.size() positions).
-struct batch_seq {
-    std::span<const token_id> tokens;
-    int32_t n_past = 0;
-    std::span<const int32_t> block_table;
-    // [block_table.size()] the pages' block_pool generations, or empty (unknown). Only a
-    // runner that keeps copies of pages between forwards reads them (runtime/page_mirror).
-    std::span<const uint32_t> generations;
-};
 
 class model {
 public:
@@ -38,10 +28,9 @@ public:
     void set_kv_type(kv_dtype kv) { kv_ = kv; }
 
     // Runs every new token of every sequence as one flat batch (matmuls over all tokens,
-    // attention per sequence) and writes the logits of each sequence's last token into
-    // logits [batch.size(), n_vocab], or of every token [n_tokens, n_vocab] when all_logits.
-    void forward(const exec_ctx& ctx, std::span<const batch_seq> batch, kv_cache& kv, float* logits,
-                 bool all_logits = false);
+    // attention per sequence) and writes the logits of each token that wants them into
+    // logits [b.n_logits(), n_vocab], in token order.
+    void forward(const exec_ctx& ctx, const batch& b, kv_cache& kv, float* logits);
 
 private:
     void ensure_scratch(int64_t n_tok);
@@ -57,10 +46,9 @@ private:
     std::vector<float> attn_;     // [n_tok, n_embd]
     std::vector<float> proj_;     // [2 * n_tok, n_embd] (the down projection's two terms)
     std::vector<float> gate_, up_;// [n_tok, n_ff]
-    std::vector<float> last_;     // [n_seq, n_embd] rows whose logits are wanted
+    std::vector<float> last_;     // [n_logits, n_embd] rows whose logits are wanted
     std::vector<int8_t> xq_;      // [2 * n_tok, max(n_embd, n_ff)] INT8 activations (W8A8 path; two terms for w_down)
     std::vector<float> xs_;       // [2 * n_tok] their per-token scales
-    std::vector<int32_t> pos_;    // [n_tok]
     std::vector<float> logits2_;  // [2 * n_rows, n_vocab] the INT8 logits' two terms
     std::vector<ops::decode_seq> decode_; // the batch's one-token sequences (one attention op for all)
 };

@@ -98,7 +98,7 @@ int32_t page_mirror::assign(int32_t page) {
     return d;
 }
 
-bool page_mirror::prepare(std::span<const batch_seq> batch, mirror_plan& plan) {
+bool page_mirror::prepare(const batch& b, mirror_plan& plan) {
     TANDEM_ASSERT(!prepared_, "prepare twice without commit or forget");
     const int32_t ps = page_size_;
     plan.tables.clear();
@@ -114,19 +114,20 @@ bool page_mirror::prepare(std::span<const batch_seq> batch, mirror_plan& plan) {
         for (const touched& t : touched_) index_[size_t(t.page)] = none;
     };
     try {
-        for (const batch_seq& s : batch) {
-            const int64_t n_past = s.n_past, n_end = n_past + int64_t(s.tokens.size());
+        for (int32_t i = 0; i < b.n_seqs(); ++i) {
+            const auto table = b.table(i);
+            const auto gens = b.table_generations(i);
+            const int64_t n_past = b.n_past(i), n_end = n_past + b.n_new(i);
             const int64_t n_pages = (n_end + ps - 1) / ps;
-            TANDEM_CHECK(n_past >= 0 && int64_t(s.block_table.size()) >= n_pages, "{} pages cannot hold {} positions",
-                         s.block_table.size(), n_end);
-            TANDEM_CHECK(s.generations.empty() || s.generations.size() == s.block_table.size(),
-                         "{} generations for {} pages", s.generations.size(), s.block_table.size());
+            TANDEM_CHECK(n_past >= 0 && int64_t(table.size()) >= n_pages, "{} pages cannot hold {} positions",
+                         table.size(), n_end);
             for (int64_t j = 0; j < n_pages; ++j) {
-                const int32_t page = s.block_table[size_t(j)];
+                const int32_t page = table[size_t(j)];
+                if (page == no_page && (j + 1) * ps <= n_past) continue; // not read again: nothing to hold
                 TANDEM_CHECK(page >= 0 && page < n_host_pages(), "page {} outside the pool of {}", page,
                              n_host_pages());
-                const bool known = !s.generations.empty();
-                const uint32_t gen = known ? s.generations[size_t(j)] : 0;
+                const bool known = !gens.empty();
+                const uint32_t gen = known ? gens[size_t(j)] : 0;
                 const int32_t need = int32_t(std::clamp<int64_t>(n_past - j * ps, 0, ps));
                 const int32_t w0 = int32_t(std::max(n_past, j * ps) - j * ps);
                 const int32_t w1 = int32_t(std::min(n_end, (j + 1) * ps) - j * ps);
@@ -197,16 +198,18 @@ bool page_mirror::prepare(std::span<const batch_seq> batch, mirror_plan& plan) {
     }
 
     // Pass 4: device block tables and the write-back of new positions.
-    for (const batch_seq& s : batch) {
+    for (int32_t i = 0; i < b.n_seqs(); ++i) {
+        const auto table = b.table(i);
         plan.table_begin.push_back(int32_t(plan.tables.size()));
-        const int64_t n_past = s.n_past, n_end = n_past + int64_t(s.tokens.size());
+        const int64_t n_past = b.n_past(i), n_end = n_past + b.n_new(i);
         const int64_t n_pages = (n_end + ps - 1) / ps;
-        for (int64_t j = 0; j < n_pages; ++j) plan.tables.push_back(slot_of_[size_t(s.block_table[size_t(j)])]);
+        for (int64_t j = 0; j < n_pages; ++j)
+            plan.tables.push_back(table[size_t(j)] == no_page ? no_page : slot_of_[size_t(table[size_t(j)])]);
         for (int64_t j = n_past / ps; j * ps < n_end; ++j) {
             const int32_t w0 = int32_t(std::max(n_past, j * ps) - j * ps);
             const int32_t w1 = int32_t(std::min(n_end, (j + 1) * ps) - j * ps);
             if (w0 >= w1) continue; // a sequence with nothing new
-            const int32_t host = s.block_table[size_t(j)];
+            const int32_t host = table[size_t(j)];
             add_copy(plan.writes, {host, slot_of_[size_t(host)], 1, w0 == 0 && w1 == ps, w0, w1});
         }
     }

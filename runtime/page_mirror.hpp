@@ -1,7 +1,7 @@
 // What a device keeps of the host KV pages between forwards, and which copies a batch needs.
 #pragma once
 
-#include "runtime/model.hpp"
+#include "runtime/batch.hpp"
 
 #include <cstdint>
 #include <span>
@@ -68,13 +68,13 @@ public:
     int32_t dev_page_of(int32_t host_page) const;
     int32_t valid_of(int32_t host_page) const;
 
-    // Maps every page the batch touches (positions below n_past + tokens.size() of each
-    // sequence) to a device page and fills `plan`. False, with nothing changed and
+    // Maps every page the batch touches (positions below each sequence's last new one;
+    // no_page entries of positions it does not write are skipped) to a device page and fills `plan`. False, with nothing changed and
     // plan.n_pages set, when the batch touches more pages than the capacity. Throws
     // tandem::error on a batch no pool owner sends (a page outside the pool, generations
     // that do not match the block table, two sequences writing one page, a page with two
     // generations). Until commit() or forget(), no other prepare.
-    bool prepare(std::span<const batch_seq> batch, mirror_plan& plan);
+    bool prepare(const batch& b, mirror_plan& plan);
     // The prepared forward succeeded: the positions it computed are valid on the device.
     void commit();
 

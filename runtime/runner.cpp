@@ -15,8 +15,8 @@ public:
     std::string device() const override {
         return fmt::format("cpu ({}, {} threads)", cpu::name_of(cpu::active_isa()), pool_.n_threads());
     }
-    void forward(std::span<const batch_seq> batch, kv_cache& kv, float* logits) override {
-        mdl_.forward(exec_ctx{backend::cpu, &pool_}, batch, kv, logits);
+    void forward(const batch& b, kv_cache& kv, float* logits) override {
+        mdl_.forward(exec_ctx{backend::cpu, &pool_}, b, kv, logits);
     }
 
 private:
@@ -24,7 +24,24 @@ private:
     cpu::thread_pool pool_;
 };
 
+// model::forward on the caller's context.
+class ctx_runner final : public runner {
+public:
+    ctx_runner(model& mdl, const exec_ctx& ctx) : mdl_(mdl), ctx_(ctx) {}
+    std::string device() const override { return std::string(name_of(ctx_.be)); }
+    void forward(const batch& b, kv_cache& kv, float* logits) override { mdl_.forward(ctx_, b, kv, logits); }
+
+private:
+    model& mdl_;
+    exec_ctx ctx_;
+};
+
 } // namespace
+
+std::unique_ptr<runner> make_runner(model& mdl, const exec_ctx& ctx) {
+    TANDEM_CHECK(ctx.be != backend::cuda, "a CUDA forward runs through make_cuda_runner");
+    return std::make_unique<ctx_runner>(mdl, ctx);
+}
 
 std::unique_ptr<runner> make_cpu_runner(model& mdl, int n_threads) {
     return std::make_unique<cpu_runner>(mdl, n_threads);

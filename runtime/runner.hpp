@@ -16,13 +16,16 @@ public:
     // "cpu (avx512_vnni, 2 threads)", "cuda:0 NVIDIA H200", ...
     virtual std::string device() const = 0;
     // model::forward's contract: every new token of every sequence as one batch; the K/V of
-    // positions n_past..n_past+n written into the pages of `kv` (host memory, possibly a
-    // view of the shared pool); logits [batch.size(), n_vocab] of each sequence's last token
-    // into `logits` (host memory). Throws tandem::error on a device failure.
-    virtual void forward(std::span<const batch_seq> batch, kv_cache& kv, float* logits) = 0;
+    // the new positions written into the pages of `kv` (host memory, possibly a view of the
+    // shared pool); logits [b.n_logits(), n_vocab] of the tokens that want them into `logits`
+    // (host memory). Throws tandem::error on a device failure.
+    virtual void forward(const batch& b, kv_cache& kv, float* logits) = 0;
 };
 
 // The CPU forward (model::forward on its own thread pool).
 std::unique_ptr<runner> make_cpu_runner(model& mdl, int n_threads);
+// model::forward on an execution context the caller owns (and keeps alive): any backend
+// with host memory (the reference, or the CPU on the caller's thread pool).
+std::unique_ptr<runner> make_runner(model& mdl, const exec_ctx& ctx);
 
 } // namespace tandem

@@ -4,6 +4,7 @@
 #include "runtime/error.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <unordered_map>
 
 namespace tandem {
@@ -18,6 +19,7 @@ struct scheduler::seq {
     std::vector<token_id> tokens;     // prompt + generated
     int32_t n_prompt = 0;
     int32_t n_computed = 0;           // positions whose K/V are in the pages
+    int32_t logits_from = std::numeric_limits<int32_t>::max(); // positions from which tokens want logits
     std::vector<int32_t> pages;       // block table
     std::vector<uint32_t> gens;       // [pages] their generations, filled when a batch takes it
     std::vector<uint64_t> hashes;     // prefix hashes of the leading full computed pages
@@ -73,13 +75,54 @@ void scheduler::remove(uint64_t id) {
 bool scheduler::contains(uint64_t id) const { return seqs_.contains(id); }
 bool scheduler::busy(uint64_t id) const { return get(id).busy >= 0; }
 
-void scheduler::append(uint64_t id, token_id t) {
+void scheduler::append(uint64_t id, token_id t) { append(id, std::span(&t, 1)); }
+
+void scheduler::append(uint64_t id, std::span<const token_id> t) {
     seq& s = get(id);
-    TANDEM_ASSERT(s.busy < 0 && s.n_computed == int32_t(s.tokens.size()));
-    s.tokens.push_back(t);
+    TANDEM_ASSERT(s.busy < 0, "sequence {} grows while a batch runs it", id);
+    s.tokens.insert(s.tokens.end(), t.begin(), t.end());
 }
 
+void scheduler::truncate(uint64_t id, int32_t n_tokens) {
+    seq& s = get(id);
+    TANDEM_ASSERT(s.busy < 0 && n_tokens >= 1 && n_tokens <= int32_t(s.tokens.size()), "truncate {} to {} of {}", id,
+                  n_tokens, s.tokens.size());
+    s.tokens.resize(size_t(n_tokens));
+    s.n_prompt = std::min(s.n_prompt, n_tokens);
+    if (!s.running) return; // waiting: it holds no pages
+    const int32_t ps = o_.page_size, old_computed = s.n_computed;
+    s.n_computed = std::min(s.n_computed, n_tokens);
+    while (int64_t(s.hashes.size()) * ps > s.n_computed) s.hashes.pop_back();
+    const int32_t keep = pages_for(n_tokens);
+    if (int32_t(s.pages.size()) > keep) {
+        std::vector<int32_t> rev(s.pages.rbegin(), s.pages.rend() - keep);
+        pool_.release(rev);
+        s.pages.resize(size_t(keep));
+    }
+    // Kept pages with positions from n_computed on that were computed will be rewritten: a
+    // private page gets new contents (a device copy of it is stale); a shared or cached one is
+    // copied when the rewrite is planned (writable).
+    for (int32_t j = s.n_computed / ps; j < int32_t(s.pages.size()) && j * ps < old_computed; ++j) {
+        const int32_t p = s.pages[size_t(j)];
+        if (pool_.ref_count(p) == 1 && !pool_.hash_of(p)) pool_.renew(p);
+    }
+}
+
+void scheduler::fork(uint64_t parent, uint64_t child) {
+    seq& p = get(parent);
+    TANDEM_ASSERT(p.running && p.busy < 0 && !seqs_.contains(child), "fork {} into {}", parent, child);
+    auto c = std::make_unique<seq>(p);
+    c->id = child;
+    for (int32_t page : c->pages) pool_.add_ref(page);
+    running_.push_back(c.get());
+    seqs_.emplace(child, std::move(c));
+}
+
+void scheduler::set_logits_from(uint64_t id, int32_t pos) { get(id).logits_from = std::max(pos, 0); }
+
 std::span<const token_id> scheduler::tokens(uint64_t id) const { return get(id).tokens; }
+
+int32_t scheduler::n_computed(uint64_t id) const { return get(id).n_computed; }
 
 int32_t scheduler::reused_tokens(uint64_t id) const { return get(id).reused; }
 
@@ -133,19 +176,10 @@ bool scheduler::try_admit(seq& s) {
     for (const seq* o : running_) n_promised += std::max(0, pages_for(int64_t(o->tokens.size())) - int32_t(o->pages.size()));
     if (n_new + n_revive + n_hold_src > pool_.n_free() - n_promised) return false;
 
-    for (int32_t j = 0; j < n_shared; ++j) pool_.add_ref(match[size_t(j)]);
-    if (cow) pool_.add_ref(cow_src); // keeps it from being evicted by the allocation below
-    auto fresh = pool_.allocate(cow ? 1 : 0);
-    TANDEM_ASSERT(fresh.has_value());
-    note_evicted();
-    if (cow) {
-        if (store_) store_->copy_page(cow_src, (*fresh)[0]);
-        const int32_t src[] = {cow_src};
-        pool_.release(src);
-    }
-    s.pages.assign(match.begin(), match.begin() + n_shared);
-    s.pages.insert(s.pages.end(), fresh->begin(), fresh->end());
+    for (int32_t j = 0; j < n_shared + cow; ++j) pool_.add_ref(match[size_t(j)]);
+    s.pages.assign(match.begin(), match.begin() + n_shared + cow);
     s.hashes.assign(hashes.begin(), hashes.begin() + n_shared);
+    if (cow) copy_on_write(s, n_shared); // the admission check counted its page
     s.n_computed = reuse;
     if (!s.admitted_once) {
         s.admitted_once = true;
@@ -192,9 +226,7 @@ void scheduler::preempt(seq& s) {
     ++n_preemptions_;
 }
 
-bool scheduler::grow(seq& s, int32_t n_tokens) {
-    const int32_t need = pages_for(n_tokens) - int32_t(s.pages.size());
-    if (need <= 0) return true;
+bool scheduler::make_room(seq& s, int32_t need) {
     const auto now = clock_type::now();
     while (pool_.n_free() < need) {
         // The victim is the lowest-priority, latest-arrived idle sequence, the requester
@@ -208,6 +240,35 @@ bool scheduler::grow(seq& s, int32_t n_tokens) {
         preempt(*victim);
         if (victim == &s) return false;
     }
+    return true;
+}
+
+void scheduler::copy_on_write(seq& s, int32_t j) {
+    const int32_t src = s.pages[size_t(j)];
+    auto fresh = pool_.allocate(1);
+    TANDEM_ASSERT(fresh.has_value());
+    note_evicted();
+    if (store_) store_->copy_page(src, (*fresh)[0]);
+    const int32_t old[] = {src};
+    pool_.release(old);
+    s.pages[size_t(j)] = (*fresh)[0];
+}
+
+bool scheduler::writable(seq& s, int32_t n_end) {
+    const int32_t ps = o_.page_size;
+    for (int32_t j = s.n_computed / ps; j < int32_t(s.pages.size()) && j * ps < n_end; ++j) {
+        const int32_t p = s.pages[size_t(j)];
+        if (pool_.ref_count(p) == 1 && !pool_.hash_of(p)) continue;
+        if (!make_room(s, 1)) return false;
+        copy_on_write(s, j);
+    }
+    return true;
+}
+
+bool scheduler::grow(seq& s, int32_t n_tokens) {
+    const int32_t need = pages_for(n_tokens) - int32_t(s.pages.size());
+    if (need <= 0) return true;
+    if (!make_room(s, need)) return false;
     auto fresh = pool_.allocate(need);
     TANDEM_ASSERT(fresh.has_value());
     note_evicted();
@@ -215,28 +276,40 @@ bool scheduler::grow(seq& s, int32_t n_tokens) {
     return true;
 }
 
-std::vector<planned_seq> scheduler::plan(int slot, work_kind kind) {
+const batch& scheduler::plan(int slot, work_kind kind) {
     TANDEM_ASSERT(slot >= 0);
-    if (size_t(slot) >= batches_.size()) batches_.resize(size_t(slot) + 1);
-    auto& batch = batches_[size_t(slot)];
-    TANDEM_ASSERT(batch.empty(), "slot {} already has a batch in flight", slot);
+    while (size_t(slot) >= batches_.size()) batches_.push_back(std::make_unique<slot_batch>());
+    slot_batch& sb = *batches_[size_t(slot)];
+    TANDEM_ASSERT(sb.seqs.empty(), "slot {} already has a batch in flight", slot);
+    sb.b.clear();
     const bool decode = (uint8_t(kind) & uint8_t(work_kind::decode)) != 0;
     const bool prefill = (uint8_t(kind) & uint8_t(work_kind::prefill)) != 0;
+    int32_t budget = o_.step_tokens;
+    int32_t rows_left = o_.max_logits > 0 ? o_.max_logits : std::numeric_limits<int32_t>::max();
+    // Logits rows of the next n tokens of s: those from logits_from on, and its last token.
+    auto rows = [](const seq& s, int32_t n) {
+        const int32_t n_tok = int32_t(s.tokens.size()), end = s.n_computed + n;
+        int32_t r = std::max(0, end - std::max(s.logits_from, s.n_computed));
+        if (end == n_tok && s.logits_from > n_tok - 1) ++r;
+        return r;
+    };
+    // Takes n tokens of s if its pages can be had (growing may preempt, which edits running_).
     auto take = [&](seq& s, int32_t n) {
+        if (!grow(s, s.n_computed + n) || !writable(s, s.n_computed + n)) return;
         s.busy = slot;
         s.n_inflight = n;
-        batch.push_back(&s);
+        sb.seqs.push_back(&s);
+        budget -= n;
+        rows_left -= rows(s, n);
     };
-    // Decodes first (one token each), then prefill chunks from the token budget. A copy of
-    // the running list: growing may preempt (which edits running_).
+    // Decodes first (a few tokens each, never split), then prefill chunks from the budget.
     const std::vector<seq*> order = running_;
-    int32_t budget = o_.step_tokens;
     if (decode) {
         for (seq* s : order) {
-            if (!s->running || s->busy >= 0 || int32_t(s->tokens.size()) - s->n_computed != 1) continue;
-            if (!grow(*s, s->n_computed + 1)) continue;
-            take(*s, 1);
-            --budget;
+            const int32_t pending = int32_t(s->tokens.size()) - s->n_computed;
+            if (!s->running || s->busy >= 0 || pending < 1 || pending > o_.decode_tokens) continue;
+            if (rows(*s, pending) > rows_left) continue;
+            take(*s, pending);
         }
     }
     if (prefill) {
@@ -244,30 +317,28 @@ std::vector<planned_seq> scheduler::plan(int slot, work_kind kind) {
             if (budget <= 0) break;
             if (!s->running || s->busy >= 0) continue;
             const int32_t pending = int32_t(s->tokens.size()) - s->n_computed;
-            if (pending <= 1) continue;
-            const int32_t n = std::min(pending, budget);
-            if (!grow(*s, s->n_computed + n)) continue;
+            if (pending <= o_.decode_tokens) continue;
+            int32_t n = std::min(pending, budget);
+            // A chunk asks for no more rows than are left (a scored prompt is chunked by them).
+            if (rows(*s, n) > rows_left) {
+                const int64_t first = std::max(s->logits_from, s->n_computed); // first position wanting a row
+                n = int32_t(std::min<int64_t>(n, first - s->n_computed + rows_left));
+                if (n == pending && rows(*s, n) > rows_left) --n; // its last token's row does not fit
+            }
+            if (n <= 0) continue;
             take(*s, n);
-            budget -= n;
         }
     }
-    std::vector<planned_seq> out;
-    out.reserve(batch.size());
-    for (seq* s : batch) {
-        planned_seq p;
-        p.id = s->id;
-        p.n_past = s->n_computed;
-        p.tokens = std::span(s->tokens).subspan(size_t(s->n_computed), size_t(s->n_inflight));
-        p.block_table = s->pages;
+    for (seq* s : sb.seqs) {
         // Stable until complete(): the pages of a busy sequence are referenced, so none is
         // allocated (or restored) again meanwhile.
         s->gens.resize(s->pages.size());
         for (size_t j = 0; j < s->pages.size(); ++j) s->gens[j] = pool_.generation(s->pages[j]);
-        p.generations = s->gens;
-        p.wants_logits = s->n_computed + s->n_inflight == int32_t(s->tokens.size());
-        out.push_back(p);
+        const int32_t last = int32_t(s->tokens.size()) - 1;
+        sb.b.add_seq(s->id, s->n_computed, std::span(s->tokens).subspan(size_t(s->n_computed), size_t(s->n_inflight)),
+                     s->pages, s->gens, std::min(s->logits_from, last));
     }
-    return out;
+    return sb.b;
 }
 
 void scheduler::publish_full_pages(seq& s) {
@@ -291,21 +362,21 @@ void scheduler::publish_full_pages(seq& s) {
 std::vector<uint64_t> scheduler::complete(int slot, bool ok) {
     TANDEM_ASSERT(slot >= 0 && size_t(slot) < batches_.size());
     std::vector<uint64_t> due;
-    for (seq* s : batches_[size_t(slot)]) {
+    for (seq* s : batches_[size_t(slot)]->seqs) {
         s->busy = -1;
         if (!ok) continue;
         s->n_computed += s->n_inflight;
         publish_full_pages(*s);
         if (s->n_computed == int32_t(s->tokens.size())) due.push_back(s->id);
     }
-    batches_[size_t(slot)].clear();
+    batches_[size_t(slot)]->seqs.clear();
     return due;
 }
 
 std::vector<uint64_t> scheduler::in_batch(int slot) const {
     std::vector<uint64_t> out;
     if (slot >= 0 && size_t(slot) < batches_.size())
-        for (const seq* s : batches_[size_t(slot)]) out.push_back(s->id);
+        for (const seq* s : batches_[size_t(slot)]->seqs) out.push_back(s->id);
     return out;
 }
 

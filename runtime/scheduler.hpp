@@ -2,6 +2,7 @@
 // KV page (prefix cache, admission, preemption). Pure bookkeeping, no compute, no threads.
 #pragma once
 
+#include "runtime/batch.hpp"
 #include "runtime/block_pool.hpp"
 #include "runtime/tokenizer.hpp"
 
@@ -19,6 +20,10 @@ struct scheduler_options {
     int32_t n_pages = 0;
     int32_t max_running = 16;         // sequences admitted at once (a decode batch at most)
     int32_t step_tokens = 512;        // token budget of one prefill batch (chunked prefill)
+    // A sequence with at most this many tokens to compute is decode work, one with more is
+    // prefill work (a decode step carries 1..decode_tokens tokens of a sequence: drafts).
+    int32_t decode_tokens = 1;
+    int32_t max_logits = 0;           // logits rows one batch may ask for; 0: no limit
     bool prefix_cache = true;
     uint64_t prefix_seed = 0;         // the model fingerprint: hashes of other models never match
     double priority_aging_s = 5;      // each this many seconds waited raises priority by one
@@ -35,16 +40,6 @@ public:
     virtual void cleared(int32_t page) = 0;
     // Copy-on-write of a cached page into a fresh one (before any batch uses `dst`).
     virtual void copy_page(int32_t src, int32_t dst) = 0;
-};
-
-// One sequence's share of a planned batch. The spans stay valid until the batch completes.
-struct planned_seq {
-    uint64_t id = 0;
-    int32_t n_past = 0;
-    std::span<const token_id> tokens;       // positions n_past .. n_past + tokens.size()
-    std::span<const int32_t> block_table;   // covers every position up to the last one
-    std::span<const uint32_t> generations;  // [block_table.size()] each page's block_pool generation
-    bool wants_logits = false;              // the batch reaches the end of its tokens
 };
 
 enum class work_kind : uint8_t { prefill = 1, decode = 2, both = 3 };
@@ -73,9 +68,23 @@ public:
     void remove(uint64_t id);
     bool contains(uint64_t id) const;
     bool busy(uint64_t id) const;
-    // The sampled token joins the sequence (it is computed by the next decode batch).
+    // Tokens join the sequence, computed or not (a sampled token, or drafts to verify); the
+    // next batches compute them.
     void append(uint64_t id, token_id t);
+    void append(uint64_t id, std::span<const token_id> t);
+    // Cuts the sequence to its first n_tokens tokens (>= 1; rejected drafts): positions from
+    // there are uncomputed again, pages past the end are released, and a page whose positions
+    // will be rewritten gets a new generation (or, when shared or cached, is copied first).
+    void truncate(uint64_t id, int32_t n_tokens);
+    // A new running sequence `child` with the tokens, computed positions and pages of running
+    // `parent` (pages shared: the first write to a shared page copies it). Neither may be
+    // busy; the child runs beyond max_running if it must (a request's group stays whole).
+    void fork(uint64_t parent, uint64_t child);
+    // Tokens at positions >= pos want logits when they are computed (drafts to verify, a
+    // prompt to score); the last token always does. Default: only the last.
+    void set_logits_from(uint64_t id, int32_t pos);
     std::span<const token_id> tokens(uint64_t id) const;
+    int32_t n_computed(uint64_t id) const;
 
     // Moves waiting sequences into the running set while there are batch slots and pages
     // for all their tokens (after prefix reuse). Strict order: a head that does not fit
@@ -83,11 +92,12 @@ public:
     void admit(std::chrono::steady_clock::time_point now);
 
     // Plans the next batch for an executor that runs `kind` work: decode work is a sequence
-    // with one token to compute, prefill work one with more (chunked to the token budget).
-    // Allocates pages for the new positions, preempting lower-priority idle sequences if
-    // the pool is short (freed, back to waiting, recomputed later). The planned sequences
-    // are busy until complete().
-    std::vector<planned_seq> plan(int slot, work_kind kind);
+    // with 1..decode_tokens tokens to compute, prefill work one with more (chunked to the
+    // token budget). Allocates pages for the new positions (copying shared ones they write),
+    // preempting lower-priority idle sequences if the pool is short (freed, back to waiting,
+    // recomputed later). The planned sequences are busy until complete(); the batch stays
+    // readable until the slot's next plan().
+    const batch& plan(int slot, work_kind kind);
     // The batch `slot` ran is done (ok) or lost (its positions are not computed; the
     // sequences are planned again). Returns the ids whose logits are now due (sample them).
     std::vector<uint64_t> complete(int slot, bool ok);
@@ -115,6 +125,9 @@ private:
     double effective_priority(const seq& s, std::chrono::steady_clock::time_point now) const;
     bool try_admit(seq& s);
     bool grow(seq& s, int32_t n_tokens);   // pages for n_tokens positions, preempting others
+    bool make_room(seq& s, int32_t n);     // n free pages, preempting others (false: s was preempted)
+    bool writable(seq& s, int32_t n_end);  // private pages for positions [n_computed, n_end)
+    void copy_on_write(seq& s, int32_t j); // page j of s becomes a private copy (a page is free)
     void preempt(seq& s);
     void free_pages(seq& s);
     void publish_full_pages(seq& s);
@@ -129,7 +142,11 @@ private:
     std::unordered_map<uint64_t, std::unique_ptr<seq>> seqs_;
     std::vector<seq*> waiting_;           // in arrival order
     std::vector<seq*> running_;           // in admission order
-    std::vector<std::vector<seq*>> batches_; // [slot] the batch in flight
+    struct slot_batch {
+        std::vector<seq*> seqs;
+        batch b;
+    };
+    std::vector<std::unique_ptr<slot_batch>> batches_; // [slot] the batch in flight (stable: plan returns it)
     std::vector<uint64_t> preempted_, admitted_;
     uint64_t n_preemptions_ = 0, n_hit_tokens_ = 0, n_prompt_tokens_ = 0;
     uint64_t arrivals_ = 0;

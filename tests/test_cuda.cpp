@@ -123,8 +123,9 @@ struct seq_driver {
         gens.clear();
         if (generations)
             for (int32_t p : seq.block_table()) gens.push_back(kv.pool().generation(p));
-        const batch_seq b{toks, n_past, seq.block_table(), gens};
-        r->forward(std::span(&b, 1), kv, logits.data());
+        batch b;
+        b.add_seq(0, n_past, toks, seq.block_table(), gens, n_past + int32_t(toks.size()) - 1);
+        r->forward(b, kv, logits.data());
         n_past += int32_t(toks.size());
         return token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
@@ -349,14 +350,15 @@ TEST_CASE("CUDA runner: a flat batch of sequences (prefill and decode) matches t
     const kv_layout lay = m.make_kv_layout(16);
     kv_cache kv_c(lay, 64), kv_g(lay, 64);
     std::vector<std::unique_ptr<sequence_kv>> sc, sg;
-    std::vector<batch_seq> bc, bg;
+    batch bc, bg;
     for (const auto& p : prompts) {
         sc.push_back(std::make_unique<sequence_kv>(kv_c));
         sg.push_back(std::make_unique<sequence_kv>(kv_g));
         REQUIRE(sc.back()->reserve(int32_t(p.size()) + 1));
         REQUIRE(sg.back()->reserve(int32_t(p.size()) + 1));
-        bc.push_back({p, 0, sc.back()->block_table()});
-        bg.push_back({p, 0, sg.back()->block_table()});
+        const int32_t last = int32_t(p.size()) - 1;
+        bc.add_seq(bc.seq_id.size(), 0, p, sc.back()->block_table(), {}, last);
+        bg.add_seq(bg.seq_id.size(), 0, p, sg.back()->block_table(), {}, last);
     }
     std::vector<float> lc(prompts.size() * size_t(n_vocab)), lg(lc.size());
     cpu->forward(bc, kv_c, lc.data());
@@ -368,10 +370,13 @@ TEST_CASE("CUDA runner: a flat batch of sequences (prefill and decode) matches t
         CHECK(std::max_element(c.begin(), c.end()) - c.begin() == std::max_element(g.begin(), g.end()) - g.begin());
     }
     std::vector<token_id> next(prompts.size());
+    bc.clear();
+    bg.clear();
     for (size_t i = 0; i < prompts.size(); ++i) {
         next[i] = token_id((i * 101 + 7) % size_t(n_vocab));
-        bc[i] = {std::span(&next[i], 1), int32_t(prompts[i].size()), sc[i]->block_table()};
-        bg[i] = {std::span(&next[i], 1), int32_t(prompts[i].size()), sg[i]->block_table()};
+        const int32_t pos = int32_t(prompts[i].size());
+        bc.add_seq(i, pos, std::span(&next[i], 1), sc[i]->block_table(), {}, pos);
+        bg.add_seq(i, pos, std::span(&next[i], 1), sg[i]->block_table(), {}, pos);
     }
     cpu->forward(bc, kv_c, lc.data());
     gpu->forward(bg, kv_g, lg.data());

@@ -651,40 +651,22 @@ TEST_CASE("ring: a corrupt shared header or record is detected, never read out o
 
 namespace {
 
+// Three sequences: every token of a wanting logits, none of b, one token of c (the last 41
+// bytes: id, n_past, one token, its flag, one page, its generation, with the four counts).
 ipc::run_msg sample_run() {
     ipc::run_msg m;
     m.batch_id = 0x0102030405060708ull;
-    ipc::seq_work a;
-    a.seq_id = 11;
-    a.n_past = 0;
-    a.logits_row = 0;
-    a.tokens = {1, 2, 3, 4, 5};
-    a.block_table = {7};
-    a.generations = {3};
-    ipc::seq_work b;
-    b.seq_id = 12;
-    b.n_past = 40;
-    b.logits_row = -1;
-    b.tokens = {-5, 9};
-    b.block_table = {0, 3, 8};
-    b.generations = {0, 0xffffffffu, 17}; // any value: a generation is compared, never used as a number
-    ipc::seq_work c; // nothing to compute: empty arrays
-    c.seq_id = ~0ull;
-    c.n_past = 3;
-    c.logits_row = 2;
-    m.seqs = {a, b, c};
+    const std::vector<token_id> ta{1, 2, 3, 4, 5}, tb{-5, 9}, tc{6};
+    const std::vector<int32_t> pa{7}, pb{0, 3, 8}, pc{5};
+    // any value: a generation is compared, never used as a number
+    const std::vector<uint32_t> ga{3}, gb{0, 0xffffffffu, 17}, gc{1};
+    m.b.add_seq(11, 0, ta, pa, ga, 0);
+    m.b.add_seq(12, 40, tb, pb, gb, 42);
+    m.b.add_seq(~0ull, 3, tc, pc, gc, 3);
     return m;
 }
 
-bool same(const ipc::seq_work& x, const ipc::seq_work& y) {
-    return x.seq_id == y.seq_id && x.n_past == y.n_past && x.logits_row == y.logits_row && x.tokens == y.tokens &&
-           x.block_table == y.block_table && x.generations == y.generations;
-}
-
-bool same(const ipc::run_msg& x, const ipc::run_msg& y) {
-    return x.batch_id == y.batch_id && x.seqs.size() == y.seqs.size() &&
-           std::equal(x.seqs.begin(), x.seqs.end(), y.seqs.begin(), [](auto& a, auto& b) { return same(a, b); });
-}
+bool same(const ipc::run_msg& x, const ipc::run_msg& y) { return x.batch_id == y.batch_id && x.b == y.b; }
 
 template <class T>
 std::vector<uint8_t> enc(const T& m) {
@@ -776,19 +758,26 @@ TEST_CASE("wire: every truncation fails, and so do trailing bytes") {
 }
 
 TEST_CASE("wire: counts over the caps and negative fields are refused") {
+    // One sequence of the run message: id, n_past, n tokens (and their flags), n_pages pages
+    // (and their generations).
+    auto put_seq = [](std::vector<uint8_t>& b, uint64_t id, uint32_t n, uint32_t n_pages) {
+        put_raw(b, id);
+        put_raw(b, int32_t(0));
+        put_raw(b, n);
+        b.resize(b.size() + size_t(n) * 4, 0);
+        put_raw(b, n);
+        b.resize(b.size() + size_t(n), 1);
+        put_raw(b, n_pages);
+        b.resize(b.size() + size_t(n_pages) * 4, 0);
+        put_raw(b, n_pages);
+        b.resize(b.size() + size_t(n_pages) * 4, 0xff);
+    };
     // n_seqs: the cap is accepted, one more is not (with the bytes present).
     for (uint32_t n : {ipc::wire_max_seqs, ipc::wire_max_seqs + 1}) {
         std::vector<uint8_t> b;
         put_raw(b, uint64_t(1));
         put_raw(b, n);
-        for (uint32_t i = 0; i < n; ++i) {
-            put_raw(b, uint64_t(i));
-            put_raw(b, int32_t(0));
-            put_raw(b, int32_t(-1));
-            put_raw(b, uint32_t(0)); // tokens
-            put_raw(b, uint32_t(0)); // block table
-            put_raw(b, uint32_t(0)); // generations
-        }
+        for (uint32_t i = 0; i < n; ++i) put_seq(b, i, 1, 0);
         CHECK(ipc::decode_run(b).has_value() == (n == ipc::wire_max_seqs));
     }
     // Tokens in one sequence.
@@ -796,13 +785,7 @@ TEST_CASE("wire: counts over the caps and negative fields are refused") {
         std::vector<uint8_t> b;
         put_raw(b, uint64_t(1));
         put_raw(b, uint32_t(1));
-        put_raw(b, uint64_t(0));
-        put_raw(b, int32_t(0));
-        put_raw(b, int32_t(-1));
-        put_raw(b, n);
-        b.resize(b.size() + size_t(n) * 4, 0);
-        put_raw(b, uint32_t(0));
-        put_raw(b, uint32_t(0));
+        put_seq(b, 0, n, 0);
         CHECK(ipc::decode_run(b).has_value() == (n == ipc::wire_max_tokens));
     }
     // Block-table entries with their generations, one per page.
@@ -810,14 +793,7 @@ TEST_CASE("wire: counts over the caps and negative fields are refused") {
         std::vector<uint8_t> b;
         put_raw(b, uint64_t(1));
         put_raw(b, uint32_t(1));
-        put_raw(b, uint64_t(0));
-        put_raw(b, int32_t(0));
-        put_raw(b, int32_t(-1));
-        put_raw(b, uint32_t(0));
-        put_raw(b, n);
-        b.resize(b.size() + size_t(n) * 4, 0);
-        put_raw(b, n);
-        b.resize(b.size() + size_t(n) * 4, 0xff);
+        put_seq(b, 0, 1, n);
         CHECK(ipc::decode_run(b).has_value() == (n == ipc::wire_max_tokens));
     }
     // A string one byte over the cap.
@@ -834,20 +810,31 @@ TEST_CASE("wire: counts over the caps and negative fields are refused") {
     }
     // Field values no sender makes.
     auto run = sample_run();
-    run.seqs[1].n_past = -1;
+    run.b.pos[size_t(run.b.tok_begin[1])] = -1; // n_past
     CHECK_FALSE(ipc::decode_run(enc(run)));
     run = sample_run();
-    run.seqs[0].logits_row = -2;
+    run.b.wants_logits[0] = 2;
     CHECK_FALSE(ipc::decode_run(enc(run)));
     run = sample_run();
-    run.seqs[1].block_table[1] = -3;
+    run.b.tables[size_t(run.b.table_begin[1]) + 1] = -3; // below no_page
     CHECK_FALSE(ipc::decode_run(enc(run)));
+    // A sequence with nothing to compute (the encoder is never given one: patch its count).
+    {
+        auto b = enc(sample_run());
+        const size_t c_tokens_at = b.size() - 41 + 12;
+        const uint32_t zero = 0;
+        std::memcpy(b.data() + c_tokens_at, &zero, 4); // no tokens
+        b.erase(b.begin() + std::ptrdiff_t(c_tokens_at + 4), b.begin() + std::ptrdiff_t(c_tokens_at + 8));
+        std::memcpy(b.data() + c_tokens_at + 4, &zero, 4); // and no flags
+        b.erase(b.begin() + std::ptrdiff_t(c_tokens_at + 8));
+        CHECK_FALSE(ipc::decode_run(b));
+    }
     // Generations not one per page (the encoder refuses to make these: patch the count).
     for (uint32_t n_gen : {2u, 4u, 0u}) {
         auto b = enc(sample_run());
-        // Sequence c (empty arrays) is the last 28 bytes; sequence b's 3 generations and their
-        // count come just before it.
-        const size_t c_begin = b.size() - 28, count_at = c_begin - 3 * 4 - 4;
+        // Sequence c is the last 41 bytes; sequence b's 3 generations and their count come
+        // just before it.
+        const size_t c_begin = b.size() - 41, count_at = c_begin - 3 * 4 - 4;
         uint32_t was = 0;
         std::memcpy(&was, b.data() + count_at, 4);
         REQUIRE(was == 3);
@@ -899,14 +886,16 @@ TEST_CASE("wire: random mutations never crash, and what decodes is within the ca
         }
         if (auto r = ipc::decode_run(b)) {
             ++decoded;
-            CHECK(r->seqs.size() <= ipc::wire_max_seqs);
-            for (const auto& s : r->seqs) {
-                CHECK(s.tokens.size() <= ipc::wire_max_tokens);
-                CHECK(s.block_table.size() <= ipc::wire_max_tokens);
-                CHECK(s.generations.size() == s.block_table.size());
-                CHECK(s.n_past >= 0);
-                CHECK(s.logits_row >= -1);
+            const batch& rb = r->b;
+            CHECK(uint32_t(rb.n_seqs()) <= ipc::wire_max_seqs);
+            CHECK(rb.generations.size() == rb.tables.size());
+            for (int32_t i = 0; i < rb.n_seqs(); ++i) {
+                CHECK(rb.n_new(i) >= 1);
+                CHECK(uint32_t(rb.n_new(i)) <= ipc::wire_max_tokens);
+                CHECK(rb.table(i).size() <= ipc::wire_max_tokens);
+                CHECK(rb.n_past(i) >= 0);
             }
+            for (uint8_t w : rb.wants_logits) CHECK(w <= 1);
         }
         if (auto m = ipc::decode_hello(b)) {
             ++decoded;
@@ -955,10 +944,11 @@ TEST_CASE("channel: a forked worker attaches by fd numbers, says hello, answers 
                 if (type != uint32_t(ipc::msg_type::run)) return 5;
                 auto run = ipc::decode_run(in);
                 if (!run) return 6;
-                for (const auto& s : run->seqs) {
-                    if (s.logits_row < 0) continue;
-                    float* row = w->logits_row(s.logits_row);
-                    for (int v = 0; v < 100; ++v) row[v] = float(s.seq_id) + float(v) / 1000.0f;
+                const batch& b = run->b;
+                for (int32_t t = 0, r = 0; t < b.n_tokens(); ++t) {
+                    if (!b.wants_logits[size_t(t)]) continue;
+                    float* row = w->logits_row(r++);
+                    for (int v = 0; v < 100; ++v) row[v] = float(b.seq_id[size_t(b.seq[size_t(t)])]) + float(v) / 1000.0f;
                 }
                 ipc::done_msg d;
                 d.batch_id = run->batch_id;
@@ -983,16 +973,14 @@ TEST_CASE("channel: a forked worker attaches by fd numbers, says hello, answers 
     CHECK(hello->pid == pid);
     CHECK(hello->device == "test");
 
+    // Rows: tokens 2 and 3 of sequence 100, then sequence 300's token; none of sequence 200.
     ipc::run_msg run;
     run.batch_id = 9;
-    run.seqs.resize(3);
-    run.seqs[0].seq_id = 100;
-    run.seqs[0].tokens = {1, 2, 3};
-    run.seqs[0].logits_row = 0;
-    run.seqs[1].seq_id = 200;
-    run.seqs[1].logits_row = -1;
-    run.seqs[2].seq_id = 300;
-    run.seqs[2].logits_row = 2;
+    const std::vector<token_id> t100{1, 2, 3}, t200{4}, t300{5};
+    run.b.add_seq(100, 0, t100, {}, {}, 1);
+    run.b.add_seq(200, 0, t200, {}, {}, 1);
+    run.b.add_seq(300, 0, t300, {}, {}, 0);
+    REQUIRE(run.b.n_logits() == 3);
     std::vector<uint8_t> out;
     ipc::encode(run, out);
     REQUIRE(sup->commands().push(uint32_t(ipc::msg_type::run), out));
@@ -1013,8 +1001,9 @@ TEST_CASE("channel: a forked worker attaches by fd numbers, says hello, answers 
     CHECK(done->ok);
     CHECK(sup->logits_row(0)[0] == 100.0f);
     CHECK(sup->logits_row(0)[99] == doctest::Approx(100.099));
+    CHECK(sup->logits_row(1)[5] == doctest::Approx(100.005));
     CHECK(sup->logits_row(2)[7] == doctest::Approx(300.007));
-    CHECK(sup->logits_row(1)[0] == 0.0f); // nobody wrote row 1
+    CHECK(sup->logits_row(3)[0] == 0.0f); // nobody wrote row 3
 
     REQUIRE(sup->commands().push(uint32_t(ipc::msg_type::shutdown), {}));
     sup->notify_worker();

@@ -79,22 +79,22 @@ void engine_matches_reference(const std::string& name, const std::string& path =
 
             // the whole sequence in one step, every position's logits
             std::vector<float> all(toks.size() * size_t(n_vocab));
-            batch_seq s{toks, 0, seq.block_table()};
-            m.forward(ctx, std::span(&s, 1), kv, all.data(), /*all_logits=*/true);
+            batch s;
+            s.add_seq(0, 0, toks, seq.block_table(), {}, 0);
+            m.forward(ctx, s, kv, all.data());
             for (size_t i = 0; i < toks.size(); ++i) check_close(&all[i * size_t(n_vocab)], want[i], what + " pos " + std::to_string(i));
 
             // chunked prefill (odd chunks) then one token at a time, over the same pages
             std::vector<float> last(static_cast<size_t>(n_vocab));
             int32_t done = 0;
             for (int32_t chunk : {7, 1, 13, 1, 1, 5}) {
-                batch_seq c{std::span(toks).subspan(size_t(done), size_t(chunk)), done, seq.block_table()};
-                m.forward(ctx, std::span(&c, 1), kv, last.data());
+                m.forward(ctx, one_sequence(std::span(toks).subspan(size_t(done), size_t(chunk)), done, seq.block_table()),
+                          kv, last.data());
                 done += chunk;
                 check_close(last.data(), want[size_t(done - 1)], what + " chunked to " + std::to_string(done));
             }
             while (done < int32_t(toks.size())) {
-                batch_seq c{std::span(&toks[size_t(done)], 1), done, seq.block_table()};
-                m.forward(ctx, std::span(&c, 1), kv, last.data());
+                m.forward(ctx, one_sequence(std::span(&toks[size_t(done)], 1), done, seq.block_table()), kv, last.data());
                 check_close(last.data(), want[size_t(done)], what + " decode at " + std::to_string(done));
                 ++done;
             }
@@ -144,27 +144,29 @@ TEST_CASE("a flat batch of sequences gives each sequence its solo logits") {
     const std::vector<std::vector<token_id>> prompts{random_tokens(20, n_vocab, 1), random_tokens(3, n_vocab, 2),
                                                      random_tokens(37, n_vocab, 3)};
     std::vector<std::unique_ptr<sequence_kv>> seqs;
-    std::vector<batch_seq> batch;
+    batch b;
     for (const auto& p : prompts) {
         seqs.push_back(std::make_unique<sequence_kv>(kv));
         REQUIRE(seqs.back()->reserve(int32_t(p.size()) + 1));
-        batch.push_back({p, 0, seqs.back()->block_table()});
+        b.add_seq(b.seq_id.size(), 0, p, seqs.back()->block_table(), {}, int32_t(p.size()) - 1);
     }
     std::vector<float> logits(prompts.size() * size_t(n_vocab));
-    m.forward(ctx, batch, kv, logits.data());
+    m.forward(ctx, b, kv, logits.data());
     for (size_t i = 0; i < prompts.size(); ++i) {
         const auto want = reference_logits(m, prompts[i]);
         check_close(&logits[i * size_t(n_vocab)], want.back(), "sequence " + std::to_string(i));
     }
     // a decode step of all three at once (one token each) also matches
     std::vector<std::vector<token_id>> next;
+    b.clear();
     for (size_t i = 0; i < prompts.size(); ++i) {
         auto ext = prompts[i];
         ext.push_back(token_id((i * 101 + 7) % size_t(n_vocab)));
         next.push_back(ext);
-        batch[i] = {std::span(&next[i].back(), 1), int32_t(prompts[i].size()), seqs[i]->block_table()};
+        const int32_t pos = int32_t(prompts[i].size());
+        b.add_seq(i, pos, std::span(&next[i].back(), 1), seqs[i]->block_table(), {}, pos);
     }
-    m.forward(ctx, batch, kv, logits.data());
+    m.forward(ctx, b, kv, logits.data());
     for (size_t i = 0; i < prompts.size(); ++i)
         check_close(&logits[i * size_t(n_vocab)], reference_logits(m, next[i]).back(), "decode " + std::to_string(i));
     // pages go back to the pool
@@ -259,8 +261,9 @@ TEST_CASE("default INT8 path tracks the F32 reference on stories260K") {
         sequence_kv seq(kv);
         REQUIRE(seq.reserve(int32_t(toks.size())));
         std::vector<float> all(toks.size() * size_t(n_vocab));
-        batch_seq s{toks, 0, seq.block_table()};
-        q.mdl->forward(exec_ctx{be, &pool}, std::span(&s, 1), kv, all.data(), true);
+        batch s;
+        s.add_seq(0, 0, toks, seq.block_table(), {}, 0);
+        q.mdl->forward(exec_ctx{be, &pool}, s, kv, all.data());
         int agree = 0;
         for (size_t i = 0; i < toks.size(); ++i) {
             const float* got = &all[i * size_t(n_vocab)];

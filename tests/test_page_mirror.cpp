@@ -46,7 +46,7 @@ public:
         std::set<int32_t> resident;      // after the batch is placed
     };
 
-    std::optional<result> prepare(std::span<const batch_seq> batch) {
+    std::optional<result> prepare(const batch& b) {
         struct need_of {
             uint32_t gen;
             bool known;
@@ -56,16 +56,18 @@ public:
         std::vector<int32_t> order; // first appearance
         std::map<int32_t, need_of> pages;
         result r;
-        for (const batch_seq& s : batch) {
-            const int32_t n_end = s.n_past + int32_t(s.tokens.size());
+        for (int32_t i = 0; i < b.n_seqs(); ++i) {
+            const int32_t n_past = b.n_past(i), n_end = n_past + b.n_new(i);
+            const auto table = b.table(i);
+            const auto gens = b.table_generations(i);
             for (int32_t pos = 0; pos < n_end; ++pos) {
-                const int32_t j = pos / ps_, slot = pos % ps_, page = s.block_table[size_t(j)];
-                const bool known = !s.generations.empty();
-                auto [it, fresh] = pages.try_emplace(page, need_of{known ? s.generations[size_t(j)] : 0, known});
+                const int32_t j = pos / ps_, slot = pos % ps_, page = table[size_t(j)];
+                const bool known = !gens.empty();
+                auto [it, fresh] = pages.try_emplace(page, need_of{known ? gens[size_t(j)] : 0, known});
                 if (fresh) order.push_back(page);
                 need_of& n = it->second;
                 n.known = n.known && known;
-                if (pos < s.n_past) {
+                if (pos < n_past) {
                     n.need = std::max(n.need, slot + 1);
                 } else {
                     if (n.w0 < 0) n.w0 = slot;
@@ -156,8 +158,17 @@ struct hand_seq {
     std::vector<int32_t> table;
     std::vector<uint32_t> gens;
     int32_t n_past = 0;
-    batch_seq view() const { return {tokens, n_past, table, gens}; }
 };
+
+// A batch of hand-built sequences (ids by their order).
+batch to_batch(const std::vector<hand_seq>& seqs) {
+    batch b;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        const hand_seq& s = seqs[i];
+        b.add_seq(i, s.n_past, s.tokens, s.table, s.gens, s.n_past + int32_t(s.tokens.size()) - 1);
+    }
+    return b;
+}
 
 hand_seq make_seq(std::vector<int32_t> table, std::vector<uint32_t> gens, int32_t n_past, int32_t n_new) {
     return {std::vector<token_id>(size_t(n_new), 1), std::move(table), std::move(gens), n_past};
@@ -173,7 +184,7 @@ TEST_CASE("page_mirror: decode steps upload only what the device lacks; another 
     // Positions 0..9 were computed elsewhere (a CPU prefill); the first decode step brings
     // them over: pages 2 and 3 whole in one copy, the partial page 5 whole too.
     hand_seq s = make_seq({2, 3, 5}, {1, 1, 1}, 10, 1);
-    std::vector<batch_seq> b{s.view()};
+    batch b = to_batch({s});
     REQUIRE(m.prepare(b, plan));
     REQUIRE(plan.uploads.size() == 2);
     CHECK((plan.uploads[0].host_page == 2 && plan.uploads[0].dev_page == 2 && plan.uploads[0].n_pages == 2 &&
@@ -192,13 +203,13 @@ TEST_CASE("page_mirror: decode steps upload only what the device lacks; another 
 
     // The next steps upload nothing: the device wrote those positions itself.
     s.n_past = 11;
-    b = {s.view()};
+    b = to_batch({s});
     REQUIRE(m.prepare(b, plan));
     CHECK(plan.uploads.empty());
     CHECK(plan.n_kept_slots == 11);
     m.commit();
     s = make_seq({2, 3, 5, 6}, {1, 1, 1, 1}, 12, 1); // a new page for position 12
-    b = {s.view()};
+    b = to_batch({s});
     REQUIRE(m.prepare(b, plan));
     CHECK(plan.uploads.empty());
     CHECK(plan.n_kept_slots == 12);
@@ -209,7 +220,7 @@ TEST_CASE("page_mirror: decode steps upload only what the device lacks; another 
 
     // Another worker computed positions 13..17: page 6 gets the range it lacks, page 7 (new) whole.
     s = make_seq({2, 3, 5, 6, 7}, {1, 1, 1, 1, 1}, 18, 1);
-    b = {s.view()};
+    b = to_batch({s});
     REQUIRE(m.prepare(b, plan));
     REQUIRE(plan.uploads.size() == 2);
     CHECK((plan.uploads[0].host_page == 6 && !plan.uploads[0].whole && plan.uploads[0].slot_begin == 1 &&
@@ -221,7 +232,7 @@ TEST_CASE("page_mirror: decode steps upload only what the device lacks; another 
 
     // Page 3 given new contents (another generation): whole again; the rest stays.
     s = make_seq({2, 3, 5, 6, 7}, {1, 2, 1, 1, 1}, 19, 1);
-    b = {s.view()};
+    b = to_batch({s});
     REQUIRE(m.prepare(b, plan));
     REQUIRE(plan.uploads.size() == 1);
     CHECK((plan.uploads[0].host_page == 3 && plan.uploads[0].whole));
@@ -233,7 +244,7 @@ TEST_CASE("page_mirror: decode steps upload only what the device lacks; another 
     s.table.push_back(4);
     s.n_past = 20;
     for (int rep = 0; rep < 2; ++rep) {
-        b = {s.view()};
+        b = to_batch({s});
         REQUIRE(m.prepare(b, plan));
         CHECK(plan.n_upload_slots == 20);
         CHECK(plan.n_kept_slots == 0);
@@ -245,7 +256,7 @@ TEST_CASE("page_mirror: sequences sharing prefix pages share their device pages,
     page_mirror m;
     m.reset(16, 16, 4);
     hand_seq a = make_seq({0, 1, 2}, {5, 5, 5}, 10, 1), c = make_seq({0, 1, 3}, {5, 5, 9}, 9, 1);
-    const std::vector<batch_seq> b{a.view(), c.view()};
+    const batch b = to_batch({a, c});
     mirror_plan plan;
     REQUIRE(m.prepare(b, plan));
     CHECK(plan.n_pages == 4);
@@ -267,7 +278,7 @@ TEST_CASE("page_mirror: fewer device pages than host pages: least recently used 
     mirror_plan plan;
     auto one = [&](int32_t page, uint32_t gen = 1) {
         hand_seq s = make_seq({page}, {gen}, 1, 1);
-        const std::vector<batch_seq> b{s.view()};
+        const batch b = to_batch({s});
         REQUIRE(m.prepare(b, plan));
         m.commit();
     };
@@ -285,7 +296,7 @@ TEST_CASE("page_mirror: fewer device pages than host pages: least recently used 
     // A batch of four pages does not fit: refused, nothing changed.
     {
         hand_seq s = make_seq({0, 2, 3, 5}, {1, 1, 1, 1}, 6, 1);
-        const std::vector<batch_seq> b{s.view()};
+        const batch b = to_batch({s});
         CHECK_FALSE(m.prepare(b, plan));
         CHECK(plan.n_pages == 4);
         CHECK((m.dev_page_of(4) == 0 && m.dev_page_of(9) == 1 && m.dev_page_of(1) == 2));
@@ -295,7 +306,7 @@ TEST_CASE("page_mirror: fewer device pages than host pages: least recently used 
     // 1 is the oldest, but it is in the batch, so 4 goes.
     {
         hand_seq s = make_seq({1, 9, 5}, {1, 1, 1}, 5, 1);
-        const std::vector<batch_seq> b{s.view()};
+        const batch b = to_batch({s});
         REQUIRE(m.prepare(b, plan));
         CHECK(m.dev_page_of(4) == -1);
         CHECK(m.dev_page_of(5) == 0);
@@ -306,7 +317,7 @@ TEST_CASE("page_mirror: fewer device pages than host pages: least recently used 
     // Within one batch, first appearance is oldest: after {6, 8, 0} the next page evicts 6.
     {
         hand_seq s = make_seq({6, 8, 0}, {1, 1, 1}, 5, 1);
-        const std::vector<batch_seq> b{s.view()};
+        const batch b = to_batch({s});
         REQUIRE(m.prepare(b, plan));
         m.commit();
         one(2);
@@ -321,24 +332,22 @@ TEST_CASE("page_mirror: batches no pool owner sends are errors that change nothi
     m.reset(4, 4, 2);
     mirror_plan plan;
     hand_seq good = make_seq({1, 2, 3}, {3, 3, 3}, 3, 1); // a table may be longer than the positions need
-    std::vector<batch_seq> b{good.view()};
+    batch b = to_batch({good});
     REQUIRE(m.prepare(b, plan));
     m.commit();
     auto bad = [&](std::vector<hand_seq> seqs) {
-        std::vector<batch_seq> v;
-        for (const auto& s : seqs) v.push_back(s.view());
-        CHECK_THROWS_AS(m.prepare(v, plan), error);
+        CHECK_THROWS_AS(m.prepare(to_batch(seqs), plan), error);
     };
     bad({make_seq({1, 2}, {3}, 3, 1)});                                     // a generation missing
     bad({make_seq({1, 4}, {3, 3}, 3, 1)});                                  // page outside the pool
     bad({make_seq({1}, {3}, 3, 1)});                                        // pages do not cover the positions
     bad({make_seq({1, 2}, {3, 3}, 3, 1), make_seq({0, 2}, {1, 3}, 2, 1)}); // two sequences write page 2
-    bad({make_seq({1, 2}, {3, 3}, 4, 0), make_seq({1}, {4}, 1, 0)});       // page 1 with two generations
+    bad({make_seq({1, 2}, {3, 3}, 3, 1), make_seq({1, 0}, {4, 1}, 2, 1)}); // page 1 with two generations
     // Nothing changed, nothing left marked: the next batch plans as if they never came.
     CHECK(m.valid_of(1) == 2);
     CHECK(m.valid_of(2) == 2);
     good.n_past = 4;
-    b = {good.view()};
+    b = to_batch({good});
     REQUIRE(m.prepare(b, plan));
     CHECK(plan.uploads.empty());
     CHECK(plan.n_kept_slots == 4);
@@ -351,13 +360,13 @@ TEST_CASE("page_mirror: after a failed forward everything is uploaded again") {
     m.reset(4, 4, 2);
     mirror_plan plan;
     hand_seq s = make_seq({0, 1}, {1, 1}, 3, 1);
-    std::vector<batch_seq> b{s.view()};
+    batch b = to_batch({s});
     REQUIRE(m.prepare(b, plan));
     m.commit();
     s.n_past = 4;
     s.table.push_back(2);
     s.gens.push_back(1);
-    b = {s.view()};
+    b = to_batch({s});
     REQUIRE(m.prepare(b, plan));
     CHECK(plan.n_upload_slots == 0);
     m.forget(); // the forward threw: its uploads may not have happened
@@ -392,22 +401,20 @@ struct host_pool final : page_store {
     void cleared(int32_t) override {}
     void copy_page(int32_t src, int32_t dst) override { kv[size_t(dst)] = kv[size_t(src)]; }
 
-    bool holds(const planned_seq& p, std::span<const uint64_t> want) const {
-        for (int32_t pos = 0; pos < p.n_past; ++pos)
-            if (kv[size_t(p.block_table[size_t(pos / ps)])][size_t(pos % ps)] != want[size_t(pos)]) return false;
+    // Sequence i of b finds its past in its pages.
+    bool holds(const batch& b, int32_t i, std::span<const uint64_t> want) const {
+        const auto table = b.table(i);
+        for (int32_t pos = 0; pos < b.n_past(i); ++pos)
+            if (kv[size_t(table[size_t(pos / ps)])][size_t(pos % ps)] != want[size_t(pos)]) return false;
         return true;
     }
     // A CPU worker: computes the new positions into the pages; one that crashes writes only
     // the first `limit`.
-    void run(const std::vector<planned_seq>& batch, const scheduler& s, size_t limit = SIZE_MAX) {
-        size_t n = 0;
-        for (const auto& p : batch) {
-            const auto want = kv_values(s.tokens(p.id));
-            for (size_t i = 0; i < p.tokens.size(); ++i, ++n) {
-                if (n >= limit) return;
-                const int32_t pos = p.n_past + int32_t(i);
-                kv[size_t(p.block_table[size_t(pos / ps)])][size_t(pos % ps)] = want[size_t(pos)];
-            }
+    void run(const batch& b, const scheduler& s, size_t limit = SIZE_MAX) {
+        for (size_t t = 0; t < b.tokens.size() && t < limit; ++t) {
+            const int32_t i = b.seq[t], pos = b.pos[t];
+            const auto want = kv_values(s.tokens(b.seq_id[size_t(i)]));
+            kv[size_t(b.table(i)[size_t(pos / ps)])][size_t(pos % ps)] = want[size_t(pos)];
         }
     }
 };
@@ -440,15 +447,10 @@ struct sim_device {
 
     // Returns false when the forward failed (after `fail`: uploads done, new positions
     // computed, part of them written back, then an error).
-    bool forward(const std::vector<planned_seq>& batch, host_pool& host, const scheduler& s, bool fail,
-                 bool drop_some_generations) {
+    bool forward(const batch& planned, host_pool& host, const scheduler& s, bool fail, bool drop_some_generations) {
         ++n_forwards;
-        std::vector<batch_seq> bs;
-        for (const auto& p : batch) {
-            batch_seq b{p.tokens, p.n_past, p.block_table, p.generations};
-            if (drop_some_generations && rng() % 4 == 0) b.generations = {};
-            bs.push_back(b);
-        }
+        batch bs = planned;
+        if (drop_some_generations && rng() % 4 == 0) bs.generations.clear(); // a caller that cannot vouch for any
         if (!keep) {
             m.forget();
             naive.forget();
@@ -490,19 +492,17 @@ struct sim_device {
             for (int32_t k = 0; k < c.n_pages; ++k)
                 for (int32_t sl = c.slot_begin; sl < c.slot_end; ++sl)
                     mem[size_t(c.dev_page + k)][size_t(sl)] = host.kv[size_t(c.host_page + k)][size_t(sl)];
-        REQUIRE(plan.table_begin.size() == batch.size());
-        for (size_t i = 0; i < batch.size(); ++i) {
-            const planned_seq& p = batch[i];
-            const auto vals = kv_values(s.tokens(p.id));
-            const int32_t* table = plan.tables.data() + plan.table_begin[i];
-            for (int32_t pos = 0; pos < p.n_past; ++pos) { // attention reads the past
-                CHECK(table[pos / ps] == m.dev_page_of(p.block_table[size_t(pos / ps)]));
+        REQUIRE(int32_t(plan.table_begin.size()) == bs.n_seqs());
+        for (int32_t i = 0; i < bs.n_seqs(); ++i) {
+            const auto vals = kv_values(s.tokens(bs.seq_id[size_t(i)]));
+            const int32_t* table = plan.tables.data() + plan.table_begin[size_t(i)];
+            const int32_t n_past = bs.n_past(i);
+            for (int32_t pos = 0; pos < n_past; ++pos) { // attention reads the past
+                CHECK(table[pos / ps] == m.dev_page_of(bs.table(i)[size_t(pos / ps)]));
                 if (mem[size_t(table[pos / ps])][size_t(pos % ps)] != vals[size_t(pos)]) ++n_bad_reads;
             }
-            for (size_t t = 0; t < p.tokens.size(); ++t) { // kv_store writes the new positions
-                const int32_t pos = p.n_past + int32_t(t);
+            for (int32_t pos = n_past; pos < n_past + bs.n_new(i); ++pos) // kv_store writes the new positions
                 mem[size_t(table[pos / ps])][size_t(pos % ps)] = vals[size_t(pos)];
-            }
         }
         const size_t n_writes = fail ? rng() % (plan.writes.size() + 1) : plan.writes.size();
         for (size_t w = 0; w < n_writes; ++w) {
@@ -578,10 +578,11 @@ workload_result run_workload(uint32_t seed, int32_t dev_capacity_mode) {
             }
         }
         s.admit(clock_type::now());
-        auto pb = s.plan(0, work_kind::prefill);
-        auto db = s.plan(1, work_kind::decode);
-        for (const auto& b : {pb, db})
-            for (const auto& p : b) REQUIRE(host.holds(p, kv_values(s.tokens(p.id))));
+        const batch& pb = s.plan(0, work_kind::prefill);
+        const batch& db = s.plan(1, work_kind::decode);
+        for (const batch* b : {&pb, &db})
+            for (int32_t i = 0; i < b->n_seqs(); ++i)
+                REQUIRE(host.holds(*b, i, kv_values(s.tokens(b->seq_id[size_t(i)]))));
 
         bool pre_ok = true, dec_ok = true;
         if (!pb.empty()) {
@@ -592,9 +593,7 @@ workload_result run_workload(uint32_t seed, int32_t dev_capacity_mode) {
             } else if (where == 1) { // on the decode device, which keeps what it computes
                 pre_ok = dec.forward(pb, host, s, lose, false);
             } else { // CPU prefill; a crash leaves some positions written
-                size_t n_new = 0;
-                for (const auto& p : pb) n_new += p.tokens.size();
-                host.run(pb, s, lose ? rng() % (n_new + 1) : SIZE_MAX);
+                host.run(pb, s, lose ? rng() % (pb.tokens.size() + 1) : SIZE_MAX);
                 pre_ok = !lose;
             }
         }

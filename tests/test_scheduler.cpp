@@ -14,6 +14,24 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+// One sequence's share of a planned batch, as the tests read it.
+struct seq_view {
+    uint64_t id;
+    int32_t n_past;
+    std::span<const token_id> tokens;
+    std::span<const int32_t> block_table;
+    std::span<const uint32_t> generations;
+    bool wants_logits; // its last new token wants logits
+};
+
+std::vector<seq_view> seqs_of(const batch& b) {
+    std::vector<seq_view> out;
+    for (int32_t i = 0; i < b.n_seqs(); ++i)
+        out.push_back({b.seq_id[size_t(i)], b.n_past(i), b.seq_tokens(i), b.table(i), b.table_generations(i),
+                       b.wants_logits[size_t(b.tok_begin[size_t(i) + 1] - 1)] != 0});
+    return out;
+}
+
 // Records what the scheduler tells the page table, and keeps fake page contents: each
 // page holds the tokens written at each slot, so copy-on-write can be checked.
 struct fake_store final : page_store {
@@ -41,7 +59,7 @@ struct fake_store final : page_store {
         content[dst] = content[src];
     }
     // What a worker does with a planned batch: writes each token into its page slot.
-    void run(const std::vector<planned_seq>& batch) {
+    void run(const std::vector<seq_view>& batch) {
         for (const auto& p : batch) {
             for (size_t i = 0; i < p.tokens.size(); ++i) {
                 const int32_t pos = p.n_past + int32_t(i);
@@ -82,7 +100,7 @@ scheduler_options opts(int32_t n_pages, int32_t ps = 16) {
 int prefill_all(scheduler& s, fake_store& st, uint64_t id) {
     int n = 0;
     for (;;) {
-        auto b = s.plan(0, work_kind::prefill);
+        auto b = seqs_of(s.plan(0, work_kind::prefill));
         REQUIRE(!b.empty());
         st.run(b);
         ++n;
@@ -99,7 +117,7 @@ TEST_CASE("scheduler: chunked prefill takes pages as it goes, decode then grows 
     s.add(1, seq_tokens(150, 1), 0, clock_type::now());
     s.admit(clock_type::now());
     CHECK(s.stats().n_pages_used == 0); // nothing computed, nothing taken
-    auto b = s.plan(0, work_kind::prefill);
+    auto b = seqs_of(s.plan(0, work_kind::prefill));
     REQUIRE(b.size() == 1);
     CHECK(b[0].n_past == 0);
     CHECK(b[0].tokens.size() == 64);   // the step budget
@@ -115,7 +133,7 @@ TEST_CASE("scheduler: chunked prefill takes pages as it goes, decode then grows 
     CHECK(s.plan(1, work_kind::prefill).empty());
     s.complete(1, true);
     s.append(1, 7);
-    auto d = s.plan(1, work_kind::decode);
+    auto d = seqs_of(s.plan(1, work_kind::decode));
     REQUIRE(d.size() == 1);
     CHECK(d[0].n_past == 150);
     CHECK(d[0].tokens.size() == 1);
@@ -149,7 +167,7 @@ TEST_CASE("scheduler: a repeated prefix reuses cached pages; a match ending insi
         s.add(2, b_tokens, 0, clock_type::now());
         s.admit(clock_type::now());
         CHECK(s.reused_tokens(2) == 32);
-        auto b = s.plan(0, work_kind::prefill);
+        auto b = seqs_of(s.plan(0, work_kind::prefill));
         REQUIRE(b.size() == 1);
         CHECK(b[0].n_past == 32);
         CHECK(b[0].tokens.size() == 4);
@@ -168,7 +186,7 @@ TEST_CASE("scheduler: a repeated prefix reuses cached pages; a match ending insi
         // planned as decode work: one token left to compute
         CHECK(s.plan(0, work_kind::prefill).empty());
         s.complete(0, true);
-        auto d = s.plan(1, work_kind::decode);
+        auto d = seqs_of(s.plan(1, work_kind::decode));
         REQUIRE(d.size() == 1);
         CHECK(d[0].n_past == 31);
         CHECK(d[0].block_table[1] == st.copies[0].second);
@@ -201,7 +219,7 @@ TEST_CASE("scheduler: planned generations: a shared cached prefix keeps its own,
     const auto a = seq_tokens(40, 1);
     s.add(1, a, 0, clock_type::now());
     s.admit(clock_type::now());
-    auto b = s.plan(0, work_kind::prefill);
+    auto b = seqs_of(s.plan(0, work_kind::prefill));
     REQUIRE(b.size() == 1);
     REQUIRE(b[0].block_table.size() == 3);
     REQUIRE(b[0].generations.size() == 3);
@@ -219,7 +237,7 @@ TEST_CASE("scheduler: planned generations: a shared cached prefix keeps its own,
     t2.push_back(999);
     s.add(2, t2, 0, clock_type::now());
     s.admit(clock_type::now());
-    auto b2 = s.plan(0, work_kind::prefill);
+    auto b2 = seqs_of(s.plan(0, work_kind::prefill));
     REQUIRE(b2.size() == 1);
     REQUIRE(b2[0].block_table.size() == 3);
     CHECK(b2[0].block_table[0] == pages[0]);
@@ -241,7 +259,7 @@ TEST_CASE("scheduler: planned generations: a shared cached prefix keeps its own,
     REQUIRE(st.copies.size() == 1);
     const auto [src, dst] = st.copies[0];
     CHECK(src == pages[1]);
-    auto d = s.plan(1, work_kind::decode);
+    auto d = seqs_of(s.plan(1, work_kind::decode));
     REQUIRE(d.size() == 1);
     CHECK(d[0].block_table[0] == pages[0]);
     CHECK(d[0].generations[0] == gens[0]);
@@ -294,15 +312,15 @@ TEST_CASE("scheduler: a full pool preempts the latest idle sequence, which comes
     s.add(1, t1, 0, clock_type::now());
     s.add(2, t2, 0, clock_type::now());
     s.admit(clock_type::now());
-    auto b = s.plan(0, work_kind::prefill);
+    auto b = seqs_of(s.plan(0, work_kind::prefill));
     CHECK(b.size() == 2);
     st.run(b);
     for (uint64_t id : s.complete(0, true)) s.append(id, 99);
     // both decode until the pool runs out: 4 pages used, 2 free
     int preempted = 0;
     for (int step = 0; step < 12; ++step) {
-        auto d = s.plan(1, work_kind::decode);
-        auto p = s.plan(0, work_kind::prefill);
+        auto d = seqs_of(s.plan(1, work_kind::decode));
+        auto p = seqs_of(s.plan(0, work_kind::prefill));
         st.run(d);
         st.run(p);
         auto due = s.complete(1, true);
@@ -372,8 +390,8 @@ TEST_CASE("scheduler: random workloads always drain, never leak pages, keep ever
             }
             s.admit(clock_type::now());
             // the two executors, with random completion order and occasional lost batches
-            auto pre = s.plan(0, work_kind::prefill);
-            auto dec = s.plan(1, work_kind::decode);
+            auto pre = seqs_of(s.plan(0, work_kind::prefill));
+            auto dec = seqs_of(s.plan(1, work_kind::decode));
             for (const auto& b : {pre, dec})
                 for (const auto& p : b) {
                     REQUIRE(st.holds(p.block_table, s.tokens(p.id), p.n_past));
