@@ -10,6 +10,7 @@
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/synth.hpp"
+#include "batch_checks.hpp"
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
@@ -23,6 +24,8 @@
 #include <vector>
 
 using namespace tandem;
+using test::nmse;
+using test::read_kv;
 
 namespace {
 
@@ -146,31 +149,6 @@ struct seq_driver {
         return out;
     }
 };
-
-double nmse(std::span<const float> want, std::span<const float> got) {
-    double err = 0, ref = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        err += double(want[i] - got[i]) * double(want[i] - got[i]);
-        ref += double(want[i]) * double(want[i]);
-    }
-    return ref > 0 ? err / ref : err;
-}
-
-// The decoded K and V of positions [0, n) of one sequence in every layer, flattened.
-std::vector<float> read_kv(const kv_cache& kv, const std::vector<int32_t>& table, int32_t n) {
-    const kv_layout& lay = kv.layout();
-    std::vector<float> out, row(static_cast<size_t>(lay.head_dim));
-    for (int il = 0; il < lay.n_layer; ++il)
-        for (bool is_v : {false, true})
-            for (int h = 0; h < lay.n_head_kv; ++h)
-                for (int32_t p = 0; p < n; ++p) {
-                    const uint8_t* page = kv.base() + int64_t(table[size_t(p / lay.page_size)]) * lay.page_bytes();
-                    cpu::ref::kv_read(page, lay, il, is_v, h, p % lay.page_size, 1, row.data());
-                    out.insert(out.end(), row.begin(), row.end());
-                }
-    return out;
-}
 
 std::string join(const std::vector<token_id>& t) {
     std::string s;
@@ -385,6 +363,29 @@ TEST_CASE("CUDA runner: a flat batch of sequences (prefill and decode) matches t
         CHECK(nmse(std::span(&lc[i * size_t(n_vocab)], size_t(n_vocab)),
                    std::span(&lg[i * size_t(n_vocab)], size_t(n_vocab))) < 1e-4);
     }
+}
+
+TEST_CASE("CUDA runner: a sequence computing 5 tokens with logits for all 5 equals 5 one-token steps") {
+    if (!have_device()) return;
+    model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    for (bool keep : {false, true}) {
+        cuda_runner_options ro;
+        ro.keep_pages = keep;
+        auto gpu = make_cuda_runner(*b.mdl, 0, ro);
+        for (int32_t ps : {16, 3}) {
+            INFO("keep_pages ", keep, ", page size ", ps);
+            test::check_multi_token_step(*gpu, *b.mdl, ps, 1e-6);
+        }
+    }
+}
+
+TEST_CASE("CUDA runner keeping its pages: truncated drafts recomputed give the logits and pages of the final tokens") {
+    if (!have_device()) return;
+    model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    cuda_runner_options ro;
+    ro.keep_pages = true; // the renewed page's stale device copy must not be read
+    auto gpu = make_cuda_runner(*b.mdl, 0, ro);
+    test::check_truncate_recompute(*gpu, *b.mdl, 1e-6);
 }
 
 TEST_CASE("CUDA runner: Qwen2-style synth (biases, NeoX RoPE, tied output, GQA 4:1, scaled RoPE) tracks the CPU") {

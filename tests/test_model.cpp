@@ -5,6 +5,8 @@
 #include "runtime/model.hpp"
 #include "runtime/reference_forward.hpp"
 #include "runtime/synth.hpp"
+#include "batch_checks.hpp"
+#include "runtime/runner.hpp"
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
@@ -30,13 +32,6 @@ loaded load_path(const std::string& path) {
 }
 
 loaded load(const std::string& name) { return load_path(test::model_path(name)); }
-
-std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
-    std::mt19937 g(seed);
-    std::vector<token_id> v(static_cast<size_t>(n));
-    for (auto& t : v) t = token_id(g() % uint32_t(n_vocab));
-    return v;
-}
 
 // Named tolerance: the engine sums in float with other orders than the double-accumulating
 // reference; over a few layers the logits may differ by this much relative to their scale.
@@ -65,7 +60,7 @@ void engine_matches_reference(const std::string& name, const std::string& path =
     loaded l = path.empty() ? load(name) : load_path(path);
     model& m = *l.mdl;
     const int32_t n_vocab = m.config().n_vocab;
-    const auto toks = random_tokens(45, n_vocab, 42);
+    const auto toks = test::random_ids(45, n_vocab, 42);
     const auto want = reference_logits(m, toks);
 
     for (backend be : {backend::ref, backend::cpu}) {
@@ -141,8 +136,8 @@ TEST_CASE("a flat batch of sequences gives each sequence its solo logits") {
     exec_ctx ctx{backend::cpu, &pool};
     kv_cache kv(m.make_kv_layout(16), 64);
 
-    const std::vector<std::vector<token_id>> prompts{random_tokens(20, n_vocab, 1), random_tokens(3, n_vocab, 2),
-                                                     random_tokens(37, n_vocab, 3)};
+    const std::vector<std::vector<token_id>> prompts{test::random_ids(20, n_vocab, 1), test::random_ids(3, n_vocab, 2),
+                                                     test::random_ids(37, n_vocab, 3)};
     std::vector<std::unique_ptr<sequence_kv>> seqs;
     batch b;
     for (const auto& p : prompts) {
@@ -172,6 +167,27 @@ TEST_CASE("a flat batch of sequences gives each sequence its solo logits") {
     // pages go back to the pool
     seqs.clear();
     CHECK(kv.pool().n_free() == kv.pool().n_pages());
+}
+
+TEST_CASE("a sequence computing 5 tokens with logits for all 5 equals 5 one-token steps (ref, CPU; F32 and INT8)") {
+    cpu::thread_pool pool(2);
+    for (weight_format wf : {weight_format::f32, weight_format::int8}) {
+        model_bundle b = load_model(test::model_path("stories260K.gguf"), {wf, kv_dtype::f16});
+        for (backend be : {backend::ref, backend::cpu}) {
+            auto r = make_runner(*b.mdl, exec_ctx{be, &pool});
+            for (int32_t ps : {16, 3}) {
+                INFO(name_of(be), wf == weight_format::f32 ? " f32" : " int8", ", page size ", ps);
+                test::check_multi_token_step(*r, *b.mdl, ps, 1e-9);
+            }
+        }
+    }
+}
+
+TEST_CASE("truncated drafts recomputed give the logits and pages of a sequence that had the final tokens") {
+    model_bundle b = load_model(test::model_path("stories260K.gguf"));
+    cpu::thread_pool pool(2);
+    auto r = make_runner(*b.mdl, exec_ctx{backend::cpu, &pool});
+    test::check_truncate_recompute(*r, *b.mdl, 1e-9);
 }
 
 TEST_CASE("model config of the shared models") {
@@ -253,7 +269,7 @@ TEST_CASE("default INT8 path tracks the F32 reference on stories260K") {
     REQUIRE(q.mdl->weights().layers[0].wq.is_i8());
     REQUIRE(q.mdl->kv_type() == kv_dtype::f16);
     const int32_t n_vocab = f.mdl->config().n_vocab;
-    const auto toks = random_tokens(64, n_vocab, 7);
+    const auto toks = test::random_ids(64, n_vocab, 7);
     const auto want = reference_logits(*f.mdl, toks);
     cpu::thread_pool pool(2);
     for (backend be : {backend::ref, backend::cpu}) {

@@ -271,6 +271,95 @@ TEST_CASE("scheduler: planned generations: a shared cached prefix keeps its own,
     s.complete(1, true);
 }
 
+TEST_CASE("scheduler: a fork shares every page; each sequence's first own token copies only the shared last page") {
+    fake_store st(4);
+    scheduler_options o = opts(32, 4);
+    o.prefix_cache = false; // sharing by fork alone
+    scheduler s(o, &st);
+    const auto prompt = seq_tokens(10, 3); // pages 0..2, the last one half full
+    s.add(1, prompt, 0, clock_type::now());
+    s.admit(clock_type::now());
+    auto b = seqs_of(s.plan(0, work_kind::prefill));
+    REQUIRE(b.size() == 1);
+    st.run(b);
+    s.complete(0, true);
+    const std::vector<int32_t> pages(b[0].block_table.begin(), b[0].block_table.end());
+    REQUIRE(pages.size() == 3);
+    const int32_t used = s.stats().n_pages_used;
+    for (uint64_t child : {2, 3, 4}) s.fork(1, child);
+    CHECK(s.stats().n_pages_used == used); // nothing copied yet
+    for (int32_t p : pages) CHECK(s.pool().ref_count(p) == 4);
+    CHECK(s.n_computed(4) == 10);
+    for (uint64_t id : {1, 2, 3, 4}) s.append(id, token_id(100 + id)); // each its own next token
+    auto d = seqs_of(s.plan(1, work_kind::decode));
+    REQUIRE(d.size() == 4);
+    // Three of the four copy the half-full page (the last one to be planned has it alone
+    // by then); the full pages stay shared by all four.
+    CHECK(st.copies.size() == 3);
+    std::set<int32_t> last_pages;
+    for (const auto& v : d) {
+        CHECK(v.n_past == 10);
+        REQUIRE(v.block_table.size() == 3);
+        CHECK(v.block_table[0] == pages[0]);
+        CHECK(v.block_table[1] == pages[1]);
+        last_pages.insert(v.block_table[2]);
+    }
+    CHECK(last_pages.size() == 4);
+    for (const auto& [src, dst] : st.copies) CHECK(src == pages[2]);
+    CHECK(s.pool().ref_count(pages[0]) == 4);
+    CHECK(s.pool().ref_count(pages[2]) == 1);
+    st.run(d);
+    CHECK(s.complete(1, true).size() == 4);
+    for (const auto& v : d) CHECK(st.holds(v.block_table, s.tokens(v.id), 11)); // the prompt's K/V copied, then its own
+    CHECK(s.stats().n_pages_used == used + 3);
+    CHECK(s.stats().n_prompt_tokens == 10); // the prompt counts once
+    for (uint64_t id : {1, 2, 3, 4}) s.remove(id);
+    CHECK(s.stats().n_pages_used == 0);
+}
+
+TEST_CASE("scheduler: drafts are decode work up to decode_tokens; logits rows stay within max_logits") {
+    fake_store st(4);
+    scheduler_options o = opts(32, 4);
+    o.decode_tokens = 4;
+    o.max_logits = 6;
+    scheduler s(o, &st);
+    for (uint64_t id : {1, 2}) s.add(id, seq_tokens(6, int(id)), 0, clock_type::now());
+    s.admit(clock_type::now());
+    auto p = seqs_of(s.plan(0, work_kind::prefill));
+    REQUIRE(p.size() == 2);
+    st.run(p);
+    s.complete(0, true);
+    // Sequence 1 gets 3 drafts after its next token (4 to compute, all with logits);
+    // sequence 2 one token. 4 + 1 rows fit in 6.
+    const token_id drafts[] = {11, 12, 13, 14};
+    s.append(1, drafts);
+    s.set_logits_from(1, 6);
+    s.append(2, token_id(20));
+    CHECK(s.plan(1, work_kind::prefill).empty()); // neither is prefill work now
+    s.complete(1, true);
+    const batch& b = s.plan(1, work_kind::decode);
+    REQUIRE(b.n_seqs() == 2);
+    CHECK(b.n_new(0) == 4);
+    CHECK(b.n_seq_logits(0) == 4);
+    CHECK(b.n_seq_logits(1) == 1);
+    CHECK(b.n_logits() == 5);
+    st.run(seqs_of(b));
+    s.complete(1, true);
+    // Two sequences with 4 drafts each want 8 rows: the second waits for the next step.
+    s.append(1, drafts);
+    s.append(2, drafts);
+    s.set_logits_from(2, 7);
+    const batch& b2 = s.plan(1, work_kind::decode);
+    CHECK(b2.n_seqs() == 1);
+    CHECK(b2.n_logits() == 4);
+    st.run(seqs_of(b2));
+    s.complete(1, true);
+    const batch& b3 = s.plan(1, work_kind::decode);
+    CHECK(b3.n_seqs() == 1);
+    st.run(seqs_of(b3));
+    s.complete(1, true);
+}
+
 TEST_CASE("scheduler: prefix cache survives a restart through the page table") {
     fake_store st(8);
     std::map<int32_t, std::tuple<uint64_t, uint64_t, std::vector<int32_t>>> table;
