@@ -287,14 +287,13 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     base.sampling.frequency_penalty = float(frequency);
     for (const auto& s : stops) base.stop.push_back(s);
 
+    base.n = int32_t(n);
+    plan.n = int32_t(n);
+    if (has_seed) base.sampling.seed = uint64_t(seed); // sequence i samples with seed + i
     for (const auto& p : prompts) {
-        for (int64_t i = 0; i < n; ++i) {
-            engine_request r = base;
-            r.prompt = p;
-            if (has_seed) r.sampling.seed = uint64_t(seed) + uint64_t(i); // choice i: seed + i
-            plan.choices.push_back(std::move(r));
-            plan.counts_prompt.push_back(i == 0);
-        }
+        engine_request r = base;
+        r.prompt = p;
+        plan.requests.push_back(std::move(r));
     }
     return plan;
 }
@@ -356,7 +355,7 @@ json stream_chunk(const std::string& id, const std::string& model, bool chat, in
 json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan) {
     int64_t prompt = 0, completion = 0;
     for (size_t i = 0; i < cs.size(); ++i) {
-        if (plan.counts_prompt[i]) prompt += cs[i].n_prompt;
+        if (i % size_t(plan.n) == 0) prompt += cs[i].n_prompt; // each prompt once
         completion += cs[i].n_generated;
     }
     return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};

@@ -41,14 +41,16 @@ struct reply {
     static reply of_json(const json& j, int status = 200);
 };
 
-// A validated /v1/completions or /v1/chat/completions request: one engine request per choice.
+// A validated /v1/completions or /v1/chat/completions request: one engine request per prompt,
+// each with n sequences; choice k * n + i is sequence i of request k.
 struct generation_plan {
     bool chat = false;
     bool stream = false;
     bool include_usage = false;       // stream_options.include_usage
     bool logprobs = false;
-    std::vector<engine_request> choices;
-    std::vector<bool> counts_prompt;  // the first choice of each prompt (for usage)
+    std::vector<engine_request> requests;
+    int32_t n = 1;                    // choices per prompt
+    size_t n_choices() const { return requests.size() * size_t(n); }
 };
 
 std::variant<generation_plan, api_error> parse_generation(const json& body, bool chat, const model_state& ms,

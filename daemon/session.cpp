@@ -271,8 +271,12 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
     auto ch = std::make_shared<generation_channel>(socket_.get_executor());
     ch->this_ptr = ch;
     std::vector<uint64_t> ids;
-    for (size_t i = 0; i < plan.choices.size(); ++i) {
-        const submit_result r = ms.eng->submit(plan.choices[i], [ch, i](engine_event&& ev) { ch->push(int(i), std::move(ev)); });
+    for (size_t k = 0; k < plan.requests.size(); ++k) {
+        const int first = int(k) * plan.n; // the request's sequence i is choice first + i
+        const submit_result r = ms.eng->submit(plan.requests[k], [ch, first](engine_event&& ev) {
+            const int choice = first + ev.index;
+            ch->push(choice, std::move(ev));
+        });
         if (r.status == submit_status::ok) {
             ids.push_back(r.id);
             continue;
@@ -293,8 +297,8 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
     asio::co_spawn(socket_.get_executor(), watch_peer(ch), asio::detached);
 
     const std::string id = new_id(chat);
-    std::vector<choice_state> cs(plan.choices.size());
-    std::vector<clock_type::time_point> last_t(plan.choices.size());
+    std::vector<choice_state> cs(plan.n_choices());
+    std::vector<clock_type::time_point> last_t(plan.n_choices());
     size_t n_done = 0;
     bool write_failed = false;
     error_code ec;

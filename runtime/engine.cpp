@@ -41,25 +41,53 @@ engine_options resolve(engine_options o, const model_config& c) {
     return o;
 }
 
-// A request inside the engine, from submission to its done event. Its tokens and pages
-// live in the scheduler under the same id.
+// Scheduler sequences of a request: (request id << 16) | index, so a sequence names its owner.
+constexpr int seq_bits = 16;
+uint64_t seq_id_of(uint64_t request, int32_t index) { return request << seq_bits | uint64_t(index); }
+uint64_t request_of(uint64_t seq) { return seq >> seq_bits; }
+int32_t index_of(uint64_t seq) { return int32_t(seq & ((uint64_t(1) << seq_bits) - 1)); }
+
+// One sequence of a request's group: its sampler, text decoding and stop strings.
+struct seq_state {
+    int32_t index = 0;
+    int32_t n_generated = 0;
+    token_id final_token = -1;        // the EOS that ended it
+    bool done = false;
+    sampler smp;
+    stream_decoder dec;
+    stop_matcher stops;
+
+    seq_state(int32_t i, sampling_params p, const tokenizer& tok, std::vector<std::string> stop)
+        : index(i), smp(std::move(p)), dec(tok), stops(std::move(stop)) {}
+};
+
+// A request inside the engine, from submission to its last done event. Sequence 0 computes
+// the prompt; once its logits are due, n > 1 forks it (the prompt is computed once, its
+// pages shared) and every sequence samples its first token from that row.
 struct request_state {
     uint64_t id = 0;
     engine_request req;
     engine_sink sink;
     int32_t n_prompt = 0;
-    int32_t n_generated = 0;
     int32_t max_tokens = 0;           // after cutting to the context
     int32_t n_failures = 0;           // batches lost with it to a crashed worker
-    token_id final_token = -1;        // the EOS that ended it
+    int32_t n_live = 0;               // sequences not done
+    bool forked = false;
     bool cancel_pending = false;      // cancelled while a batch ran it
-    sampler smp;
-    stream_decoder dec;
-    stop_matcher stops;
     steady_time t_admitted{};
+    std::vector<std::unique_ptr<seq_state>> seqs; // [n]
 
     request_state(uint64_t i, engine_request&& r, engine_sink&& s, const tokenizer& tok)
-        : id(i), req(std::move(r)), sink(std::move(s)), smp(req.sampling), dec(tok), stops(req.stop) {}
+        : id(i), req(std::move(r)), sink(std::move(s)) {
+        const int32_t n = std::max(1, req.n);
+        for (int32_t k = 0; k < n; ++k) {
+            sampling_params p = req.sampling;
+            if (p.seed) p.seed = *p.seed + uint64_t(k); // sequence k: seed + k
+            seqs.push_back(std::make_unique<seq_state>(k, std::move(p), tok, req.stop));
+        }
+        n_live = n;
+        forked = n == 1;
+    }
 };
 
 class engine_impl final : public engine {
@@ -99,10 +127,13 @@ public:
 
     submit_result submit(engine_request req, engine_sink sink) override {
         const int32_t n_prompt = int32_t(req.prompt.size());
+        TANDEM_ASSERT(req.n >= 1 && req.n < (1 << seq_bits), "n = {}", req.n);
         if (n_prompt == 0 || n_prompt >= opts_.n_ctx) return {submit_status::too_long, 0};
         const int32_t max_tokens = std::clamp(req.max_tokens, 1, opts_.n_ctx - n_prompt);
-        // it must fit in the pool on its own (everything else preempted)
-        if (sched_->pages_for(n_prompt + max_tokens) > opts_.n_pages) return {submit_status::too_long, 0};
+        // it must fit in the pool on its own (everything else preempted): the prompt's full
+        // pages once, each sequence's own pages from there
+        const int64_t own = sched_->pages_for(n_prompt + max_tokens) - n_prompt / opts_.page_size;
+        if (n_prompt / opts_.page_size + int64_t(req.n) * own > opts_.n_pages) return {submit_status::too_long, 0};
         std::lock_guard lock(mu_);
         if (stopping_) return {submit_status::stopped, 0};
         const int32_t free_slots = std::max(0, opts_.max_running - n_running_.load());
@@ -166,7 +197,7 @@ private:
                 std::lock_guard lock(mu_);
                 stopping = stopping_;
                 for (auto& s : incoming_) {
-                    sched_->add(s->id, s->req.prompt, s->req.priority, clock_type::now());
+                    sched_->add(seq_id_of(s->id, 0), s->req.prompt, s->req.priority, clock_type::now());
                     reqs_.emplace(s->id, std::move(s));
                 }
                 incoming_.clear();
@@ -184,14 +215,17 @@ private:
                 }
             }
             sched_->admit(clock_type::now());
-            for (uint64_t id : sched_->take_admitted())
-                if (auto it = reqs_.find(id); it != reqs_.end() && it->second->t_admitted == steady_time{}) {
-                    it->second->t_admitted = clock_type::now();
+            for (uint64_t sid : sched_->take_admitted())
+                if (auto it = reqs_.find(request_of(sid)); it != reqs_.end() && it->second->t_admitted == steady_time{}) {
+                    request_state& r = *it->second;
+                    r.t_admitted = clock_type::now();
                     --n_pending_;
-                    log_->debug("request {} joins: {} prompt tokens ({} from the prefix cache), up to {} more", id,
-                                it->second->n_prompt, sched_->reused_tokens(id), it->second->max_tokens);
+                    log_->debug("request {} joins: {} prompt tokens ({} from the prefix cache), up to {} more{}", r.id,
+                                r.n_prompt, sched_->reused_tokens(sid), r.max_tokens,
+                                r.seqs.size() > 1 ? fmt::format(" in each of {} sequences", r.seqs.size()) : "");
                 }
-            for (uint64_t id : sched_->take_preempted()) log_->debug("request {} preempted: KV pool full", id);
+            for (uint64_t sid : sched_->take_preempted())
+                log_->debug("request {} (sequence {}) preempted: KV pool full", request_of(sid), index_of(sid));
             bool in_flight = false, sync_result = false;
             for (size_t i = 0; i < parts_.executors.size(); ++i) {
                 executor& ex = *parts_.executors[i];
@@ -254,19 +288,31 @@ private:
         }
     }
 
+    // Any of the request's sequences in a batch now.
+    bool busy(const request_state& r) const {
+        for (const auto& q : r.seqs) {
+            const uint64_t sid = seq_id_of(r.id, q->index);
+            if (sched_->contains(sid) && sched_->busy(sid)) return true;
+        }
+        return false;
+    }
+
     void cancel_now(uint64_t id) {
         auto it = reqs_.find(id);
         if (it == reqs_.end()) return;
-        if (sched_->busy(id)) {
+        if (busy(*it->second)) {
             it->second->cancel_pending = true; // its pages are being written: after the batch
             return;
         }
-        log_->debug("request {} cancelled after {} tokens", id, it->second->n_generated);
+        log_->debug("request {} cancelled", id);
         finish(id, "cancelled");
     }
 
     void finish_batch(int slot, const executor::outcome& out) {
-        const std::vector<uint64_t> members = sched_->in_batch(slot);
+        std::vector<uint64_t> members = sched_->in_batch(slot);
+        for (uint64_t& m : members) m = request_of(m);
+        std::sort(members.begin(), members.end());
+        members.erase(std::unique(members.begin(), members.end()), members.end());
         if (!out.ok) {
             sched_->complete(slot, false);
             for (uint64_t id : members) {
@@ -283,74 +329,94 @@ private:
         }
         const std::vector<uint64_t> due = sched_->complete(slot, true);
         const batch& b = *planned_[size_t(slot)];
-        std::unordered_map<uint64_t, int32_t> index;
+        std::unordered_map<uint64_t, int32_t> index; // scheduler sequence -> its place in the batch
         for (int32_t i = 0; i < b.n_seqs(); ++i) index.emplace(b.seq_id[size_t(i)], i);
         for (uint64_t id : members) {
             auto it = reqs_.find(id);
             if (it != reqs_.end() && it->second->cancel_pending) finish(id, "cancelled");
         }
-        for (uint64_t id : due) {
-            if (!reqs_.contains(id)) continue;
+        for (uint64_t sid : due) {
+            auto it = reqs_.find(request_of(sid));
+            if (it == reqs_.end()) continue;
+            request_state& r = *it->second;
             // the row of the sequence's last token
-            const int32_t row = b.logits_begin[size_t(index.at(id)) + 1] - 1;
-            sample_next(*reqs_.at(id), parts_.executors[size_t(slot)]->logits(row));
+            const auto row = parts_.executors[size_t(slot)]->logits(b.logits_begin[size_t(index.at(sid)) + 1] - 1);
+            if (!r.forked) { // the prompt is computed: the group shares its pages from here
+                for (size_t k = 1; k < r.seqs.size(); ++k) sched_->fork(sid, seq_id_of(r.id, int32_t(k)));
+                r.forked = true;
+                for (auto& q : r.seqs) sample_next(r, *q, row);
+            } else {
+                sample_next(r, *r.seqs[size_t(index_of(sid))], row);
+            }
+            if (r.n_live == 0) finish(r.id, "stop");
         }
     }
 
-    // Samples one token; a finished request sends its done event and leaves.
-    void sample_next(request_state& s, std::span<const float> logits) {
+    // Samples one token of sequence q; a finished sequence sends its done event.
+    void sample_next(request_state& r, seq_state& q, std::span<const float> logits) {
+        const uint64_t sid = seq_id_of(r.id, q.index);
         row_.assign(logits.begin(), logits.end());
         engine_event ev;
-        const bool want_lp = s.req.n_top_logprobs >= 0;
-        if (want_lp && s.req.n_top_logprobs > 0) ev.top = top_logprobs(logits, s.req.n_top_logprobs);
-        const token_id id = s.smp.sample(row_, sched_->tokens(s.id));
+        ev.index = q.index;
+        const bool want_lp = r.req.n_top_logprobs >= 0;
+        if (want_lp && r.req.n_top_logprobs > 0) ev.top = top_logprobs(logits, r.req.n_top_logprobs);
+        const token_id id = q.smp.sample(row_, sched_->tokens(sid));
         if (id == sampler::none) { // every token banned: nothing can follow
-            finish(s.id, "stop");
+            finish_seq(r, q, "stop");
             return;
         }
         ++n_generated_tokens_;
-        ++s.n_generated;
-        if (!s.req.ignore_eos && tok_.is_eog(id)) {
-            s.final_token = id;
-            finish(s.id, "stop");
+        ++q.n_generated;
+        if (!r.req.ignore_eos && tok_.is_eog(id)) {
+            q.final_token = id;
+            finish_seq(r, q, "stop");
             return;
         }
-        sched_->append(s.id, id);
+        sched_->append(sid, id);
         ev.id = id;
         if (want_lp) ev.logprob = logprob_of(logits, id);
-        ev.text = s.stops.push(s.dec.push(id));
+        ev.text = q.stops.push(q.dec.push(id));
         ev.t = clock_type::now();
-        const bool stopped = s.stops.stopped();
-        const bool full = s.n_generated >= s.max_tokens;
-        s.sink(std::move(ev));
-        if (stopped) finish(s.id, "stop");
-        else if (full) finish(s.id, "length");
+        const bool stopped = q.stops.stopped();
+        const bool full = q.n_generated >= r.max_tokens;
+        r.sink(std::move(ev));
+        if (stopped) finish_seq(r, q, "stop");
+        else if (full) finish_seq(r, q, "length");
     }
 
-    void finish(uint64_t id, const char* reason, std::string error = {}) {
-        auto it = reqs_.find(id);
-        if (it == reqs_.end()) return;
-        request_state& s = *it->second;
-        if (s.t_admitted == steady_time{}) --n_pending_; // it leaves without having been admitted
+    // Sequence q ends: its pages go, and its done event is sent once the stats are published
+    // (so a caller that sees it sees the pages free).
+    void finish_seq(request_state& r, seq_state& q, const char* reason, const std::string& error = {}) {
+        if (q.done) return;
+        q.done = true;
+        --r.n_live;
         std::string text;
-        if (!s.stops.stopped()) {
-            text += s.stops.push(s.dec.flush());
-            if (!s.stops.stopped()) text += s.stops.flush();
+        if (!q.stops.stopped()) {
+            text += q.stops.push(q.dec.flush());
+            if (!q.stops.stopped()) text += q.stops.flush();
         }
         engine_event ev;
         ev.done = true;
+        ev.index = q.index;
         ev.text = std::move(text);
         ev.finish_reason = reason;
-        ev.error = std::move(error);
-        ev.n_prompt = s.n_prompt;
-        ev.n_generated = s.n_generated;
-        ev.final_token = s.final_token;
+        ev.error = error;
+        ev.n_prompt = r.n_prompt;
+        ev.n_generated = q.n_generated;
+        ev.final_token = q.final_token;
         ev.t = clock_type::now();
-        ev.t_admitted = s.t_admitted;
-        if (sched_->contains(id)) sched_->remove(id);
-        // Sent after the request has left and the stats are published, so a caller that
-        // sees the done event sees its pages free.
-        done_.emplace_back(std::move(s.sink), std::move(ev));
+        ev.t_admitted = r.t_admitted;
+        if (const uint64_t sid = seq_id_of(r.id, q.index); sched_->contains(sid)) sched_->remove(sid);
+        done_.push_back({r.sink, std::move(ev)});
+    }
+
+    // Ends every sequence of the request still live, and the request.
+    void finish(uint64_t id, const char* reason, std::string error = {}) {
+        auto it = reqs_.find(id);
+        if (it == reqs_.end()) return;
+        request_state& r = *it->second;
+        if (r.t_admitted == steady_time{}) --n_pending_; // it leaves without having been admitted
+        for (auto& q : r.seqs) finish_seq(r, *q, reason, error);
         reqs_.erase(it);
     }
 

@@ -33,12 +33,16 @@ struct engine_request {
     bool ignore_eos = false;
     int32_t n_top_logprobs = -1;      // -1: no logprobs; 0: the chosen token's; n: and the top n
     int32_t priority = 0;             // higher joins first; waiting raises it (no starvation)
+    int32_t n = 1;                    // sequences sampled from the prompt (computed once, its pages shared);
+                                      // sequence k samples with seed + k when a seed is set
 };
 
-// What the engine reports about one request, in order: zero or more token events, then
-// exactly one event with done set.
+// What the engine reports about one request, per sequence (index) in order: zero or more
+// token events, then exactly one event with done set. The request is over when each of its
+// n sequences has sent its done event.
 struct engine_event {
     bool done = false;
+    int32_t index = 0;                // the sequence of the request (0..n-1)
     token_id id = -1;                 // the generated token (token events)
     std::string text;                 // text released now: complete UTF-8, stop strings cut
     float logprob = 0;                // when logprobs were asked for

@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <set>
 
 using namespace tandem;
 
@@ -195,4 +196,65 @@ TEST_CASE("engine: prefix-cache hits and preemption leave greedy outputs unchang
     CHECK(squeezed == ref);
     CHECK(s_tight.n_preemptions > 0);
     CHECK(s_tight.n_pages_used == 0);
+}
+
+TEST_CASE("engine: n = 4 computes the prompt once, forks it, and each sequence equals a solo run with its seed") {
+    model_bundle& b = stories();
+    engine_options o;
+    o.n_threads = 1;
+    o.max_running = 2; // the group of four runs beyond it (a request's group stays whole)
+    o.step_tokens = 16;
+    auto eng = make_local_engine(*b.mdl, *b.tok, o);
+    engine_request req = greedy("Once upon a time, there was a little girl named Lily. She", 24);
+    req.n = 4;
+    req.sampling.temperature = 0.9f;
+    req.sampling.top_k = 40;
+    req.sampling.seed = 100;
+    const int32_t n_prompt = int32_t(req.prompt.size());
+    REQUIRE(n_prompt > 16); // more than one page: full pages stay shared, the last one is copied
+
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::vector<token_id>> ids(4);
+    std::vector<std::string> text(4);
+    int n_done = 0;
+    REQUIRE(eng->submit(req, [&](engine_event&& ev) {
+                std::lock_guard lock(mu);
+                REQUIRE(ev.index >= 0);
+                REQUIRE(ev.index < 4);
+                text[size_t(ev.index)] += ev.text;
+                if (ev.done) {
+                    CHECK(ev.n_generated == 24);
+                    ++n_done;
+                    cv.notify_all();
+                } else {
+                    ids[size_t(ev.index)].push_back(ev.id);
+                }
+            }).status == submit_status::ok);
+    {
+        std::unique_lock lock(mu);
+        REQUIRE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return n_done == 4; }));
+    }
+    const engine_stats s = eng->stats();
+    CHECK(s.n_prompt_tokens == uint64_t(n_prompt)); // once, not four times
+    CHECK(s.n_prefix_hits == 0);                     // the others never looked it up
+    CHECK(s.n_generated_tokens == 4 * 24);
+    CHECK(s.n_pages_used == 0);
+    eng->stop();
+
+    // Each sequence is what one request with seed 100 + i samples alone.
+    cpu::thread_pool pool(1);
+    std::set<std::vector<token_id>> distinct;
+    for (int i = 0; i < 4; ++i) {
+        generate_params p;
+        p.n_predict = 24;
+        p.ignore_eos = true;
+        p.sampling = req.sampling;
+        p.sampling.seed = 100 + uint64_t(i);
+        const auto solo = generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, req.prompt, p);
+        CHECK_MESSAGE(ids[size_t(i)] == solo.tokens, "sequence ", i);
+        CHECK(text[size_t(i)] == solo.text);
+        distinct.insert(ids[size_t(i)]);
+    }
+    CHECK(distinct.size() > 1); // they did sample differently
 }

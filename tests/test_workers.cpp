@@ -157,6 +157,22 @@ TEST_CASE("workers: two worker processes share the pool; outputs equal the offli
         CHECK_MESSAGE(s.text == offline_text(prompts[i], 30 + int(i) * 7), "prompt ", i);
     }
     CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+
+    // n = 4: the prefill worker computes the prompt once; the group forks from its pages and
+    // the decode worker runs all four (greedy: each equals the offline text).
+    auto engine_metric = [&](const char* name) { return metric(request(d.sock, "GET", "/metrics").body, name); };
+    const double prompt0 = engine_metric("tandem_engine_prompt_tokens_total");
+    const double hits0 = engine_metric("tandem_prefix_cache_hits_total");
+    const std::string group_prompt = "Tom had a red ball. He liked to throw it high and";
+    auto g = post(d.sock, "/v1/completions", {{"prompt", group_prompt}, {"max_tokens", 25}, {"temperature", 0},
+                                              {"ignore_eos", true}, {"n", 4}});
+    REQUIRE(g.status == 200);
+    REQUIRE(g.j()["choices"].size() == 4);
+    for (const auto& c : g.j()["choices"]) CHECK(c["text"] == offline_text(group_prompt, 25));
+    const int n_prompt = g.j()["usage"]["prompt_tokens"].get<int>();
+    CHECK(engine_metric("tandem_engine_prompt_tokens_total") - prompt0 == n_prompt); // once, not four times
+    CHECK(engine_metric("tandem_prefix_cache_hits_total") - hits0 == 0);
+    CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
     CHECK(d.stop() == 0);
     CHECK_FALSE(alive(pre));
     CHECK_FALSE(alive(dec));
