@@ -1,7 +1,7 @@
 // oneDNN int8 matmul for prefill batches: primitives cached by shape, weights reordered once.
 #pragma once
 
-#include "runtime/weights.hpp"
+#include "runtime/weight.hpp"
 
 #include <cstdint>
 

@@ -2,6 +2,7 @@
 #include "cuda/blaslt.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
+#include "cuda/ops/register.hpp"
 
 #include <fmt/format.h>
 
@@ -53,6 +54,7 @@ struct context::impl {
 };
 
 context::context(int device) : device_(device), impl_(std::make_unique<impl>()) {
+    register_ops(); // whoever can run CUDA ops has them dispatched (runtime/ops' CUDA slots)
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(tandem::cuda::blaslt().Create(&impl_->blaslt));

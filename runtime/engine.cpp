@@ -84,6 +84,7 @@ struct request_state {
             sampling_params p = req.sampling;
             if (p.seed) p.seed = *p.seed + uint64_t(k); // sequence k: seed + k
             seqs.push_back(std::make_unique<seq_state>(k, std::move(p), tok, req.stop));
+            if (req.make_processor) seqs.back()->smp.processors().add(req.make_processor());
         }
         n_live = n;
         forked = n == 1;
@@ -373,6 +374,7 @@ private:
             return;
         }
         sched_->append(sid, id);
+        q.smp.accept(id);
         ev.id = id;
         if (want_lp) ev.logprob = logprob_of(logits, id);
         ev.text = q.stops.push(q.dec.push(id));

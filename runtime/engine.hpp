@@ -1,6 +1,7 @@
 // The engine service: requests in, token events out; continuous batching behind an interface.
 #pragma once
 
+#include "runtime/logits_processor.hpp"
 #include "runtime/model_config.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/scheduler.hpp"
@@ -35,6 +36,10 @@ struct engine_request {
     int32_t priority = 0;             // higher joins first; waiting raises it (no starvation)
     int32_t n = 1;                    // sequences sampled from the prompt (computed once, its pages shared);
                                       // sequence k samples with seed + k when a seed is set
+    // Makes one more logits processor for each sequence (a grammar mask), applied after the
+    // sampling parameters' own and told each token the sequence accepts. Called by submit(),
+    // once per sequence.
+    std::function<std::unique_ptr<logits_processor>()> make_processor;
 };
 
 // What the engine reports about one request, per sequence (index) in order: zero or more

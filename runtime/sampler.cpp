@@ -261,44 +261,10 @@ uint64_t rng::next() {
 double rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 
 sampler::sampler(sampling_params p)
-    : p_(std::move(p)), seed_(p_.seed ? *p_.seed : random_seed()), rng_(seed_) {}
+    : p_(std::move(p)), seed_(p_.seed ? *p_.seed : random_seed()), rng_(seed_), chain_(make_processors(p_)) {}
 
 void sampler::process(std::span<float> logits, std::span<const token_id> history) {
-    const size_t n_vocab = logits.size();
-    auto in_range = [n_vocab](token_id id) { return id >= 0 && size_t(id) < n_vocab; };
-
-    for (const auto& [id, bias] : p_.logit_bias)
-        if (in_range(id) && !std::isnan(bias)) logits[id] += bias;
-
-    // Knobs that are off (or nonsense: NaN, <= 0 repetition) are skipped, never applied.
-    const float r = p_.repetition_penalty;
-    const float f = p_.frequency_penalty;
-    const float pr = p_.presence_penalty;
-    const bool use_rep = std::isfinite(r) && r > 0.0f && r != 1.0f;
-    const bool use_freq = std::isfinite(f) && f != 0.0f;
-    const bool use_pres = std::isfinite(pr) && pr != 0.0f;
-    if ((use_rep || use_freq || use_pres) && p_.penalty_last_n != 0 && !history.empty()) {
-        const size_t n_window = p_.penalty_last_n < 0
-                                    ? history.size()
-                                    : std::min(size_t(p_.penalty_last_n), history.size());
-        // Sorting the window gives each distinct token and its count without a
-        // vocab-sized table.
-        window_.assign(history.end() - std::ptrdiff_t(n_window), history.end());
-        std::sort(window_.begin(), window_.end());
-        for (size_t i = 0; i < window_.size();) {
-            const token_id id = window_[i];
-            size_t j = i;
-            while (j < window_.size() && window_[j] == id) ++j;
-            const size_t n_count = j - i;
-            i = j;
-            if (!in_range(id)) continue;
-            float& x = logits[id];
-            if (use_rep) x = x > 0.0f ? x / r : x * r;
-            if (use_freq) x -= float(n_count) * f;
-            if (use_pres) x -= pr;
-        }
-    }
-
+    chain_.apply(logits, history);
     for (float& x : logits) x = x == x ? x : -inf; // NaN -> -inf; a blend, so it vectorizes
 }
 

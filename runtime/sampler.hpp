@@ -2,6 +2,7 @@
 // a seeded choice; greedy when the temperature is 0.
 #pragma once
 
+#include "runtime/logits_processor.hpp"
 #include "runtime/tokenizer.hpp"
 
 #include <cstdint>
@@ -56,10 +57,16 @@ public:
     // is the number of tokens sampled; greedy takes none.
     token_id sample(std::span<float> logits, std::span<const token_id> history);
 
-    // The logit-processing prefix of sample(), in place: logit_bias, then the repetition,
-    // frequency and presence penalties over the window; NaN becomes -inf. Ids out of range
-    // (in logit_bias or history) are ignored.
+    // The logit-processing prefix of sample(), in place: the sequence's processor chain
+    // (logit_bias, then the repetition, frequency and presence penalties over the window,
+    // then whatever was added); NaN becomes -inf. Ids out of range (in logit_bias or
+    // history) are ignored.
     void process(std::span<float> logits, std::span<const token_id> history);
+
+    // The chain process() runs: processors join it (grammar masks), and are told what the
+    // sequence accepted (the engine calls accept() for each token it appends).
+    processor_chain& processors() { return chain_; }
+    void accept(token_id t) { chain_.accept(t); }
 
     static constexpr token_id none = -1;
 
@@ -70,11 +77,11 @@ private:
     sampling_params p_;
     uint64_t seed_;
     rng rng_;
+    processor_chain chain_;
     std::vector<token_logprob> cand_; // scratch: {id, logit} of the candidates
     std::vector<token_logprob> edge_; // scratch: top_p's boundary bucket
     std::vector<float> weight_;       // scratch: unnormalized probabilities
     std::vector<uint16_t> bucket_;    // scratch: top_p's bucket of each token
-    std::vector<token_id> window_;    // scratch: the penalty window, sorted
 };
 
 // log-softmax of raw logits: the chosen token's logprob and the top `n` alternatives,

@@ -144,11 +144,6 @@ void tensor_row_to_f32(const gguf::file& f, const gguf::tensor_info& t, int64_t 
     row_to_f32(t, r, n_in, out);
 }
 
-void weight::row_f32(int64_t i, float* out) const {
-    if (is_i8()) dequantize_row_i8_ref(q() + i * n_in, scale()[i], out, n_in);
-    else std::memcpy(out, row(i), size_t(n_in) * sizeof(float));
-}
-
 weight quantize_weight(const float* data, int64_t n_out, int64_t n_in, cpu::thread_pool* pool) {
     weight w;
     w.n_out = n_out;

@@ -10,12 +10,13 @@
 #include "runtime/ops/elementwise.hpp"
 #include "runtime/ops/matmul.hpp"
 #include "runtime/ops/quant.hpp"
+#include "runtime/weights.hpp"
 #include "quant/int8.hpp"
 #include "tests/op_data.hpp"
 #if TANDEM_HAVE_CUDA
 #include "cuda/device.hpp"
 #include "cuda/ops/ops.hpp"
-#include "cuda/weights.hpp"
+#include "cuda/weight.hpp"
 #endif
 
 #include <doctest/doctest.h>
@@ -194,6 +195,27 @@ void for_each_cpu_variant(const std::function<std::vector<float>(const exec_ctx&
 }
 
 } // namespace
+
+// An op shaped like runtime/ops/op_defs.hpp's, whose CUDA slot the test fills and empties.
+struct probe_op {
+    static constexpr std::string_view name = "probe";
+    static void ref(int*) {}
+    static void cpu(cpu::thread_pool&, int*) {}
+    using cuda_fn = void(const cuda::context&, int* calls);
+    static inline cuda_fn* cuda_impl = nullptr;
+};
+
+TEST_CASE("dispatch on CUDA goes through the op's slot; an empty one is an error naming the op") {
+    int calls = 0;
+    // The slot's function never touches the context: any non-null pointer passes dispatch's check.
+    int stand_in = 0;
+    const exec_ctx on_cuda{backend::cuda, nullptr, reinterpret_cast<cuda::context*>(&stand_in)};
+    CHECK_THROWS_WITH(dispatch<probe_op>(on_cuda, &calls), "op probe has no cuda implementation");
+    probe_op::cuda_impl = [](const cuda::context&, int* n) { ++*n; };
+    dispatch<probe_op>(on_cuda, &calls);
+    CHECK(calls == 1);
+    probe_op::cuda_impl = nullptr;
+}
 
 TEST_CASE("isa detection and forcing") {
     const cpu::isa hw = cpu::detect_isa();

@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <limits>
 #include <set>
 
 using namespace tandem;
@@ -257,4 +258,58 @@ TEST_CASE("engine: n = 4 computes the prompt once, forks it, and each sequence e
         distinct.insert(ids[size_t(i)]);
     }
     CHECK(distinct.size() > 1); // they did sample differently
+}
+
+namespace {
+
+// Allows one token only: the one after the last accepted (cycling through a few ids), and
+// records what it was told.
+struct forcing_processor final : logits_processor {
+    std::shared_ptr<std::vector<token_id>> accepted;
+    token_id next = 10;
+    explicit forcing_processor(std::shared_ptr<std::vector<token_id>> a) : accepted(std::move(a)) {}
+    std::string_view name() const override { return "forcing"; }
+    void apply(std::span<float> logits, std::span<const token_id>) override {
+        for (size_t i = 0; i < logits.size(); ++i)
+            if (token_id(i) != next) logits[i] = -std::numeric_limits<float>::infinity();
+    }
+    void accept(token_id t) override {
+        accepted->push_back(t);
+        next = 10 + (t - 9) % 7;
+    }
+    std::unique_ptr<logits_processor> clone() const override { return std::make_unique<forcing_processor>(*this); }
+};
+
+} // namespace
+
+TEST_CASE("engine: a request's logits processor masks every step of each sequence and is told what it accepted") {
+    model_bundle& b = stories();
+    auto eng = make_local_engine(*b.mdl, *b.tok, engine_options{});
+    std::vector<std::shared_ptr<std::vector<token_id>>> told;
+    engine_request req = greedy("Once upon a time", 12);
+    req.n = 2;
+    req.sampling.temperature = 0.8f; // sampling from the one allowed token is that token
+    req.make_processor = [&] {
+        told.push_back(std::make_shared<std::vector<token_id>>());
+        return std::make_unique<forcing_processor>(told.back());
+    };
+    std::mutex mu;
+    std::vector<std::vector<token_id>> ids(2);
+    collector done;
+    auto sink = done.sink();
+    int n_done = 0;
+    REQUIRE(eng->submit(req, [&](engine_event&& ev) {
+                std::lock_guard lock(mu);
+                if (!ev.done) ids[size_t(ev.index)].push_back(ev.id);
+                else if (++n_done == 2) sink(std::move(ev));
+            }).status == submit_status::ok);
+    REQUIRE(done.wait());
+    eng->stop();
+    REQUIRE(told.size() == 2);
+    std::vector<token_id> want;
+    for (token_id t = 10; want.size() < 12; t = 10 + (t - 9) % 7) want.push_back(t);
+    for (int i = 0; i < 2; ++i) {
+        CHECK(ids[size_t(i)] == want);
+        CHECK(*told[size_t(i)] == want); // each sequence's own processor, told each token once
+    }
 }

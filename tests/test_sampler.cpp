@@ -604,3 +604,41 @@ TEST_CASE("logprobs: log-softmax sums to 1, top_logprobs sorted and consistent")
     CHECK(logprob_of(std::vector<float>{-inf, nan_f}, 0) == -inf);
     CHECK(top_logprobs(std::vector<float>{-inf, nan_f}, 2).empty());
 }
+
+TEST_CASE("processor chain: added processors run after the parameters' own, in order; accept, rewind and clone reach each") {
+    struct recording final : logits_processor {
+        std::vector<token_id> accepted;
+        int32_t rewound = 0;
+        float add;
+        explicit recording(float a) : add(a) {}
+        std::string_view name() const override { return "recording"; }
+        void apply(std::span<float> logits, std::span<const token_id>) override {
+            logits[1] = logits[1] * 2 + add; // order matters: x*2+a then *2+b
+        }
+        void accept(token_id t) override { accepted.push_back(t); }
+        void rewind(int32_t n) override { rewound += n; }
+        std::unique_ptr<logits_processor> clone() const override { return std::make_unique<recording>(*this); }
+    };
+    sampling_params p;
+    p.logit_bias = {{1, 1.0f}};
+    sampler s(p);
+    CHECK(s.processors().size() == 1); // the bias
+    auto* a = new recording(1);
+    auto* b2 = new recording(10);
+    s.processors().add(std::unique_ptr<logits_processor>(a));
+    s.processors().add(std::unique_ptr<logits_processor>(b2));
+    std::vector<float> logits{0, 0.5f, 0};
+    s.process(logits, {});
+    CHECK(logits[1] == doctest::Approx(((0.5f + 1) * 2 + 1) * 2 + 10));
+    s.accept(7);
+    s.processors().rewind(2);
+    CHECK(a->accepted == std::vector<token_id>{7});
+    CHECK(b2->accepted == std::vector<token_id>{7});
+    CHECK(a->rewound == 2);
+    processor_chain c = s.processors().clone();
+    c.accept(8);
+    CHECK(a->accepted == std::vector<token_id>{7}); // the copy has its own state
+    std::vector<float> l2{0, 0.5f, 0};
+    c.apply(l2, {});
+    CHECK(l2[1] == logits[1]);
+}

@@ -1,7 +1,7 @@
 // The AMX int8 small GEMM behind matmul_i8 at isa::amx (internal to cpu/ops).
 #pragma once
 
-#include "runtime/weights.hpp"
+#include "runtime/weight.hpp"
 
 #include <cstdint>
 

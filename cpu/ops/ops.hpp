@@ -2,7 +2,7 @@
 #pragma once
 
 #include "runtime/kv_layout.hpp"
-#include "runtime/weights.hpp"
+#include "runtime/weight.hpp"
 
 #include <cstdint>
 

@@ -3,52 +3,22 @@
 
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
-#if TANDEM_HAVE_CUDA
-#include "cuda/device.hpp"
-#include "cuda/ops/ops.hpp"
-#endif
+#include "runtime/ops/op_defs.hpp"
 
 #include <vector>
 
 namespace tandem::ops {
 namespace {
 
-#if TANDEM_HAVE_CUDA
-// On CUDA the pages are device memory but the block table is the host's (checked here): the
-// op copies the entries covering positions [0, n_end) over.
-::tandem::cuda::buffer device_table(const ::tandem::cuda::context& c, const kv_layout& lay, const int32_t* table,
-                                    int64_t n_end) {
-    const int64_t n = (n_end + lay.page_size - 1) / lay.page_size;
-    return ::tandem::cuda::to_device(c, table, size_t(n) * sizeof(int32_t));
-}
-#endif
-
-struct kv_store_op {
-    static constexpr std::string_view name = "kv_store";
+// The ref and CPU bindings; CUDA comes through each op's slot.
+struct kv_store_impl : kv_store_op {
     static constexpr auto ref = ::tandem::cpu::ref::kv_store;
     static constexpr auto cpu = ::tandem::cpu::kv_store;
-#if TANDEM_HAVE_CUDA
-    static void cuda(const ::tandem::cuda::context& c, uint8_t* kv_base, const kv_layout& lay, int il,
-                     const int32_t* block_table, int32_t pos0, const float* k, const float* v, int64_t n_tok) {
-        const auto t = device_table(c, lay, block_table, pos0 + n_tok);
-        ::tandem::cuda::kv_store(c, kv_base, lay, il, t.as<int32_t>(), pos0, k, v, n_tok);
-    }
-#endif
 };
-struct attention_op {
-    static constexpr std::string_view name = "attention";
+struct attention_impl : attention_op {
     static constexpr auto ref = ::tandem::cpu::ref::attention;
     static constexpr auto cpu = ::tandem::cpu::attention;
-#if TANDEM_HAVE_CUDA
-    static void cuda(const ::tandem::cuda::context& c, float* out, const float* q, int64_t n_tok, int32_t n_past,
-                     int n_head, const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
-                     float scale) {
-        const auto t = device_table(c, lay, block_table, n_past + n_tok);
-        ::tandem::cuda::attention(c, out, q, n_tok, n_past, n_head, kv_base, lay, il, t.as<int32_t>(), scale);
-    }
-#endif
 };
-
 // Rows, positions and block tables of a decode step as arrays (what the kernels take).
 struct decode_batch {
     std::vector<int64_t> rows;
@@ -56,8 +26,7 @@ struct decode_batch {
     std::vector<const int32_t*> tables;
 };
 
-struct attention_decode_op {
-    static constexpr std::string_view name = "attention";
+struct attention_decode_impl : attention_decode_op {
     static void ref(float* out, const float* q, int64_t n_seq, const int64_t* rows, const int32_t* n_past,
                     const int32_t* const* tables, int n_head, const uint8_t* kv_base, const kv_layout& lay, int il,
                     float scale) {
@@ -67,25 +36,6 @@ struct attention_decode_op {
                                           lay, il, tables[i], scale);
     }
     static constexpr auto cpu = ::tandem::cpu::attention_decode;
-#if TANDEM_HAVE_CUDA
-    static void cuda(const ::tandem::cuda::context& c, float* out, const float* q, int64_t n_seq, const int64_t* rows,
-                     const int32_t* n_past, const int32_t* const* tables, int n_head, const uint8_t* kv_base,
-                     const kv_layout& lay, int il, float scale) {
-        if (n_seq == 0) return;
-        // One segment per sequence, every block table in one upload, one launch.
-        thread_local std::vector<::tandem::cuda::attn_seg> segs;
-        thread_local std::vector<int32_t> flat;
-        segs.clear();
-        flat.clear();
-        for (int64_t i = 0; i < n_seq; ++i) {
-            const int32_t n_pages = n_past[i] / lay.page_size + 1; // positions 0..n_past
-            segs.push_back({rows[i], 1, n_past[i], int64_t(flat.size())});
-            flat.insert(flat.end(), tables[i], tables[i] + n_pages);
-        }
-        const auto t = ::tandem::cuda::to_device(c, flat.data(), flat.size() * sizeof(int32_t));
-        ::tandem::cuda::attention(c, out, q, segs.data(), n_seq, n_head, kv_base, lay, il, t.as<int32_t>(), scale);
-    }
-#endif
 };
 
 // The sequence's pages must cover positions [0, n_end).
@@ -103,7 +53,7 @@ void kv_store(const exec_ctx& ctx, kv_cache& kv, int il, std::span<const int32_t
               const float* k, const float* v, int64_t n_tok) {
     TANDEM_ASSERT(il >= 0 && il < kv.layout().n_layer && pos0 >= 0);
     check_pages(kv, block_table, pos0 + n_tok);
-    dispatch<kv_store_op>(ctx, kv.base(), kv.layout(), il, block_table.data(), pos0, k, v, n_tok);
+    dispatch<kv_store_impl>(ctx, kv.base(), kv.layout(), il, block_table.data(), pos0, k, v, n_tok);
 }
 
 void attention(const exec_ctx& ctx, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
@@ -111,7 +61,8 @@ void attention(const exec_ctx& ctx, float* out, const float* q, int64_t n_tok, i
     TANDEM_ASSERT(il >= 0 && il < kv.layout().n_layer && n_past >= 0);
     TANDEM_ASSERT(n_head % kv.layout().n_head_kv == 0, "{} heads over {} kv heads", n_head, kv.layout().n_head_kv);
     check_pages(kv, block_table, n_past + n_tok);
-    dispatch<attention_op>(ctx, out, q, n_tok, n_past, n_head, kv.base(), kv.layout(), il, block_table.data(), scale);
+    dispatch<attention_impl>(ctx, out, q, n_tok, n_past, n_head, kv.base(), kv.layout(), il, block_table.data(),
+                             scale);
 }
 
 void attention_decode(const exec_ctx& ctx, float* out, const float* q, std::span<const decode_seq> seqs, int n_head,
@@ -129,8 +80,8 @@ void attention_decode(const exec_ctx& ctx, float* out, const float* q, std::span
         b.n_past.push_back(s.n_past);
         b.tables.push_back(s.block_table.data());
     }
-    dispatch<attention_decode_op>(ctx, out, q, int64_t(seqs.size()), b.rows.data(), b.n_past.data(), b.tables.data(),
-                                  n_head, kv.base(), kv.layout(), il, scale);
+    dispatch<attention_decode_impl>(ctx, out, q, int64_t(seqs.size()), b.rows.data(), b.n_past.data(),
+                                    b.tables.data(), n_head, kv.base(), kv.layout(), il, scale);
 }
 
 } // namespace tandem::ops

@@ -54,15 +54,17 @@ struct exec_ctx {
     backend be = backend::cpu;
     cpu::thread_pool* pool = nullptr; // required by backend::cpu
     // Required by backend::cuda: the device, stream and cuBLASLt handle (cuda/device.hpp),
-    // opaque here so runtime/ includes no CUDA header. On backend::cuda an op's pointers are
-    // device memory and it is queued on the context's stream; each op header says what stays
-    // on the host (block tables, biases).
+    // opaque here so runtime/ includes no CUDA header; making one fills the ops' CUDA slots
+    // (cuda::register_ops). On backend::cuda an op's pointers are device memory and it is
+    // queued on the context's stream; each op header says what stays on the host (block
+    // tables, biases).
     cuda::context* cuda = nullptr;
     op_profile* profile = nullptr; // when set, host ops add their wall time here
 };
 
-// Op is a struct with a `name` and static `ref(...)`, `cpu(pool, ...)` and optionally
-// `cuda(context, ...)` members; a backend the op lacks is an error naming both.
+// Op is a struct with a `name`, static `ref(...)` and `cpu(pool, ...)` members and optionally a
+// `cuda_impl(context, ...)` slot (runtime/ops/op_defs.hpp); a backend the op lacks, or whose
+// slot nothing filled, is an error naming both.
 template <class Op, class... Args>
 void dispatch(const exec_ctx& ctx, Args&&... args) {
     if (ctx.profile != nullptr && ctx.be != backend::cuda) {
@@ -80,10 +82,12 @@ void dispatch(const exec_ctx& ctx, Args&&... args) {
         Op::cpu(*ctx.pool, std::forward<Args>(args)...);
         return;
     case backend::cuda:
-        if constexpr (requires { Op::cuda(*ctx.cuda, std::forward<Args>(args)...); }) {
-            TANDEM_ASSERT(ctx.cuda != nullptr, "op {} on CUDA needs a cuda::context", Op::name);
-            Op::cuda(*ctx.cuda, std::forward<Args>(args)...);
-            return;
+        if constexpr (requires { Op::cuda_impl; }) {
+            if (Op::cuda_impl != nullptr) {
+                TANDEM_ASSERT(ctx.cuda != nullptr, "op {} on CUDA needs a cuda::context", Op::name);
+                Op::cuda_impl(*ctx.cuda, std::forward<Args>(args)...);
+                return;
+            }
         }
         break;
     }

@@ -3,12 +3,12 @@
 
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
+#include "runtime/ops/op_defs.hpp"
 
 namespace tandem::ops {
 namespace {
 
-struct matmul_op {
-    static constexpr std::string_view name = "matmul";
+struct matmul_impl : matmul_op {
     static constexpr auto ref = ::tandem::cpu::ref::matmul;
     static constexpr auto cpu = ::tandem::cpu::matmul;
 };
@@ -22,7 +22,7 @@ void matmul(const exec_ctx& ctx, float* out, const float* x, int64_t n_tok, cons
         TANDEM_ASSERT(bias->n_out == w.n_out, "bias [{}] vs weight rows {}", bias->n_out, w.n_out);
         b = bias->data.data();
     }
-    dispatch<matmul_op>(ctx, out, x, n_tok, w.data.data(), w.n_out, w.n_in, b);
+    dispatch<matmul_impl>(ctx, out, x, n_tok, w.data.data(), w.n_out, w.n_in, b);
 }
 
 } // namespace tandem::ops

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "runtime/ops/dispatch.hpp"
-#include "runtime/weights.hpp"
+#include "runtime/weight.hpp"
 
 #include <cstdint>
 
