@@ -5,12 +5,10 @@
 #include "cpu/thread_pool.hpp"
 #include "daemon/session.hpp"
 #include "daemon/systemd.hpp"
-#include "daemon/worker.hpp"
+#include "daemon/deployment.hpp"
+#include "daemon/pool_store.hpp"
 #include "ipc/kv_pool.hpp"
 #include "runtime/fingerprint.hpp"
-#ifdef TANDEM_HAVE_CUDA
-#include "cuda/device.hpp"
-#endif
 #include "runtime/error.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/log.hpp"
@@ -39,16 +37,6 @@ using boost::system::error_code;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Usable CUDA devices (none in a build without CUDA); `why` says why there are none.
-int n_cuda_devices(std::string& why) {
-#ifdef TANDEM_HAVE_CUDA
-    return int(cuda::list_devices(&why).size());
-#else
-    why = "this build has no CUDA support";
-    return 0;
-#endif
-}
 
 // True when something accepts connections at `path` (another daemon is running).
 bool someone_listens(const std::string& path) {
@@ -182,16 +170,6 @@ void server::load_engine(const config& cfg, model_state& ms) {
     ms.pool = ipc::kv_pool::create_or_adopt(pool_path, {fp, layout, eo.n_pages}, &why);
     ms.unlink_pool = !cfg.kv_pool_persist;
     ms.store = make_pool_store(*ms.pool);
-    std::string no_gpu_why;
-    const bool have_gpu = (cfg.prefill != "cpu" || cfg.decode == "gpu") && n_cuda_devices(no_gpu_why) > 0;
-    auto place = [&](const std::string& want, bool prefill) -> std::string {
-        if (want == "gpu") {
-            TANDEM_CHECK(have_gpu, "{}=gpu: no CUDA device is usable ({})", prefill ? "prefill" : "decode", no_gpu_why);
-            return "cuda:0";
-        }
-        if (want == "auto" && prefill && have_gpu) return "cuda:0";
-        return "cpu";
-    };
     worker_spec base;
     base.model = cfg.model;
     base.pool = pool_path;
@@ -203,21 +181,11 @@ void server::load_engine(const config& cfg, model_state& ms) {
     base.n_vocab = mc.n_vocab;
     base.log_level = cfg.log_level;
     base.timeout_s = cfg.worker_timeout_s;
-    worker_spec pre = base, dec = base;
-    pre.role = "prefill";
-    pre.device = place(cfg.prefill, true);
-    dec.role = "decode";
-    dec.device = place(cfg.decode, false);
-    // Both CPU workers may use every core by default: a lone request is in one phase at a
-    // time, and idle pools sleep. Split the cores (prefill_threads/decode_threads) when
-    // many requests keep both phases busy.
-    pre.n_threads = pre.device == "cpu" ? (cfg.prefill_threads > 0 ? cfg.prefill_threads : n_threads) : 1;
-    dec.n_threads = dec.device == "cpu" ? (cfg.decode_threads > 0 ? cfg.decode_threads : n_threads) : 1;
-    ms.prefill_device = pre.device;
-    ms.decode_device = dec.device;
+    deployment dep = deploy_workers(cfg, base, n_threads);
+    ms.prefill_device = dep.prefill_device;
+    ms.decode_device = dep.decode_device;
     engine_parts parts;
-    parts.executors.push_back(make_worker_executor(pre, work_kind::prefill));
-    parts.executors.push_back(make_worker_executor(dec, work_kind::decode));
+    parts.executors = std::move(dep.executors);
     parts.store = ms.store.get();
     ipc::kv_pool& pool = *ms.pool;
     parts.restore = [&pool, log, why](scheduler& s) {

@@ -2,7 +2,7 @@
 #include "cpu/dnnl_matmul.hpp"
 #include "daemon/config.hpp"
 #include "daemon/server.hpp"
-#include "daemon/worker.hpp"
+#include "daemon/worker_main.hpp"
 #include "runtime/log.hpp"
 
 #include <CLI/CLI.hpp>

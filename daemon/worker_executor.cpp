@@ -1,0 +1,189 @@
+// The worker executor: spawns a worker process, runs batches through its channel, notices
+// crashes and hangs, restarts it.
+#include "daemon/worker_executor.hpp"
+
+#include "ipc/channel.hpp"
+#include "ipc/wire.hpp"
+#include "ipc/worker_process.hpp"
+#include "runtime/error.hpp"
+#include "runtime/log.hpp"
+
+#include <algorithm>
+
+namespace tandem::daemon {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+class worker_executor final : public executor {
+public:
+    worker_executor(const worker_spec& spec, work_kind kind) : spec_(spec), kind_(kind), log_(logger("workers")) {}
+
+    ~worker_executor() override { shutdown(); }
+
+    std::string name() const override { return fmt::format("{} worker on {}", spec_.role, spec_.device); }
+    work_kind kind() const override { return kind_; }
+    bool ready() override { return proc_ && hello_ && !in_flight_; }
+    bool up() const override { return up_; }
+    std::string failure() const override { return failure_; }
+    uint64_t n_restarts() const override { return n_restarts_; }
+    device_kv_bytes device_kv() const override { return {kv_upload_bytes_, kv_kept_bytes_}; }
+
+    void start(const batch& b) override {
+        TANDEM_ASSERT(ready());
+        TANDEM_ASSERT(b.n_logits() <= spec_.max_rows, "{} logits rows, the channel holds {}", b.n_logits(),
+                      spec_.max_rows);
+        n_rows_ = b.n_logits();
+        buf_.clear();
+        ipc::encode_run(++batch_id_, b, buf_);
+        in_flight_ = true;
+        t_start_ = clock_type::now();
+        if (!ch_->commands().push(uint32_t(ipc::msg_type::run), buf_)) {
+            // cannot happen with one batch in flight and a ring sized for the largest one
+            pending_ = outcome{false, false, fmt::format("batch of {} bytes does not fit the {} worker's ring",
+                                                         buf_.size(), spec_.role)};
+            return;
+        }
+        ch_->notify_worker();
+    }
+
+    std::optional<outcome> poll() override {
+        if (pending_) {
+            in_flight_ = false;
+            auto r = pending_;
+            pending_.reset();
+            return r;
+        }
+        if (!proc_) {
+            if (failure_.empty() && clock_type::now() >= next_spawn_) spawn();
+            return std::nullopt;
+        }
+        ipc::channel::consume(ch_->supervisor_wait_fd());
+        uint32_t type;
+        while (ch_->results().pop(type, msg_)) {
+            if (type == uint32_t(ipc::msg_type::hello)) {
+                auto h = ipc::decode_hello(msg_);
+                if (!h) return died("sent a malformed hello");
+                hello_ = true;
+                up_ = true;
+                t_hello_ = clock_type::now();
+                log_->info("{} worker ready: pid {}, {}, in {:.2f} s", spec_.role, h->pid, h->device,
+                           std::chrono::duration<double>(t_hello_ - t_spawn_).count());
+            } else if (type == uint32_t(ipc::msg_type::done)) {
+                auto d = ipc::decode_done(msg_);
+                if (!d || !in_flight_ || d->batch_id != batch_id_) return died("sent a result out of turn");
+                in_flight_ = false;
+                if (!d->ok) return outcome{false, false, d->error};
+                kv_upload_bytes_ += uint64_t(d->kv_upload_bytes);
+                kv_kept_bytes_ += uint64_t(d->kv_kept_bytes);
+                return outcome{};
+            } else {
+                return died(fmt::format("sent an unknown message type {}", type));
+            }
+        }
+        if (ch_->results().corrupt()) return died("corrupted its result ring");
+        if (auto st = proc_->try_reap()) return died(ipc::worker_process::describe(*st));
+        if (in_flight_ && clock_type::now() - t_start_ > timeout())
+            return died(fmt::format("did not answer a batch within {} s (hung)", spec_.timeout_s));
+        return std::nullopt;
+    }
+
+    std::span<const float> logits(int32_t row) override {
+        TANDEM_ASSERT(row >= 0 && row < n_rows_);
+        return {ch_->logits_row(row), size_t(spec_.n_vocab)};
+    }
+
+    std::vector<int> wait_fds() override {
+        if (!proc_) return {};
+        return {ch_->supervisor_wait_fd(), proc_->pidfd()};
+    }
+
+    std::chrono::milliseconds poll_interval() const override {
+        if (!proc_ && failure_.empty()) return std::max(1ms, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                 next_spawn_ - clock_type::now()));
+        if (in_flight_) // wake up in time to notice a hung worker
+            return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(t_start_ + timeout() - clock_type::now()),
+                              1ms, 1000ms);
+        return 1000ms;
+    }
+
+    void shutdown() override {
+        if (!proc_) return;
+        ch_->commands().push(uint32_t(ipc::msg_type::shutdown), {});
+        ch_->notify_worker();
+        const int st = proc_->stop(3000ms);
+        log_->debug("{} worker (pid {}) {}", spec_.role, proc_->pid(), ipc::worker_process::describe(st));
+        proc_.reset();
+        ch_.reset();
+        failure_ = "stopped";
+    }
+
+private:
+    clock_type::duration timeout() const {
+        return std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(spec_.timeout_s));
+    }
+
+    void spawn() {
+        ipc::channel_config cc;
+        cc.max_rows = spec_.max_rows;
+        cc.n_vocab = spec_.n_vocab;
+        cc.command_bytes = uint64_t(4) << 20;
+        ch_ = ipc::channel::create(cc);
+        const auto fds = ch_->child_fds();
+        proc_ = ipc::worker_process::spawn(worker_args(spec_, fds), fds);
+        t_spawn_ = clock_type::now();
+        hello_ = false;
+        log_->debug("{} worker started: pid {}", spec_.role, proc_->pid());
+    }
+
+    // The worker is gone (or broken): kill what is left, plan a restart, and fail its batch.
+    std::optional<outcome> died(const std::string& why) {
+        const int pid = proc_->pid();
+        proc_->kill_now();
+        proc_->try_reap();
+        proc_.reset();
+        ch_.reset();
+        const auto now = clock_type::now();
+        // Back off when it keeps dying soon after starting; a worker that never came up at
+        // all fails the daemon's start (the engine reports failure()).
+        if (!up_) {
+            failure_ = fmt::format("the {} worker exited during start-up ({})", spec_.role, why);
+            log_->error("{}", failure_);
+        } else {
+            n_early_deaths_ = hello_ && now - t_hello_ > 30s ? 0 : n_early_deaths_ + 1;
+            const auto delay = std::min<std::chrono::milliseconds>(10000ms, 100ms * (1 << std::min(n_early_deaths_, 7)));
+            next_spawn_ = now + (n_early_deaths_ <= 1 ? 0ms : delay);
+            ++n_restarts_;
+            log_->warn("{} worker (pid {}) {}; restarting it{}", spec_.role, pid, why,
+                       n_early_deaths_ <= 1 ? "" : fmt::format(" in {} ms", delay.count()));
+        }
+        hello_ = false;
+        if (!in_flight_) return std::nullopt;
+        in_flight_ = false;
+        return outcome{false, true, fmt::format("the {} worker died ({})", spec_.role, why)};
+    }
+
+    worker_spec spec_;
+    work_kind kind_;
+    std::shared_ptr<spdlog::logger> log_;
+    std::unique_ptr<ipc::channel> ch_;
+    std::unique_ptr<ipc::worker_process> proc_;
+    bool hello_ = false, up_ = false, in_flight_ = false;
+    std::optional<outcome> pending_;
+    std::string failure_;
+    uint64_t batch_id_ = 0, n_restarts_ = 0;
+    uint64_t kv_upload_bytes_ = 0, kv_kept_bytes_ = 0; // summed over ok batches, across restarts
+    int n_early_deaths_ = 0;
+    int32_t n_rows_ = 0;                            // logits rows of the batch in flight
+    std::vector<uint8_t> buf_, msg_;
+    clock_type::time_point t_spawn_{}, t_hello_{}, t_start_{}, next_spawn_{};
+};
+
+} // namespace
+
+std::unique_ptr<executor> make_worker_executor(const worker_spec& spec, work_kind kind) {
+    return std::make_unique<worker_executor>(spec, kind);
+}
+
+} // namespace tandem::daemon

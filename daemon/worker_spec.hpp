@@ -1,0 +1,42 @@
+// What a worker process is started with, and its command line (written by the supervisor,
+// parsed by the worker).
+#pragma once
+
+#include "runtime/kv_layout.hpp"
+#include "runtime/weights.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem::daemon {
+
+// Everything a worker process needs to start; it goes on the worker's command line.
+struct worker_spec {
+    std::string role;                 // "prefill" or "decode" (names the worker in logs)
+    std::string device = "cpu";       // "cpu" or "cuda" / "cuda:N"
+    int n_threads = 1;
+    std::string model;                // GGUF path
+    std::string pool;                 // the shared KV pool's path
+    weight_format weights = weight_format::int8;
+    kv_dtype kv = kv_dtype::f16;
+    int32_t page_size = 16;
+    int32_t n_pages = 0;
+    uint64_t fingerprint = 0;         // what the supervisor computed; the worker checks its own
+    int32_t max_rows = 1;             // logits rows per batch
+    int32_t n_vocab = 0;
+    std::string log_level = "info";
+    double timeout_s = 300;           // longest a batch may take before the worker counts as hung
+};
+
+// The worker's command line: the spec, the channel's fds and the supervisor's pid.
+std::vector<std::string> worker_args(const worker_spec& s, const std::vector<int>& fds);
+
+// What worker_main parses back.
+struct worker_args_parsed {
+    worker_spec spec;
+    std::string fds;
+    int parent = 0;
+};
+
+} // namespace tandem::daemon
