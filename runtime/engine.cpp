@@ -552,6 +552,12 @@ private:
     kv_cache& kv_;
 };
 
+} // namespace
+
+std::unique_ptr<page_store> make_local_store(kv_cache& kv) { return std::make_unique<local_store>(kv); }
+
+namespace {
+
 // The local engine owns its page pool, store and runner alongside the engine.
 class local_engine final : public engine {
 public:
@@ -559,7 +565,7 @@ public:
         const auto& c = mdl.config();
         const engine_options o = resolve(opts, c);
         kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(o.page_size), o.n_pages);
-        store_ = std::make_unique<local_store>(*kv_);
+        store_ = make_local_store(*kv_);
         engine_parts parts;
         parts.executors.push_back(std::make_unique<inproc_executor>(std::move(r), *kv_, c.n_vocab));
         parts.store = store_.get();
@@ -573,7 +579,7 @@ public:
 
 private:
     std::unique_ptr<kv_cache> kv_;
-    std::unique_ptr<local_store> store_;
+    std::unique_ptr<page_store> store_;
     std::unique_ptr<engine> impl_;
 };
 

@@ -19,6 +19,7 @@
 
 namespace tandem {
 
+class kv_cache;
 class model;
 class runner;
 struct batch;
@@ -182,6 +183,10 @@ struct engine_parts {
     page_store* store = nullptr;                       // not owned; outlives the engine
     std::function<void(scheduler&)> restore;           // called once, before any request
 };
+
+// Pages of a private kv_cache (the in-process engine's): copy-on-write is a memcpy, nothing
+// is persisted.
+std::unique_ptr<page_store> make_local_store(kv_cache& kv);
 
 // The engine: continuous batching over a scheduler (prefix cache, chunked prefill,
 // preemption) and any set of executors, on one engine thread.

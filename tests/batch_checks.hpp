@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cpu/ref/ops_ref.hpp"
+#include "runtime/engine.hpp"
 #include "runtime/kv_cache.hpp"
 #include "runtime/model.hpp"
 #include "runtime/runner.hpp"
@@ -123,16 +124,17 @@ inline std::vector<float> run_pending(scheduler& s, runner& r, kv_cache& kv, int
     }
 }
 
-// Pages of a private pool: copy-on-write is a memcpy.
-struct memcpy_store final : page_store {
-    kv_cache& kv;
+// The in-process engine's page store, counting its copies.
+struct counting_store final : page_store {
+    std::unique_ptr<page_store> inner;
     int n_copies = 0;
-    explicit memcpy_store(kv_cache& k) : kv(k) {}
-    void published(int32_t, uint64_t, uint64_t, std::span<const int32_t>) override {}
-    void cleared(int32_t) override {}
+    explicit counting_store(kv_cache& kv) : inner(make_local_store(kv)) {}
+    void published(int32_t p, uint64_t h, uint64_t parent, std::span<const int32_t> t) override {
+        inner->published(p, h, parent, t);
+    }
+    void cleared(int32_t p) override { inner->cleared(p); }
     void copy_page(int32_t src, int32_t dst) override {
-        const int64_t pb = kv.layout().page_bytes();
-        std::memcpy(kv.base() + dst * pb, kv.base() + src * pb, size_t(pb));
+        inner->copy_page(src, dst);
         ++n_copies;
     }
 };
@@ -143,7 +145,7 @@ struct memcpy_store final : page_store {
 inline void check_truncate_recompute(runner& r, const model& m, double tol) {
     const int32_t n_vocab = m.config().n_vocab, ps = 4;
     kv_cache kv(m.make_kv_layout(ps), 32);
-    memcpy_store store(kv);
+    counting_store store(kv);
     scheduler_options o;
     o.page_size = ps;
     o.n_pages = 32;
