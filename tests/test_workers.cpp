@@ -167,9 +167,10 @@ TEST_CASE("workers: two worker processes share the pool; outputs equal the offli
     auto g = post(d.sock, "/v1/completions", {{"prompt", group_prompt}, {"max_tokens", 25}, {"temperature", 0},
                                               {"ignore_eos", true}, {"n", 4}});
     REQUIRE(g.status == 200);
-    REQUIRE(g.j()["choices"].size() == 4);
-    for (const auto& c : g.j()["choices"]) CHECK(c["text"] == offline_text(group_prompt, 25));
-    const int n_prompt = g.j()["usage"]["prompt_tokens"].get<int>();
+    const json gj = g.j();
+    REQUIRE(gj["choices"].size() == 4);
+    for (const auto& c : gj["choices"]) CHECK(c["text"] == offline_text(group_prompt, 25));
+    const int n_prompt = gj["usage"]["prompt_tokens"].get<int>();
     CHECK(engine_metric("tandem_engine_prompt_tokens_total") - prompt0 == n_prompt); // once, not four times
     CHECK(engine_metric("tandem_prefix_cache_hits_total") - hits0 == 0);
     CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
