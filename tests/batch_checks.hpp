@@ -111,14 +111,13 @@ inline void check_multi_token_step(runner& r, const model& m, int32_t page_size,
     CHECK(nmse(kv_of[1], kv_of[0]) < tol);
 }
 
-// Runs the scheduler's batches on `r` until nothing is left to compute; returns the logits
-// rows of the last batch.
-inline std::vector<float> run_pending(scheduler& s, runner& r, kv_cache& kv, int32_t n_vocab) {
+// Runs the scheduler's batches on `r` until nothing is left to compute.
+inline void run_pending(scheduler& s, runner& r, kv_cache& kv, int32_t n_vocab) {
     std::vector<float> rows;
     for (;;) {
         const batch& b = s.plan(0, work_kind::both);
-        if (b.empty()) return rows;
-        rows.assign(size_t(b.n_logits()) * size_t(n_vocab), 0.0f);
+        if (b.empty()) return;
+        rows.resize(size_t(b.n_logits()) * size_t(n_vocab));
         r.forward(b, kv, rows.data());
         s.complete(0, true);
     }
