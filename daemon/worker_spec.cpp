@@ -10,7 +10,7 @@
 namespace tandem::daemon {
 
 std::vector<std::string> worker_args(const worker_spec& s, const std::vector<int>& fds) {
-    return {ipc::self_exe(),
+    return {s.exe.empty() ? ipc::self_exe() : s.exe,
             "--worker", s.role,
             "--fds", fmt::format("{},{},{}", fds.at(0), fds.at(1), fds.at(2)),
             "--parent", std::to_string(::getpid()),

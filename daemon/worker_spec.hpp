@@ -14,6 +14,7 @@ namespace tandem::daemon {
 // Everything a worker process needs to start; it goes on the worker's command line.
 struct worker_spec {
     std::string role;                 // "prefill" or "decode" (names the worker in logs)
+    std::string exe;                  // the worker's binary; empty: this one (tandemd starts itself)
     std::string device = "cpu";       // "cpu" or "cuda" / "cuda:N"
     int n_threads = 1;
     std::string model;                // GGUF path

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace tandem::test {
@@ -62,16 +63,17 @@ inline void check_rows(std::span<const float> want, std::span<const float> got, 
     for (size_t r = 0; r * size_t(n_vocab) < want.size(); ++r) {
         const auto w = want.subspan(r * size_t(n_vocab), size_t(n_vocab));
         const auto g = got.subspan(r * size_t(n_vocab), size_t(n_vocab));
-        INFO(what, " row ", r, ": nmse ", nmse(w, g));
+        INFO(std::string(what), " row ", r, ": nmse ", nmse(w, g));
         CHECK(nmse(w, g) < tol);
         CHECK(argmax(w) == argmax(g));
     }
 }
 
 // One sequence computes 5 tokens in one step with logits for all 5, beside another sequence's
-// one decode token; the same on other pages as 5 one-token steps gives the same 5 rows, the
-// same row for the other sequence, and the same K/V in the pages.
-inline void check_multi_token_step(runner& r, const model& m, int32_t page_size, double tol) {
+// one decode token; the same on other pages of `kv` as 5 one-token steps gives the same 5 rows,
+// the same row for the other sequence, and the same K/V in the pages. `kv` is where `r` writes
+// (a view of a worker's shared pool, say); the check takes 18 of its free pages at page size 3.
+inline void check_multi_token_step(runner& r, const model& m, kv_cache& kv, double tol) {
     const int32_t n_vocab = m.config().n_vocab;
     const auto prompt = random_ids(13, n_vocab, 1), draft = random_ids(5, n_vocab, 2), other = random_ids(9, n_vocab, 3);
     const int32_t n_prompt = int32_t(prompt.size());
@@ -80,9 +82,11 @@ inline void check_multi_token_step(runner& r, const model& m, int32_t page_size,
     std::vector<float> logits(size_t(6) * size_t(n_vocab)), scratch(static_cast<size_t>(n_vocab));
     std::vector<std::vector<float>> kv_of(2);
     std::vector<float> multi, steps;
+    // Both paths hold their pages to the end: the second writes pages the first never touched.
+    sequence_kv a0(kv), o0(kv), a1(kv), o1(kv);
     for (int path = 0; path < 2; ++path) {
-        kv_cache kv(m.make_kv_layout(page_size), 32);
-        sequence_kv a(kv), o(kv);
+        sequence_kv& a = path == 0 ? a0 : a1;
+        sequence_kv& o = path == 0 ? o0 : o1;
         REQUIRE(a.reserve(int32_t(full.size())));
         REQUIRE(o.reserve(int32_t(other.size())));
         r.forward(one_sequence(prompt, 0, a.block_table()), kv, scratch.data());
@@ -109,6 +113,12 @@ inline void check_multi_token_step(runner& r, const model& m, int32_t page_size,
     }
     check_rows(steps, multi, n_vocab, tol, "5 tokens in one step");
     CHECK(nmse(kv_of[1], kv_of[0]) < tol);
+}
+
+// The same on a private cache of page_size positions a page.
+inline void check_multi_token_step(runner& r, const model& m, int32_t page_size, double tol) {
+    kv_cache kv(m.make_kv_layout(page_size), 32);
+    check_multi_token_step(r, m, kv, tol);
 }
 
 // Runs the scheduler's batches on `r` until nothing is left to compute.

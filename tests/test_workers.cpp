@@ -1,7 +1,13 @@
 // The worker split end to end: tandemd with a prefill and a decode worker process sharing
-// the KV pool; hand-off, crashes, restarts with a warm prefix cache, pool exhaustion.
+// the KV pool; hand-off, crashes, restarts with a warm prefix cache, pool exhaustion; and the
+// batch contract through one worker process.
+#include "batch_checks.hpp"
 #include "cpu/thread_pool.hpp"
+#include "daemon/worker_executor.hpp"
 #include "daemon_client.hpp"
+#include "ipc/channel.hpp"
+#include "ipc/kv_pool.hpp"
+#include "runtime/fingerprint.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
 
@@ -125,7 +131,85 @@ bool gpu_daemon_up(daemon_process& d, const std::string& placement) {
     return false;
 }
 
+// Polls `ex` as the engine thread does, waiting on its fds in between, until `done` holds
+// for what poll() returned (false after 60 s).
+bool poll_until(executor& ex, const std::function<bool(const std::optional<executor::outcome>&)>& done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < until) {
+        if (done(ex.poll())) return true;
+        const auto wait = std::min(ex.poll_interval(), std::chrono::milliseconds(100));
+        if (const auto fds = ex.wait_fds(); fds.empty()) std::this_thread::sleep_for(wait);
+        else ipc::wait_readable(fds, wait);
+    }
+    return false;
+}
+
+// A runner whose forward is one batch through a worker process's executor, as the engine
+// runs it: the batch goes over the wire with its pages' generations, the worker writes K/V
+// into the shared pool (mapped here as `pages`), the rows come back through the channel.
+class executor_runner final : public runner {
+public:
+    executor_runner(executor& ex, kv_cache& pages, int32_t n_vocab) : ex_(ex), pages_(pages), n_vocab_(n_vocab) {}
+    std::string device() const override { return ex_.name(); }
+    void forward(const batch& b, kv_cache& kv, float* logits) override {
+        REQUIRE(&kv == &pages_); // the worker writes the pool, nothing else
+        wire_ = b;
+        wire_.generations.clear();
+        for (int32_t p : wire_.tables) wire_.generations.push_back(p == no_page ? 0 : pages_.pool().generation(p));
+        REQUIRE(ex_.ready());
+        ex_.start(wire_);
+        std::optional<executor::outcome> out;
+        REQUIRE(poll_until(ex_, [&](const auto& o) { return (out = o).has_value(); }));
+        REQUIRE_MESSAGE(out->ok, out->error);
+        for (int32_t row = 0; row < b.n_logits(); ++row) {
+            const auto got = ex_.logits(row);
+            REQUIRE(got.size() == size_t(n_vocab_));
+            std::copy(got.begin(), got.end(), logits + int64_t(row) * n_vocab_);
+        }
+    }
+
+private:
+    executor& ex_;
+    kv_cache& pages_;
+    int32_t n_vocab_;
+    batch wire_; // valid until the outcome is taken
+};
+
 } // namespace
+
+TEST_CASE("workers: through a worker process, 5 tokens with logits for all 5 in one step equal 5 one-token steps") {
+    const load_options lo; // the daemon's: INT8 weights, F16 K/V
+    model_bundle b = load_model(model_path("stories260K.gguf"), lo);
+    const uint64_t fp = model_fingerprint(*b.file, lo.weights, lo.kv);
+    const int32_t n_pages = 32, n_vocab = b.mdl->config().n_vocab;
+    for (int32_t ps : {16, 3}) {
+        INFO("page size ", ps);
+        const kv_layout layout = b.mdl->make_kv_layout(ps);
+        const std::string path = scratch().file("multi" + std::to_string(ps) + ".kv");
+        auto pool = ipc::kv_pool::create_or_adopt(path, {fp, layout, n_pages});
+        // The supervisor's view of the pool: its block pool hands out the pages.
+        kv_cache pages(layout, n_pages, pool->pages());
+        daemon::worker_spec s;
+        s.role = "decode";
+        s.exe = default_tandemd();
+        s.model = model_path("stories260K.gguf");
+        s.pool = path;
+        s.weights = lo.weights;
+        s.kv = lo.kv;
+        s.page_size = ps;
+        s.n_pages = n_pages;
+        s.fingerprint = fp;
+        s.max_rows = 6; // just the rows of the 6-token step
+        s.n_vocab = n_vocab;
+        s.timeout_s = 60;
+        auto ex = daemon::make_worker_executor(s, work_kind::decode);
+        REQUIRE(poll_until(*ex, [&](const auto&) { return ex->ready() || !ex->failure().empty(); }));
+        REQUIRE_MESSAGE(ex->failure().empty(), ex->failure());
+        executor_runner r(*ex, pages, n_vocab);
+        check_multi_token_step(r, *b.mdl, pages, 1e-9);
+        ex->shutdown();
+    }
+}
 
 TEST_CASE("workers: two worker processes share the pool; outputs equal the offline loop") {
     daemon_process d;
