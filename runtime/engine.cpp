@@ -379,7 +379,7 @@ private:
         if (want_lp) ev.logprob = logprob_of(logits, id);
         ev.text = q.stops.push(q.dec.push(id));
         ev.t = clock_type::now();
-        const bool stopped = q.stops.stopped();
+        const bool stopped = (r.req.observer && !r.req.observer->on_token(ev)) || q.stops.stopped();
         const bool full = q.n_generated >= r.max_tokens;
         r.sink(std::move(ev));
         if (stopped) finish_seq(r, q, "stop");
@@ -409,6 +409,7 @@ private:
         ev.t = clock_type::now();
         ev.t_admitted = r.t_admitted;
         if (const uint64_t sid = seq_id_of(r.id, q.index); sched_->contains(sid)) sched_->remove(sid);
+        if (r.req.observer) r.req.observer->on_done(ev);
         done_.push_back({r.sink, std::move(ev)});
     }
 

@@ -26,6 +26,21 @@ struct batch;
 
 using steady_time = std::chrono::steady_clock::time_point;
 
+struct engine_event;
+
+// Watches one request's output as the engine accepts it (citations, tool-call parsing): called
+// on the engine thread before each of the request's events goes to its sink, it may amend the
+// event and end a sequence. It must be quick and not throw.
+class output_observer {
+public:
+    virtual ~output_observer() = default;
+    // Sequence ev.index accepted token ev.id (its text so far released in ev.text). False ends
+    // the sequence after it (finish_reason "stop").
+    virtual bool on_token(engine_event& ev) = 0;
+    // The sequence's done event.
+    virtual void on_done(engine_event& ev) { (void)ev; }
+};
+
 // One generation: everything the engine needs, already validated by the front end.
 struct engine_request {
     std::vector<token_id> prompt;     // non-empty
@@ -41,6 +56,7 @@ struct engine_request {
     // sampling parameters' own and told each token the sequence accepts. Called by submit(),
     // once per sequence.
     std::function<std::unique_ptr<logits_processor>()> make_processor;
+    std::shared_ptr<output_observer> observer; // optional; shared by the request's sequences
 };
 
 // What the engine reports about one request, per sequence (index) in order: zero or more

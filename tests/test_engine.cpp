@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <limits>
@@ -312,4 +313,56 @@ TEST_CASE("engine: a request's logits processor masks every step of each sequenc
         CHECK(ids[size_t(i)] == want);
         CHECK(*told[size_t(i)] == want); // each sequence's own processor, told each token once
     }
+}
+
+namespace {
+
+// Records what it is shown per sequence, tags each token event, and ends sequence 1 after
+// its third token.
+struct recording_observer final : output_observer {
+    std::vector<std::vector<token_id>> seen{2};
+    std::vector<std::string> done_reasons{2};
+    bool on_token(engine_event& ev) override {
+        seen[size_t(ev.index)].push_back(ev.id);
+        ev.text = "<" + ev.text + ">";
+        return !(ev.index == 1 && seen[1].size() == 3);
+    }
+    void on_done(engine_event& ev) override { done_reasons[size_t(ev.index)] = ev.finish_reason; }
+};
+
+} // namespace
+
+TEST_CASE("engine: a request's output observer sees each accepted token first, may amend it and end a sequence") {
+    model_bundle& b = stories();
+    auto eng = make_local_engine(*b.mdl, *b.tok, engine_options{});
+    auto obs = std::make_shared<recording_observer>();
+    engine_request req = greedy("Once upon a time", 8);
+    req.n = 2;
+    req.observer = obs;
+    std::mutex mu;
+    std::vector<std::vector<token_id>> ids(2);
+    std::vector<std::string> texts(2), finish(2);
+    collector done;
+    auto sink = done.sink();
+    int n_done = 0;
+    REQUIRE(eng->submit(req, [&](engine_event&& ev) {
+                std::lock_guard lock(mu);
+                const size_t i = size_t(ev.index);
+                if (!ev.done) {
+                    ids[i].push_back(ev.id);
+                    texts[i] += ev.text;
+                    return;
+                }
+                finish[i] = ev.finish_reason;
+                if (++n_done == 2) sink(std::move(ev));
+            }).status == submit_status::ok);
+    REQUIRE(done.wait());
+    eng->stop();
+    CHECK(ids[0].size() == 8);
+    CHECK(ids[1].size() == 3);
+    CHECK(obs->seen == ids); // every token the sink got, in order, the observer saw first
+    CHECK(std::vector<token_id>(ids[0].begin(), ids[0].begin() + 3) == ids[1]); // greedy: the same start
+    CHECK(finish == std::vector<std::string>{"length", "stop"});
+    CHECK(obs->done_reasons == finish);
+    CHECK(std::count(texts[1].begin(), texts[1].end(), '<') == 3); // its amendments reached the sink
 }
