@@ -215,10 +215,9 @@ int main(int argc, char** argv) {
             for (auto& v : hq) v = float(int(rng() % 2001) - 1000) / 1000.0f;
             const cuda::buffer q = cuda::to_device(c, hq.data(), hq.size() * 4);
             const cuda::buffer out(c, hq.size() * 4);
-            const double ta = time_on_stream(c, 5, [&] {
-                cuda::attention(c, out.as<float>(), q.as<float>(), n_prompt, 0, cfg.n_head, pages.as<uint8_t>(), lay, 0,
-                                table.as<int32_t>(), 0.125f);
-            });
+            const attn_seq one{0, int32_t(n_prompt), 0, 0};
+            const attn_params ap{lay, pages.as<uint8_t>(), kv.n_pages(), table.as<int32_t>(), seq.block_table(), {&one, 1}};
+            const double ta = time_on_stream(c, 5, [&] { cuda::attention(c, ap, 0, out.as<float>(), q.as<float>(), cfg.n_head, 0.125f); });
             line("attention, one layer, causal prefill",
                  fmt::format("{:.2f} ms (x {} layers = {:.1f} ms)", ta * 1e3, cfg.n_layer, ta * 1e3 * cfg.n_layer));
             bench_gemms(c, cfg, n_prompt);

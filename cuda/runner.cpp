@@ -1,11 +1,10 @@
 // The CUDA runner: weights uploaded once; per batch the past K/V the device lacks goes to its
-// device pages (page_mirror decides which), the forward runs on the stream, the new K/V and
-// the logits come back to host memory.
+// device pages (page_mirror decides which), model::forward runs on the stream, the new K/V
+// and the logits come back to host memory. Page placement and the hand-off are all it adds.
 #include "cuda/runner.hpp"
 
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
-#include "cuda/ops/ops.hpp"
 #include "cuda/weights.hpp"
 #include "runtime/page_mirror.hpp"
 
@@ -13,7 +12,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <vector>
 
 namespace tandem {
@@ -35,7 +33,11 @@ struct grow_buffer {
 class cuda_runner final : public runner {
 public:
     cuda_runner(const model& mdl, int device, const cuda_runner_options& opts)
-        : cfg_(mdl.config()), opts_(opts), ctx_(device), w_(ctx_, checked(mdl).weights()) {
+        : mdl_(mdl), opts_(opts), ctx_(device), w_(ctx_, checked(mdl).weights()),
+          scratch_([this](size_t bytes) {
+              auto b = std::make_shared<cuda::buffer>(ctx_, bytes);
+              return std::shared_ptr<void>(b, b->get());
+          }) {
         ctx_.synchronize(); // the uploads are done before the host weights could change
         const auto devs = cuda::list_devices();
         name_ = device < int(devs.size()) ? devs[size_t(device)].name : "?";
@@ -72,20 +74,15 @@ private:
     void forward_placed(const batch& b, kv_cache& kv, float* logits, std::chrono::steady_clock::time_point t_start);
     int64_t copy_pages(std::span<const page_copy> copies, kv_cache& kv, bool to_device);
 
-    model_config cfg_;
+    const model& mdl_;
     cuda_runner_options opts_;
     cuda::context ctx_;
     cuda::device_model_weights w_;
     std::string name_;
     cudaEvent_t ev_[2] = {nullptr, nullptr};
     cuda::forward_stats stats_;
-
-    // host staging for one batch
-    std::vector<int32_t> h_rows_;        // the tokens whose logits are wanted
-    std::vector<cuda::attn_seg> h_segs_; // each sequence's rows, positions and table, for attention
-    // device scratch
-    grow_buffer tokens_, pos_, tables_, rows_;
-    grow_buffer x_, q_, k_, v_, attn_, proj_, gate_, up_, last_, xn_, xq_, xs_, logits_;
+    scratch_arena scratch_; // the forward's activations (device memory)
+    grow_buffer logits_;    // the logits on the device, until they are downloaded
 
     // Device pages for host pages: which host page each holds and how much of it is valid
     // (pages_), the memory (mirror_, pages_.capacity() pages of the pool's layout), the pool
@@ -184,17 +181,7 @@ int64_t cuda_runner::copy_pages(std::span<const page_copy> copies, kv_cache& kv,
 
 void cuda_runner::forward(const batch& b, kv_cache& kv, float* logits) {
     const auto t_start = std::chrono::steady_clock::now();
-    const kv_layout& lay = kv.layout();
-    TANDEM_CHECK(lay.n_layer == cfg_.n_layer && lay.n_head_kv == cfg_.n_head_kv && lay.head_dim == cfg_.head_dim,
-                 "KV pages of {} layers x {} heads x {} dims do not fit the model", lay.n_layer, lay.n_head_kv,
-                 lay.head_dim);
-    // Host side: the tokens are checked here, the pages by page_mirror::prepare.
-    h_rows_.clear();
-    for (int32_t t = 0; t < b.n_tokens(); ++t) {
-        TANDEM_CHECK(b.tokens[size_t(t)] >= 0 && b.tokens[size_t(t)] < cfg_.n_vocab,
-                     "token id {} is outside the vocabulary [0, {})", b.tokens[size_t(t)], cfg_.n_vocab);
-        if (b.wants_logits[size_t(t)]) h_rows_.push_back(t);
-    }
+    // The pages are checked by page_mirror::prepare, the tokens and the layout by model::forward.
     if (b.empty()) return;
     ctx_.make_current();
     place_pages(b, kv);
@@ -209,11 +196,7 @@ void cuda_runner::forward(const batch& b, kv_cache& kv, float* logits) {
 void cuda_runner::forward_placed(const batch& b, kv_cache& kv, float* logits,
                                  std::chrono::steady_clock::time_point t_start) {
     const kv_layout& lay = kv.layout();
-    const int64_t n_tok = b.n_tokens(), n_seq = b.n_seqs(), n_rows = b.n_logits();
-    const int64_t e = cfg_.n_embd, n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff;
     const cuda::context& c = ctx_;
-    uint8_t* mirror = mirror_.as<uint8_t>();
-    const std::vector<int32_t>& slot0 = plan_.table_begin;
     stats_.upload_bytes = copy_pages(plan_.uploads, kv, true);
     {
         const int64_t slot_bytes = int64_t(lay.n_layer) * 2 * lay.n_head_kv *
@@ -224,91 +207,19 @@ void cuda_runner::forward_placed(const batch& b, kv_cache& kv, float* logits,
         stats_.total_kept_bytes += stats_.kept_bytes;
     }
 
-    int32_t* d_tokens = tokens_.get<int32_t>(c, size_t(n_tok));
-    int32_t* d_pos = pos_.get<int32_t>(c, size_t(n_tok));
-    const int64_t n_slots = int64_t(plan_.tables.size());
-    int32_t* d_tables = tables_.get<int32_t>(c, size_t(n_slots));
-    int32_t* d_rows = rows_.get<int32_t>(c, size_t(n_rows));
-    c.upload(d_tokens, b.tokens.data(), size_t(n_tok) * 4);
-    c.upload(d_pos, b.pos.data(), size_t(n_tok) * 4);
-    c.upload(d_tables, plan_.tables.data(), size_t(n_slots) * 4);
-    if (n_rows > 0) c.upload(d_rows, h_rows_.data(), size_t(n_rows) * 4);
-    h_segs_.clear();
-    for (int32_t i = 0; i < n_seq; ++i)
-        h_segs_.push_back({b.tok_begin[size_t(i)], b.n_new(i), b.n_past(i), slot0[size_t(i)]});
-
-    float* x = x_.get<float>(c, size_t(n_tok * e));
-    float* q = q_.get<float>(c, size_t(n_tok * e));
-    float* k = k_.get<float>(c, size_t(n_tok * n_kv));
-    float* v = v_.get<float>(c, size_t(n_tok * n_kv));
-    float* attn = attn_.get<float>(c, size_t(n_tok * e));
-    float* proj = proj_.get<float>(c, size_t(2 * n_tok * e));
-    float* gate = gate_.get<float>(c, size_t(n_tok * ff));
-    float* up = up_.get<float>(c, size_t(n_tok * ff));
-    // 16-byte aligned rows for cuBLASLt: the lo term starts at n_tok * max(e, ff), rounded up.
-    const int64_t xq_half = (n_tok * std::max(e, ff) + 15) / 16 * 16;
-    int8_t* xq = xq_.get<int8_t>(c, size_t(2 * xq_half));
-    float* xs = xs_.get<float>(c, size_t(2 * n_tok));
-
-    cuda::embed(c, x, d_tokens, n_tok, w_.tok_embd.q(), w_.tok_embd.scale(), w_.tok_embd.f32(), e);
-    const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
-    const bool neox = cfg_.rope == rope_style::neox;
-    auto mm = [&](float* out, const int8_t* aq, const float* as, int64_t rows, const cuda::device_weight& w,
-                  const cuda::device_weight* bias) {
-        cuda::matmul_i8(c, out, aq, as, rows, w.q(), w.scale(), w.n_out(), w.n_in(), bias ? bias->f32() : nullptr);
-    };
-    for (int il = 0; il < cfg_.n_layer; ++il) {
-        const cuda::device_layer& l = w_.layers[size_t(il)];
-        cuda::rms_norm_quant(c, xq, xs, x, l.attn_norm.f32(), n_tok, e, cfg_.rms_eps);
-        mm(q, xq, xs, n_tok, l.wq, &l.bq);
-        mm(k, xq, xs, n_tok, l.wk, &l.bk);
-        mm(v, xq, xs, n_tok, l.wv, &l.bv);
-        cuda::rope(c, q, d_pos, n_tok, cfg_.n_head, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
-                   cfg_.rope_freq_scale, neox);
-        cuda::rope(c, k, d_pos, n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
-                   cfg_.rope_freq_scale, neox);
-        // Every sequence of the batch, prefill chunks and decode tokens alike, in one launch each.
-        cuda::kv_store(c, mirror, lay, il, h_segs_.data(), n_seq, d_tables, k, v);
-        cuda::attention(c, attn, q, h_segs_.data(), n_seq, cfg_.n_head, mirror, lay, il, d_tables, scale);
-        cuda::quantize_rows(c, xq, xs, attn, n_tok, e);
-        mm(proj, xq, xs, n_tok, l.wo, nullptr);
-        cuda::add(c, x, proj, n_tok * e);
-
-        cuda::rms_norm_quant(c, xq, xs, x, l.ffn_norm.f32(), n_tok, e, cfg_.rms_eps);
-        mm(gate, xq, xs, n_tok, l.w_gate, nullptr);
-        mm(up, xq, xs, n_tok, l.w_up, nullptr);
-        // The down projection's input as two int8 terms, run as 2 * n_tok rows (model.cpp).
-        cuda::swiglu(c, gate, gate, up, n_tok * ff);
-        cuda::quantize_rows_split(c, xq, xs, xq + xq_half, xs + n_tok, gate, n_tok, ff);
-        if (xq_half == n_tok * ff) {
-            mm(proj, xq, xs, 2 * n_tok, l.w_down, nullptr);
-        } else { // the two terms are not adjacent rows: two matmuls
-            mm(proj, xq, xs, n_tok, l.w_down, nullptr);
-            mm(proj + n_tok * e, xq + xq_half, xs + n_tok, n_tok, l.w_down, nullptr);
-        }
-        cuda::add(c, proj, proj + n_tok * e, n_tok * e);
-        cuda::add(c, x, proj, n_tok * e);
-    }
-
-    // Logits of the tokens that want them, as model.cpp computes them: the normed rows as two
-    // int8 terms (hi, then its rounding error), run as 2 * n_rows adjacent rows and summed.
-    const int64_t n_voc = cfg_.n_vocab;
-    float* d_logits = logits_.get<float>(c, size_t(std::max<int64_t>(1, 2 * n_rows * n_voc)));
-    if (n_rows > 0) {
-        float* last = last_.get<float>(c, size_t(n_rows * e));
-        float* xn = xn_.get<float>(c, size_t(n_rows * e));
-        cuda::gather_rows(c, last, x, d_rows, n_rows, e);
-        cuda::rms_norm(c, xn, last, w_.output_norm.f32(), n_rows, e, cfg_.rms_eps);
-        cuda::quantize_rows_split(c, xq, xs, xq + n_rows * e, xs + n_rows, xn, n_rows, e);
-        mm(d_logits, xq, xs, 2 * n_rows, w_.logits_weight(), nullptr);
-        cuda::add(c, d_logits, d_logits + n_rows * n_voc, n_rows * n_voc);
-    }
+    // The one forward, over the device pages the plan maps the batch's pages to.
+    const int64_t n_logits = int64_t(b.n_logits()) * mdl_.config().n_vocab;
+    float* d_logits = logits_.get<float>(c, size_t(n_logits));
+    exec_ctx ex{backend::cuda, nullptr, &ctx_};
+    ex.scratch = &scratch_;
+    const forward_pages pages{lay, mirror_.as<uint8_t>(), pages_.capacity(), plan_.tables, plan_.table_begin, 0};
+    mdl_.forward(ex, w_.view(), b, pages, d_logits);
 
     const auto st = static_cast<cudaStream_t>(c.stream());
     CUDA_CHECK(cudaEventRecord(ev_[0], st));
     stats_.handoff_bytes = copy_pages(plan_.writes, kv, false);
     CUDA_CHECK(cudaEventRecord(ev_[1], st));
-    if (n_rows > 0) c.download(logits, d_logits, size_t(n_rows * n_voc) * sizeof(float));
+    if (n_logits > 0) c.download(logits, d_logits, size_t(n_logits) * sizeof(float));
     c.synchronize();
     pages_.commit(); // the new positions are in the device pages too
     float ms = 0;

@@ -17,7 +17,10 @@ device_weight::device_weight(const context& ctx, const weight& w) : n_out_(w.n_o
         view_.scale_ext = s_.as<float>();
         view_.q_sum = w.q_sum;
     } else {
-        f_ = to_device(ctx, w.data.data(), w.data.size() * sizeof(float));
+        f_ = to_device(ctx, w.f32(), size_t(w.n_out * w.n_in) * sizeof(float));
+        view_.n_out = w.n_out;
+        view_.n_in = w.n_in;
+        view_.data_ext = f_.as<float>();
     }
 }
 

@@ -6,8 +6,8 @@
 
 namespace tandem::cuda {
 
-// One weight on the device. view() is a `weight` for ops on backend::cuda: its q() and
-// scale() point at the device copies (q_sum stays a host copy for the ops' checks).
+// One weight on the device. view() is a `weight` for ops on backend::cuda: its q(), scale()
+// and f32() point at the device copies (q_sum stays a host copy for the ops' checks).
 class device_weight {
 public:
     device_weight() = default;

@@ -13,6 +13,13 @@ device_model_weights::device_model_weights(const context& ctx, const model_weigh
                                       device_weight(ctx, l.ffn_norm), device_weight(ctx, l.w_gate),
                                       device_weight(ctx, l.w_up), device_weight(ctx, l.w_down)});
     }
+    view_.tok_embd = tok_embd.view();
+    view_.output_norm = output_norm.view();
+    view_.output = output.view();
+    for (const device_layer& l : layers)
+        view_.layers.push_back(layer_weights{l.attn_norm.view(), l.wq.view(), l.wk.view(), l.wv.view(), l.wo.view(),
+                                             l.bq.view(), l.bk.view(), l.bv.view(), l.ffn_norm.view(),
+                                             l.w_gate.view(), l.w_up.view(), l.w_down.view()});
 }
 
 size_t device_model_weights::bytes() const {

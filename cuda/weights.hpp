@@ -18,8 +18,12 @@ struct device_model_weights {
     std::vector<device_layer> layers;
 
     device_model_weights(const context& ctx, const model_weights& w);
-    const device_weight& logits_weight() const { return output.empty() ? tok_embd : output; }
     size_t bytes() const; // device memory they occupy
+    // Every weight as its device view (device_weight::view()), for model::forward on backend::cuda.
+    const model_weights& view() const { return view_; }
+
+private:
+    model_weights view_;
 };
 
 } // namespace tandem::cuda

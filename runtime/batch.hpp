@@ -2,6 +2,7 @@
 // block-table array. The scheduler plans it, the wire carries it, model::forward reads it.
 #pragma once
 
+#include "runtime/attn_params.hpp" // no_page
 #include "runtime/tokenizer.hpp"
 
 #include <cstdint>
@@ -11,10 +12,6 @@
 #include <vector>
 
 namespace tandem {
-
-// A block-table entry for a page the sequence does not hold (positions it never reads
-// again, e.g. outside an attention window). Never a page that a step writes or reads.
-inline constexpr int32_t no_page = -1;
 
 // Each sequence's new tokens are contiguous in the token arrays and sit at consecutive
 // positions from its n_past; its block table covers every position up to its last new one.

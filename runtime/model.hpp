@@ -1,11 +1,12 @@
 // The engine's forward pass: a Llama-family model built from ops over a paged KV cache.
 #pragma once
 
+#include "runtime/attn_params.hpp"
 #include "runtime/batch.hpp"
 #include "runtime/kv_cache.hpp"
 #include "runtime/model_config.hpp"
-#include "runtime/ops/attention.hpp"
 #include "runtime/ops/dispatch.hpp"
+#include "runtime/ops/scratch.hpp"
 #include "runtime/tokenizer.hpp"
 #include "runtime/weights.hpp"
 
@@ -13,6 +14,19 @@
 #include <vector>
 
 namespace tandem {
+
+// The KV pages of one forward on the context's backend (attn_params without the sequences,
+// which come from the batch): the block tables are host memory, staged to the backend by
+// the forward, with where each of the batch's sequences starts in them (a runner that moves
+// pages to a device translates the batch's block tables into its own device pages).
+struct forward_pages {
+    kv_layout lay;
+    uint8_t* kv_base = nullptr;            // backend memory
+    int32_t n_pages = 0;
+    std::span<const int32_t> tables;       // host memory
+    std::span<const int32_t> table_begin;  // [n_seqs] offsets into tables
+    int32_t window = 0;                    // attn_params::window
+};
 
 class model {
 public:
@@ -27,30 +41,25 @@ public:
     kv_dtype kv_type() const { return kv_; }
     void set_kv_type(kv_dtype kv) { kv_ = kv; }
 
-    // Runs every new token of every sequence as one flat batch (matmuls over all tokens,
-    // attention per sequence) and writes the logits of each token that wants them into
-    // logits [b.n_logits(), n_vocab], in token order.
+    // Runs every new token of every sequence as one flat batch (matmuls over all tokens, one
+    // attention op for all sequences) and writes the logits of each token that wants them
+    // into logits [b.n_logits(), n_vocab], in token order. The batch, its token ids checked
+    // here, is host memory.
+    //
+    // Any backend: weights `w` (this model's, or a view of a copy on the context's backend,
+    // cuda::device_model_weights::view()), the pages and logits are backend memory, and the
+    // activations come from ctx.scratch (reset here). The one forward every runner runs.
+    void forward(const exec_ctx& ctx, const model_weights& w, const batch& b, const forward_pages& kv,
+                 float* logits) const;
+    // Host backends: this model's weights, the pages of `kv` with the batch's block tables,
+    // scratch from ctx.scratch or else the model's own.
     void forward(const exec_ctx& ctx, const batch& b, kv_cache& kv, float* logits);
 
 private:
-    void ensure_scratch(int64_t n_tok);
-
     model_config cfg_;
     model_weights w_;
     kv_dtype kv_;
-    // activations for the flat batch of n_tok tokens
-    std::vector<float> x_;        // [n_tok, n_embd] residual stream
-    std::vector<float> xn_;       // [n_tok, n_embd] normed
-    std::vector<float> q_;        // [n_tok, n_embd]
-    std::vector<float> k_, v_;    // [n_tok, n_embd_kv]
-    std::vector<float> attn_;     // [n_tok, n_embd]
-    std::vector<float> proj_;     // [2 * n_tok, n_embd] (the down projection's two terms)
-    std::vector<float> gate_, up_;// [n_tok, n_ff]
-    std::vector<float> last_;     // [n_logits, n_embd] rows whose logits are wanted
-    std::vector<int8_t> xq_;      // [2 * n_tok, max(n_embd, n_ff)] INT8 activations (W8A8 path; two terms for w_down)
-    std::vector<float> xs_;       // [2 * n_tok] their per-token scales
-    std::vector<float> logits2_;  // [2 * n_rows, n_vocab] the INT8 logits' two terms
-    std::vector<ops::decode_seq> decode_; // the batch's one-token sequences (one attention op for all)
+    scratch_arena scratch_ = scratch_arena::host(); // for host contexts without one
 };
 
 } // namespace tandem

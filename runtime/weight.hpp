@@ -38,15 +38,18 @@ struct weight {
     std::vector<float> scale_store;   // [n_out]
     const int8_t* q_ext = nullptr;    // [n_out, n_in] in a mapped file (outlives the weight)
     const float* scale_ext = nullptr; // [n_out]
+    const float* data_ext = nullptr;  // F32 form held elsewhere (a backend's copy: a device view)
     std::vector<int32_t> q_sum;       // [n_out] sum of each q row (VNNI's u8 offset correction)
     std::shared_ptr<const void> packed; // a backend's own copy/handle (oneDNN), opaque here
 
     bool is_i8() const { return q_ext != nullptr || !q_store.empty(); }
-    bool empty() const { return data.empty() && !is_i8(); }
-    const float* row(int64_t i) const { return data.data() + i * n_in; }
+    bool is_f32() const { return data_ext != nullptr || !data.empty(); }
+    bool empty() const { return !is_f32() && !is_i8(); }
+    const float* f32() const { return data_ext ? data_ext : data.data(); }
+    const float* row(int64_t i) const { return f32() + i * n_in; }
     const int8_t* q() const { return q_ext ? q_ext : q_store.data(); }
     const float* scale() const { return scale_ext ? scale_ext : scale_store.data(); }
-    int64_t bytes() const { return is_i8() ? n_out * n_in + n_out * 4 : int64_t(data.size()) * 4; }
+    int64_t bytes() const { return is_i8() ? n_out * n_in + n_out * 4 : is_f32() ? n_out * n_in * 4 : 0; }
     // Row i as F32 (dequantized for INT8) into out [n_in].
     void row_f32(int64_t i, float* out) const;
 };

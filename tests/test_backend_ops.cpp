@@ -12,6 +12,7 @@
 #include "runtime/ops/quant.hpp"
 #include "runtime/weights.hpp"
 #include "quant/int8.hpp"
+#include "tests/backend_rows.hpp"
 #include "tests/op_data.hpp"
 #if TANDEM_HAVE_CUDA
 #include "cuda/device.hpp"
@@ -39,162 +40,7 @@ using namespace tandem;
 using tandem::test::nmse;
 using tandem::test::randn;
 using tandem::test::scattered_pages;
-
-namespace {
-
-// Named tolerances: f32 kernels differ from the reference only in summation order.
-constexpr double tol_f32 = 1e-10;
-constexpr double tol_transcendental = 1e-9; // exp/sin/cos in float vs the reference's
-// INT8 kernels: integer dots are exact (GEMV and oneDNN alike) and the scaling is the
-// reference's own expression, so results match bit for bit; a fused op may round an
-// activation to the neighbouring int8 step where its vector exp differs in the last bits.
-constexpr double tol_i8 = 1e-10;
-constexpr double tol_i8_fused = 1e-5;
-// F16/INT8 KV: pages hold the same bytes on every backend, so only summation order differs.
-constexpr double tol_kv = 1e-9;
-
-#if TANDEM_HAVE_CUDA
-// The CUDA device the CUDA rows run on (device 0), or null: then each row prints as skipped.
-cuda::context* cuda_device() {
-    static std::string why;
-    static const std::unique_ptr<cuda::context> ctx = []() -> std::unique_ptr<cuda::context> {
-        if (cuda::list_devices(&why).empty()) return nullptr;
-        return std::make_unique<cuda::context>(0);
-    }();
-    return ctx.get();
-}
-#endif
-
-// Memory for one run of an op. On ref/cpu it hands back the host vectors themselves; on CUDA
-// device copies of them (one per vector, made on first use), a device view of a weight, or a
-// kv_cache over a device copy of the pages; finish() reads outputs (and pages) back.
-class op_mem {
-public:
-    explicit op_mem(const exec_ctx& ctx) : ctx_(ctx) {}
-    op_mem(const op_mem&) = delete;
-    op_mem& operator=(const op_mem&) = delete;
-
-    template <class T> const T* in(const std::vector<T>& v) { return dev(v.data(), v.size() * sizeof(T), nullptr); }
-    // Read and written by the op: uploaded, and read back by finish().
-    template <class T> T* out(std::vector<T>& v) { return dev(v.data(), v.size() * sizeof(T), v.data()); }
-
-    const weight& w(const weight& host) {
-#if TANDEM_HAVE_CUDA
-        if (ctx_.be == backend::cuda) return weights_.emplace_back(*ctx_.cuda, host).view();
-#endif
-        return host;
-    }
-
-    kv_cache& kv(kv_cache& host) {
-#if TANDEM_HAVE_CUDA
-        if (ctx_.be == backend::cuda) {
-            uint8_t* d = dev(host.base(), size_t(host.bytes()), host.base());
-            return caches_.emplace_back(host.layout(), host.n_pages(), d);
-        }
-#endif
-        return host;
-    }
-
-    void finish() {
-#if TANDEM_HAVE_CUDA
-        if (ctx_.be != backend::cuda) return;
-        for (const auto& [host, d] : reads_) ctx_.cuda->download(host, d.first, d.second);
-        ctx_.cuda->synchronize();
-#endif
-    }
-
-private:
-    template <class T> T* dev(T* host, size_t bytes, void* read_back) {
-#if TANDEM_HAVE_CUDA
-        if (ctx_.be == backend::cuda) {
-            auto it = copies_.find(host);
-            if (it == copies_.end())
-                it = copies_.emplace(host, cuda::to_device(*ctx_.cuda, host, std::max<size_t>(bytes, 1))).first;
-            // Copies are found by address: another array at a dead one's address would get its
-            // stale copy. Arrays an op reads must live as long as the op_mem.
-            REQUIRE_MESSAGE(it->second.bytes() == std::max<size_t>(bytes, 1),
-                            "op_mem: a different array at an address already copied (keep inputs alive)");
-            if (read_back) reads_[read_back] = {it->second.get(), bytes};
-            return static_cast<T*>(it->second.get());
-        }
-#endif
-        (void)bytes;
-        (void)read_back;
-        return host;
-    }
-
-    const exec_ctx& ctx_;
-#if TANDEM_HAVE_CUDA
-    std::map<const void*, cuda::buffer> copies_;
-    std::map<void*, std::pair<void*, size_t>> reads_;
-    std::list<cuda::device_weight> weights_;
-    std::list<kv_cache> caches_;
-#endif
-};
-
-// Whether an op has a CUDA twin to compare; one without prints as skipped.
-enum class cuda_row { compare, none };
-
-// Runs `op` on CUDA (device 0) and compares with `want`, or says why it cannot.
-void run_cuda_row(const std::function<std::vector<float>(const exec_ctx&)>& op, const std::vector<float>& want,
-                  double tol, const std::string& what) {
-#if TANDEM_HAVE_CUDA
-    cuda::context* c = cuda_device();
-    if (!c) {
-        MESSAGE(what, ": cuda skipped: no CUDA device");
-        return;
-    }
-    const std::vector<float> got = op(exec_ctx{backend::cuda, nullptr, c});
-    const double e = nmse(want, got);
-    INFO(what, " backend=cuda nmse=", e);
-    CHECK(e <= tol);
-#else
-    (void)op;
-    (void)want;
-    (void)tol;
-    MESSAGE(what, ": cuda skipped: this build has no CUDA backend");
-#endif
-}
-
-// Whether CUDA rows can run here; prints why not under `what` when they cannot.
-bool cuda_available(const std::string& what) {
-#if TANDEM_HAVE_CUDA
-    if (cuda_device()) return true;
-    MESSAGE(what, ": cuda skipped: no CUDA device");
-#else
-    MESSAGE(what, ": cuda skipped: this build has no CUDA backend");
-#endif
-    return false;
-}
-
-// Runs `op` once on the reference backend and then on the CPU at every ISA level this
-// machine supports and with 1 and 3 threads, and on CUDA, comparing each result with the
-// reference's.
-void for_each_cpu_variant(const std::function<std::vector<float>(const exec_ctx&)>& op, double tol,
-                          const std::string& what, cuda_row cuda = cuda_row::compare) {
-    const std::vector<float> want = op(exec_ctx{backend::ref, nullptr});
-    for (int lvl = 0; lvl <= int(cpu::detect_isa()); ++lvl) {
-        const cpu::isa level = cpu::force_isa(cpu::isa(lvl));
-        for (int nt : {1, 3}) {
-            cpu::thread_pool pool(nt);
-            const std::vector<float> got = op(exec_ctx{backend::cpu, &pool});
-            const double e = nmse(want, got);
-            INFO(what, " isa=", std::string(cpu::name_of(level)), " threads=", nt, " nmse=", e);
-            CHECK(e <= tol);
-        }
-    }
-    cpu::force_isa(cpu::detect_isa());
-    if (cpu::detect_isa() < cpu::isa::amx)
-        MESSAGE(what, ": isa=amx skipped (this CPU or OS gives the process no AMX tiles)");
-    if (cuda == cuda_row::none) {
-        // No CUDA twin (the CUDA forward is INT8-only); say so rather than pass silently.
-        MESSAGE(what, ": cuda skipped (no CUDA implementation of this op)");
-        return;
-    }
-    run_cuda_row(op, want, tol, what);
-}
-
-} // namespace
+using namespace tandem::test; // backend_rows.hpp: op_mem, the tolerances, the CUDA rows
 
 // An op shaped like runtime/ops/op_defs.hpp's, whose CUDA slot the test fills and empties.
 struct probe_op {
@@ -546,247 +392,6 @@ TEST_CASE("swiglu and add vs reference") {
     }, 0.0, "add");
 }
 
-TEST_CASE("paged attention vs reference: KV dtypes, GQA ratios, page sizes, prefill and decode shapes") {
-  for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16, kv_dtype::i8}) {
-   for (int hd : {8, 32, 64, 80, 96, 128, 256}) { // 80 (and 8): the per-row block path; the rest: each register-blocked width
-    for (int n_gqa : {1, 2, 4, 8}) {
-        for (int page_size : {1, 4, 16}) {
-            for (int64_t n_tok : {1, 5, 33, 70}) {
-                const int n_kv = 2, n_head = n_kv * n_gqa;
-                const int32_t n_past = n_tok == 70 ? 0 : 19; // a whole prompt at once, and a chunk after 19
-                kv_layout lay{2, n_kv, hd, page_size, dt};
-                const int32_t n_pos = n_past + int32_t(n_tok);
-                const int32_t n_pages = (n_pos + page_size - 1) / page_size;
-                const std::vector<int32_t> table = scattered_pages(n_pages, n_pages + 5, uint32_t(n_pos));
-                kv_cache cache(lay, n_pages + 5);
-                const auto k = randn(size_t(n_pos * n_kv * hd), 8), v = randn(size_t(n_pos * n_kv * hd), 9);
-                const auto q = randn(size_t(n_tok * n_head * hd), 10);
-                const int il = 1;
-                for_each_cpu_variant([&](const exec_ctx& ctx) {
-                    op_mem m(ctx);
-                    kv_cache& kc = m.kv(cache);
-                    ops::kv_store(ctx, kc, il, table, 0, m.in(k), m.in(v), n_pos);
-                    std::vector<float> out(q.size(), NAN);
-                    ops::attention(ctx, m.out(out), m.in(q), n_tok, n_past, n_head, kc, il, table,
-                                   1.0f / std::sqrt(float(hd)));
-                    m.finish();
-                    return out;
-                }, tol_kv,
-                   "attention kv=" + std::string(name_of(dt)) + " hd=" + std::to_string(hd) + " gqa=" +
-                       std::to_string(n_gqa) + " page=" + std::to_string(page_size) + " n_tok=" + std::to_string(n_tok));
-            }
-        }
-    }
-   }
-  }
-}
-
-TEST_CASE("F16 and INT8 KV pages hold the values within their precision") {
-    for (kv_dtype dt : {kv_dtype::f16, kv_dtype::i8}) {
-        kv_layout lay{1, 2, 16, 4, dt};
-        kv_cache cache(lay, 2);
-        std::vector<int32_t> table{1, 0};
-        const auto k = randn(size_t(5 * 2 * 16), 4), v = randn(size_t(5 * 2 * 16), 5);
-        ops::kv_store(exec_ctx{backend::ref}, cache, 0, table, 0, k.data(), v.data(), 5);
-        // one query head per kv head with a huge score on position 3 reads back V at 3
-        std::vector<float> out(2 * 16);
-        std::vector<float> q(2 * 16, 0.0f);
-        for (int h = 0; h < 2; ++h)
-            for (int i = 0; i < 16; ++i) q[size_t(h * 16 + i)] = 1000.0f * k[size_t((3 * 2 + h) * 16 + i)];
-        ops::attention(exec_ctx{backend::ref}, out.data(), q.data(), 1, 4, 2, cache, 0, table, 1.0f);
-        const std::vector<float> want(v.begin() + 3 * 32, v.begin() + 4 * 32);
-        INFO(name_of(dt));
-        CHECK(nmse(want, out) < (dt == kv_dtype::f16 ? 1e-6 : 1e-3));
-    }
-}
-
-TEST_CASE("a token's attention output does not depend on how the prompt was split into calls") {
-    // Prefix-cache hits, preemption and chunked prefill compute the same positions in calls of
-    // other sizes; the text stays byte-identical only if each row comes out bit for bit the same.
-    for (kv_dtype dt : {kv_dtype::f16, kv_dtype::i8}) {
-        for (int hd : {32, 64, 80, 96, 128, 256}) {
-            const int n_kv = 2, n_gqa = 4, n_head = n_kv * n_gqa, page_size = 16;
-            kv_layout lay{1, n_kv, hd, page_size, dt};
-            const int32_t n_pos = 75;
-            std::vector<int32_t> table(size_t((n_pos + page_size - 1) / page_size));
-            for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(table.size() - 1 - i);
-            const auto k = randn(size_t(n_pos * n_kv * hd), 51), v = randn(k.size(), 52);
-            const auto q = randn(size_t(n_pos * n_head * hd), 53);
-            const size_t row = size_t(n_head * hd);
-            for (int lvl = 0; lvl <= int(cpu::detect_isa()); ++lvl) {
-                cpu::force_isa(cpu::isa(lvl));
-                cpu::thread_pool pool(2);
-                const exec_ctx ctx{backend::cpu, &pool};
-                kv_cache cache(lay, int32_t(table.size()));
-                ops::kv_store(ctx, cache, 0, table, 0, k.data(), v.data(), n_pos);
-                // the whole prompt in one call, then in pieces of 40, 1, 33 and 1 tokens
-                std::vector<float> whole(q.size()), pieces(q.size());
-                ops::attention(ctx, whole.data(), q.data(), n_pos, 0, n_head, cache, 0, table, 0.125f);
-                int32_t at = 0;
-                for (int32_t n : {40, 1, 33, 1}) {
-                    ops::attention(ctx, pieces.data() + at * row, q.data() + at * row, n, at, n_head, cache, 0, table,
-                                   0.125f);
-                    at += n;
-                }
-                REQUIRE(at == n_pos);
-                // and the last token as a decode step among others
-                std::vector<float> dec(q.size());
-                const std::vector<ops::decode_seq> seqs{{n_pos - 1, n_pos - 1, table}};
-                ops::attention_decode(ctx, dec.data(), q.data(), seqs, n_head, cache, 0, 0.125f);
-                INFO("kv=", std::string(name_of(dt)), " hd=", hd, " isa=", std::string(cpu::name_of(cpu::isa(lvl))));
-                CHECK(std::memcmp(whole.data(), pieces.data(), q.size() * sizeof(float)) == 0);
-                CHECK(std::memcmp(whole.data() + (n_pos - 1) * row, dec.data() + (n_pos - 1) * row, row * sizeof(float)) == 0);
-            }
-            cpu::force_isa(cpu::detect_isa());
-        }
-    }
-}
-
-TEST_CASE("decode attention of several sequences in one op equals one call per sequence") {
-  for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16, kv_dtype::i8}) {
-    for (int hd : {8, 64}) {
-        for (int n_gqa : {1, 4}) {
-            const int n_kv = 2, n_head = n_kv * n_gqa, page_size = 4;
-            kv_layout lay{2, n_kv, hd, page_size, dt};
-            // Four sequences with their own pages and lengths; their queries are rows 3, 0, 4 and 1
-            // of q (row 2 belongs to none and must stay untouched).
-            const std::vector<int32_t> n_past{0, 9, 2, 30};
-            const std::vector<int64_t> rows{3, 0, 4, 1};
-            std::vector<std::vector<int32_t>> tables;
-            int32_t next_page = 0;
-            for (int32_t np : n_past) {
-                std::vector<int32_t> t(size_t((np + 1 + page_size - 1) / page_size));
-                for (auto& pg : t) pg = next_page++;
-                std::reverse(t.begin(), t.end()); // not in page order
-                tables.push_back(t);
-            }
-            const auto q = randn(size_t(5 * n_head * hd), 21);
-            const int il = 1;
-            const std::string what = "attention_decode kv=" + std::string(name_of(dt)) + " hd=" + std::to_string(hd) +
-                                     " gqa=" + std::to_string(n_gqa);
-            // Each sequence's K and V live as long as the op: op_mem keeps one device copy per host
-            // array, found by its address, which a dead vector's successor may reuse.
-            std::vector<std::vector<float>> ks, vs;
-            for (size_t i = 0; i < n_past.size(); ++i) {
-                ks.push_back(randn(size_t((n_past[i] + 1) * n_kv * hd), uint32_t(30 + i)));
-                vs.push_back(randn(ks.back().size(), uint32_t(40 + i)));
-            }
-            auto fill = [&](const exec_ctx& ctx, kv_cache& cache, op_mem& m) -> kv_cache& {
-                kv_cache& kc = m.kv(cache);
-                for (size_t i = 0; i < n_past.size(); ++i)
-                    ops::kv_store(ctx, kc, il, tables[i], 0, m.in(ks[i]), m.in(vs[i]), n_past[i] + 1);
-                return kc;
-            };
-            for_each_cpu_variant([&](const exec_ctx& ctx) {
-                kv_cache cache(lay, next_page);
-                op_mem m(ctx);
-                kv_cache& kc = fill(ctx, cache, m);
-                std::vector<ops::decode_seq> seqs;
-                for (size_t i = 0; i < n_past.size(); ++i) seqs.push_back({rows[i], n_past[i], tables[i]});
-                std::vector<float> out(q.size(), -7.0f);
-                ops::attention_decode(ctx, m.out(out), m.in(q), seqs, n_head, kc, il, 0.125f);
-                m.finish();
-                return out;
-            }, tol_kv, what);
-            // On the CPU, bit for bit what one attention() call per sequence gives, at every ISA level.
-            for (int lvl = 0; lvl <= int(cpu::detect_isa()); ++lvl) {
-                cpu::force_isa(cpu::isa(lvl));
-                cpu::thread_pool pool(2);
-                const exec_ctx ctx{backend::cpu, &pool};
-                kv_cache cache(lay, next_page);
-                op_mem m(ctx);
-                kv_cache& kc = fill(ctx, cache, m);
-                std::vector<float> one_op(q.size(), -7.0f), per_seq(q.size(), -7.0f);
-                std::vector<ops::decode_seq> seqs;
-                for (size_t i = 0; i < n_past.size(); ++i) seqs.push_back({rows[i], n_past[i], tables[i]});
-                ops::attention_decode(ctx, one_op.data(), q.data(), seqs, n_head, kc, il, 0.125f);
-                const size_t stride = size_t(n_head * hd);
-                for (size_t i = 0; i < n_past.size(); ++i)
-                    ops::attention(ctx, per_seq.data() + rows[i] * stride, q.data() + rows[i] * stride, 1, n_past[i],
-                                   n_head, kc, il, tables[i], 0.125f);
-                INFO(what, " isa=", std::string(cpu::name_of(cpu::isa(lvl))));
-                CHECK(std::memcmp(one_op.data(), per_seq.data(), q.size() * sizeof(float)) == 0);
-                CHECK(std::all_of(one_op.begin() + 2 * stride, one_op.begin() + 3 * stride,
-                                  [](float x) { return x == -7.0f; }));
-            }
-            cpu::force_isa(cpu::detect_isa());
-        }
-    }
-  }
-}
-
-TEST_CASE("attention with one position equals that position's value") {
-    kv_layout lay{1, 1, 4, 4};
-    kv_cache cache(lay, 1);
-    std::vector<int32_t> table{0};
-    const std::vector<float> k{1, 2, 3, 4}, v{5, 6, 7, 8}, q{0.3f, -1, 2, 0.5f};
-    cpu::thread_pool pool(1);
-    for (backend be : {backend::ref, backend::cpu, backend::cuda}) {
-        exec_ctx ctx{be, &pool};
-        if (be == backend::cuda) {
-            if (!cuda_available("attention one position")) continue;
-#if TANDEM_HAVE_CUDA
-            ctx.cuda = cuda_device();
-#endif
-        }
-        op_mem m(ctx);
-        kv_cache& kc = m.kv(cache);
-        ops::kv_store(ctx, kc, 0, table, 0, m.in(k), m.in(v), 1);
-        std::vector<float> out(4);
-        ops::attention(ctx, m.out(out), m.in(q), 1, 0, 1, kc, 0, table, 0.5f);
-        m.finish();
-        INFO(name_of(be));
-        CHECK(out == v);
-    }
-}
-
-TEST_CASE("kv_store writes the reference's page bytes on every backend (f32, f16, i8; split writes)") {
-    for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16, kv_dtype::i8}) {
-        for (int hd : {8, 64, 80}) {
-            for (int page_size : {1, 4, 16}) {
-                const int n_kv = 3;
-                kv_layout lay{2, n_kv, hd, page_size, dt};
-                const int32_t n_pos = 29;
-                const int32_t n_pages = (n_pos + page_size - 1) / page_size;
-                const std::vector<int32_t> table = scattered_pages(n_pages, n_pages + 3, uint32_t(page_size));
-                auto k = randn(size_t(n_pos * n_kv * hd), 18, 2.0f), v = randn(size_t(n_pos * n_kv * hd), 19);
-                k[7] = INFINITY; // saturates in i8, overflows to inf in f16
-                v[3] = 1e6f;
-                k[hd + 2] = std::bit_cast<float>(0xffe00001u); // a NaN with a payload: f16 keeps only the sign
-                v[2 * hd + 1] = 3e-8f;                                // an f16 subnormal
-                const std::string what = "kv_store kv=" + std::string(name_of(dt)) + " hd=" + std::to_string(hd) +
-                                         " page=" + std::to_string(page_size);
-                // Positions 0..10 and then 11..28: the second write starts inside a page.
-                auto write = [&](const exec_ctx& ctx, kv_cache& cache) {
-                    op_mem m(ctx);
-                    kv_cache& kc = m.kv(cache);
-                    ops::kv_store(ctx, kc, 1, table, 0, m.in(k), m.in(v), 11);
-                    const std::vector<float> k2(k.begin() + 11 * n_kv * hd, k.end()),
-                        v2(v.begin() + 11 * n_kv * hd, v.end());
-                    ops::kv_store(ctx, kc, 1, table, 11, m.in(k2), m.in(v2), n_pos - 11);
-                    m.finish();
-                };
-                kv_cache want(lay, n_pages + 3);
-                write(exec_ctx{backend::ref}, want);
-                auto same_bytes = [&](const kv_cache& got) {
-                    return std::memcmp(want.base(), got.base(), size_t(want.bytes())) == 0;
-                };
-                cpu::thread_pool pool(2);
-                kv_cache on_cpu(lay, n_pages + 3);
-                write(exec_ctx{backend::cpu, &pool}, on_cpu);
-                INFO(what);
-                CHECK(same_bytes(on_cpu));
-                if (!cuda_available(what)) continue;
-#if TANDEM_HAVE_CUDA
-                kv_cache on_cuda(lay, n_pages + 3);
-                write(exec_ctx{backend::cuda, nullptr, cuda_device()}, on_cuda);
-                CHECK(same_bytes(on_cuda));
-#endif
-            }
-        }
-    }
-}
-
 TEST_CASE("CUDA int8 GEMMs (tiled dp4a and cuBLASLt) vs reference on model-like shapes") {
     if (!cuda_available("matmul_i8 cuBLASLt shapes")) return;
 #if TANDEM_HAVE_CUDA
@@ -849,61 +454,29 @@ TEST_CASE("CUDA int8 GEMMs (tiled dp4a and cuBLASLt) vs reference on model-like 
 #endif
 }
 
-TEST_CASE("CUDA embedding rows equal weight::row_f32 (INT8 and F32 tables)") {
-    if (!cuda_available("embed")) return;
-#if TANDEM_HAVE_CUDA
-    cuda::context& c = *cuda_device();
+TEST_CASE("embed and gather_rows on every backend equal weight::row_f32 and the rows themselves") {
     const int64_t n_vocab = 37, n_embd = 70;
     const auto table = randn(size_t(n_vocab * n_embd), 3);
-    const std::vector<int32_t> tokens{0, 36, 5, 5, 17, 1};
+    const std::vector<int32_t> tokens{0, 36, 5, 5, 17, 1}, rows{4, 0, 4, 2};
     for (bool i8 : {true, false}) {
         const weight w = i8 ? quantize_weight(table.data(), n_vocab, n_embd) : weight{table, n_vocab, n_embd};
-        std::vector<float> want(tokens.size() * size_t(n_embd)), got(want.size(), NAN);
+        std::vector<float> want(tokens.size() * size_t(n_embd));
         for (size_t t = 0; t < tokens.size(); ++t) w.row_f32(tokens[t], &want[t * size_t(n_embd)]);
-        const cuda::device_weight dw(c, w);
-        const cuda::buffer d_tok = cuda::to_device(c, tokens.data(), tokens.size() * 4);
-        const cuda::buffer d_out(c, got.size() * 4);
-        cuda::embed(c, d_out.as<float>(), d_tok.as<int32_t>(), int64_t(tokens.size()), dw.q(), dw.scale(), dw.f32(),
-                    n_embd);
-        c.download(got.data(), d_out.get(), got.size() * 4);
-        c.synchronize();
-        INFO("i8=", i8);
-        CHECK(got == want);
-    }
-#endif
-}
-
-TEST_CASE("CUDA attention on long contexts, large heads and odd page sizes vs reference") {
-    if (!cuda_available("attention long")) return;
-    struct config { kv_dtype dt; int hd, n_kv, n_gqa, page_size; int64_t n_tok; int32_t n_past; };
-    for (const config cf : {config{kv_dtype::f16, 128, 2, 4, 16, 300, 0},     // prefill over many tiles
-                            config{kv_dtype::i8, 256, 1, 2, 16, 20, 100},      // head_dim 256: > 48 KiB smem
-                            config{kv_dtype::f32, 64, 4, 1, 16, 1, 1500},      // decode, long context
-                            config{kv_dtype::f16, 64, 2, 8, 7, 70, 33},        // page size not a power of 2
-                            config{kv_dtype::i8, 96, 2, 3, 32, 41, 64}}) {     // GQA 3, head_dim 96
-        const int n_head = cf.n_kv * cf.n_gqa;
-        kv_layout lay{3, cf.n_kv, cf.hd, cf.page_size, cf.dt};
-        const int32_t n_pos = cf.n_past + int32_t(cf.n_tok);
-        const int32_t n_pages = (n_pos + cf.page_size - 1) / cf.page_size;
-        std::vector<int32_t> table(static_cast<size_t>(n_pages));
-        for (int32_t i = 0; i < n_pages; ++i) table[size_t(i)] = n_pages - 1 - i; // reversed
-        kv_cache cache(lay, n_pages);
-        const auto k = randn(size_t(n_pos) * size_t(cf.n_kv * cf.hd), 81, 1.5f);
-        const auto v = randn(size_t(n_pos) * size_t(cf.n_kv * cf.hd), 82);
-        const auto q = randn(size_t(cf.n_tok) * size_t(n_head * cf.hd), 83, 1.5f);
-        const std::string what = "attention kv=" + std::string(name_of(cf.dt)) + " hd=" + std::to_string(cf.hd) +
-                                 " n_tok=" + std::to_string(cf.n_tok) + " n_past=" + std::to_string(cf.n_past);
+        std::vector<float> want_rows;
+        for (int32_t r : rows) want_rows.insert(want_rows.end(), want.begin() + r * n_embd, want.begin() + (r + 1) * n_embd);
+        const std::string what = std::string("embed ") + (i8 ? "int8" : "f32");
         auto run = [&](const exec_ctx& ctx) {
             op_mem m(ctx);
-            kv_cache& kc = m.kv(cache);
-            ops::kv_store(ctx, kc, 2, table, 0, m.in(k), m.in(v), n_pos);
-            std::vector<float> out(q.size(), NAN);
-            ops::attention(ctx, m.out(out), m.in(q), cf.n_tok, cf.n_past, n_head, kc, 2, table,
-                           1.0f / std::sqrt(float(cf.hd)));
+            std::vector<float> got(want.size(), NAN), gathered(want_rows.size(), NAN);
+            ops::embed(ctx, m.out(got), m.in(tokens), int64_t(tokens.size()), m.w(w));
+            ops::gather_rows(ctx, m.out(gathered), m.out(got), m.in(rows), int64_t(rows.size()), n_embd);
             m.finish();
-            return out;
+            INFO(what, " on ", name_of(ctx.be));
+            CHECK(got == want);
+            CHECK(gathered == want_rows);
+            return got;
         };
-        run_cuda_row(run, run(exec_ctx{backend::ref}), tol_kv, what);
+        for_each_cpu_variant(run, 0.0, what);
     }
 }
 

@@ -31,11 +31,11 @@ const cuda::context& host_device() {
 }
 
 // A batch of sequences, each with its own scattered pages, K/V written by the reference for
-// positions [0, n_past + n_tok), and its new tokens' queries at rows q_row of one q array.
+// positions [0, n_past + n_tok), and its new tokens' queries at rows `row` of one q array.
 struct batch {
     kv_layout lay;
     int n_head;
-    std::vector<cuda::attn_seg> segs;
+    std::vector<attn_seq> segs;
     std::vector<int32_t> tables; // every sequence's block table, one after another
     kv_cache kv;
     std::vector<float> q;
@@ -53,11 +53,12 @@ struct batch {
         for (const auto& [n_tok, n_past] : seqs) {
             const int32_t n_pos = n_past + n_tok;
             const int32_t n_pages = (n_pos + lay.page_size - 1) / lay.page_size;
-            const int64_t off = int64_t(tables.size());
+            const int32_t off = int32_t(tables.size());
             for (int32_t i = 0; i < n_pages; ++i) tables.push_back(pool[size_t(next_page++)]);
             const size_t kv_n = size_t(n_pos) * size_t(lay.n_head_kv * lay.head_dim);
             const auto k = randn(kv_n, seed + uint32_t(off) + 1, k_scale), v = randn(kv_n, seed + uint32_t(off) + 2);
-            cpu::ref::kv_store(kv.base(), lay, 1, tables.data() + off, 0, k.data(), v.data(), n_pos);
+            const attn_seq all{0, n_pos, 0, off};
+            cpu::ref::kv_store(params({&all, 1}), 1, k.data(), v.data());
             rows -= n_tok;
             segs.push_back({rows, n_tok, n_past, off});
         }
@@ -70,13 +71,15 @@ struct batch {
         return n + 3;
     }
 
-    // The reference, one sequence at a time; row 0 (no one's) stays NaN.
+    // The pages (host memory is the emulated device's) with these sequences over them.
+    attn_params params(array_view<attn_seq> seqs) const {
+        return attn_params{lay, const_cast<uint8_t*>(kv.base()), kv.n_pages(), tables.data(), tables, seqs};
+    }
+
+    // The reference; row 0 (no one's) stays NaN.
     std::vector<float> reference(float scale) const {
         std::vector<float> out(q.size(), NAN);
-        const int64_t stride = int64_t(n_head) * lay.head_dim;
-        for (const auto& s : segs)
-            cpu::ref::attention(out.data() + s.q_row * stride, q.data() + s.q_row * stride, s.n_tok, s.n_past, n_head,
-                                kv.base(), lay, 1, tables.data() + s.table_off, scale);
+        cpu::ref::attention(params(segs), 1, out.data(), q.data(), n_head, scale);
         return out;
     }
 
@@ -84,8 +87,7 @@ struct batch {
     std::vector<float> emulated(float scale, int* n_launches = nullptr) const {
         std::vector<float> out(q.size(), NAN);
         const uint64_t before = cuda_emu::state().launches;
-        cuda::attention(host_device(), out.data(), q.data(), segs.data(), int64_t(segs.size()), n_head, kv.base(), lay,
-                        1, tables.data(), scale);
+        cuda::attention(host_device(), params(segs), 1, out.data(), q.data(), n_head, scale);
         if (n_launches) *n_launches = int(cuda_emu::state().launches - before);
         return out;
     }
@@ -333,8 +335,9 @@ TEST_CASE("CUDA KV store (emulated): the same page bytes as the reference, every
             kv_cache want(lay, n_pages + 2), got(lay, n_pages + 2);
             std::memset(want.base(), 0x5a, size_t(want.bytes()));
             std::memset(got.base(), 0x5a, size_t(got.bytes()));
-            cpu::ref::kv_store(want.base(), lay, 1, table.data(), pos0, k.data(), v.data(), n_tok);
-            cuda::kv_store(c, got.base(), lay, 1, table.data(), pos0, k.data(), v.data(), n_tok);
+            const attn_seq seq{0, n_tok, pos0, 0};
+            cpu::ref::kv_store({lay, want.base(), want.n_pages(), table.data(), table, {&seq, 1}}, 1, k.data(), v.data());
+            cuda::kv_store(c, {lay, got.base(), got.n_pages(), table.data(), table, {&seq, 1}}, 1, k.data(), v.data());
             INFO("kv=", name_of(dt), " hd=", hd);
             CHECK(same_bytes(want.base(), got.base(), size_t(want.bytes()))); // untouched bytes too
         }
@@ -347,7 +350,7 @@ TEST_CASE("CUDA KV store of a batch's segments in one launch (emulated): each se
         const kv_layout lay{2, 2, 64, 8, dt};
         // 70 sequences (two launches): chunks of 1 to 9 tokens after 0 to 29 positions, rows
         // in reverse order, each with its own pages.
-        std::vector<cuda::attn_seg> segs;
+        std::vector<attn_seq> segs;
         std::vector<int32_t> tables;
         int64_t n_rows = 0;
         for (int i = 0; i < 70; ++i) n_rows += 1 + i % 9;
@@ -356,18 +359,18 @@ TEST_CASE("CUDA KV store of a batch's segments in one launch (emulated): each se
             const int32_t n_tok = 1 + i % 9, n_past = (i * 7) % 30;
             const int32_t n_pages = (n_past + n_tok + lay.page_size - 1) / lay.page_size;
             row -= n_tok;
-            segs.push_back({row, n_tok, n_past, int64_t(tables.size())});
+            segs.push_back({row, n_tok, n_past, int32_t(tables.size())});
             for (int32_t pg = 0; pg < n_pages; ++pg) tables.push_back(int32_t(tables.size()));
         }
         const auto k = randn(size_t(n_rows * 2 * 64), 31), v = randn(k.size(), 32);
         kv_cache want(lay, int32_t(tables.size())), got(lay, int32_t(tables.size()));
         std::memset(want.base(), 0x5a, size_t(want.bytes()));
         std::memset(got.base(), 0x5a, size_t(got.bytes()));
-        for (const auto& s : segs)
-            cpu::ref::kv_store(want.base(), lay, 1, tables.data() + s.table_off, s.n_past, k.data() + s.q_row * 128,
-                               v.data() + s.q_row * 128, s.n_tok);
+        for (const auto& s : segs) // the reference one sequence at a time
+            cpu::ref::kv_store({lay, want.base(), want.n_pages(), tables.data(), tables, {&s, 1}}, 1, k.data(),
+                               v.data());
         const uint64_t before = cuda_emu::state().launches;
-        cuda::kv_store(c, got.base(), lay, 1, segs.data(), int64_t(segs.size()), tables.data(), k.data(), v.data());
+        cuda::kv_store(c, {lay, got.base(), got.n_pages(), tables.data(), tables, segs}, 1, k.data(), v.data());
         INFO("kv=", name_of(dt));
         CHECK(cuda_emu::state().launches - before == 2);
         CHECK(same_bytes(want.base(), got.base(), size_t(want.bytes())));

@@ -516,10 +516,9 @@ void attention_prefill(thread_pool& pool, prefill_job_fn job_fn, float* out, con
     }
 }
 
-} // namespace
-
-void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
-               const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
+// One sequence's new tokens (rows 0..n_tok of q and out at positions n_past..).
+void attention_seq(thread_pool& pool, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
+                   const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
     const int hd = lay.head_dim;
     const int n_kv = lay.n_head_kv;
     const int n_gqa = n_head / n_kv;
@@ -554,6 +553,7 @@ void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int
     });
 }
 
+// One token for each of n_seq sequences: sequence i's query and output are row rows[i] of q and out.
 void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_seq, const int64_t* rows,
                       const int32_t* n_past, const int32_t* const* tables, int n_head, const uint8_t* kv_base,
                       const kv_layout& lay, int il, float scale) {
@@ -600,6 +600,38 @@ void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_s
                il, tables[i], scale);
         }
     });
+}
+
+} // namespace
+
+void attention(thread_pool& pool, const attn_params& p, int il, float* out, const float* q, int n_head, float scale) {
+    if (p.window > 0) {
+        ref::attention(p, il, out, q, n_head, scale);
+        return;
+    }
+    const int64_t stride = int64_t(n_head) * p.lay.head_dim;
+    struct decode_rows { // the step's one-token sequences, as the decode kernel takes them
+        std::vector<int64_t> rows;
+        std::vector<int32_t> n_past;
+        std::vector<const int32_t*> tables;
+    };
+    thread_local decode_rows d; // reused: a step calls this once per layer
+    d.rows.clear();
+    d.n_past.clear();
+    d.tables.clear();
+    for (const attn_seq& s : p.seqs) {
+        if (s.n_tok == 1) {
+            d.rows.push_back(s.row);
+            d.n_past.push_back(s.n_past);
+            d.tables.push_back(p.table(s));
+        } else if (s.n_tok > 1) {
+            attention_seq(pool, out + s.row * stride, q + s.row * stride, s.n_tok, s.n_past, n_head, p.kv_base, p.lay,
+                          il, p.table(s), scale);
+        }
+    }
+    if (!d.rows.empty())
+        attention_decode(pool, out, q, int64_t(d.rows.size()), d.rows.data(), d.n_past.data(), d.tables.data(), n_head,
+                         p.kv_base, p.lay, il, scale);
 }
 
 } // namespace tandem::cpu

@@ -1,7 +1,7 @@
 // Fast CPU kernels (threaded, ISA-dispatched); same contracts as cpu/ref/ops_ref.hpp.
 #pragma once
 
-#include "runtime/kv_layout.hpp"
+#include "runtime/attn_params.hpp"
 #include "runtime/weight.hpp"
 
 #include <cstdint>
@@ -17,15 +17,13 @@ void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, 
           int n_rot, float freq_base, float freq_scale, bool neox);
 void swiglu(thread_pool& pool, float* out, const float* gate, const float* up, int64_t n);
 void add(thread_pool& pool, float* x, const float* y, int64_t n);
-void kv_store(thread_pool& pool, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
-              int32_t pos0, const float* k, const float* v, int64_t n_tok);
-void attention(thread_pool& pool, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
-               const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale);
-// One token for each of n_seq sequences: sequence i's query and output are row rows[i] of q and out.
-void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_seq, const int64_t* rows,
-                      const int32_t* n_past, const int32_t* const* tables, int n_head, const uint8_t* kv_base,
-                      const kv_layout& lay, int il, float scale);
-
+// kv_store and attention of every sequence of p (cpu/ref/ops_ref.hpp): the decode tokens of a
+// step (sequences with one new token) share one op, their threads handed (sequence, kv head)
+// jobs across all of them; a sequence with more new tokens gets its own, the same values a
+// token gets whichever way its sequence's tokens were split into steps. A window runs the
+// reference kernel (the fast ones do not take windows yet).
+void kv_store(thread_pool& pool, const attn_params& p, int il, const float* k, const float* v);
+void attention(thread_pool& pool, const attn_params& p, int il, float* out, const float* q, int n_head, float scale);
 
 // INT8 (W8A8), see runtime/ops/quant.hpp
 void quantize_rows(thread_pool& pool, int8_t* q, float* s, const float* x, int64_t n_tok, int64_t n);

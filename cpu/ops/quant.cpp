@@ -186,28 +186,42 @@ void swiglu_quant(thread_pool& pool, int8_t* q, float* s, const float* gate, con
     });
 }
 
-void kv_store(thread_pool& pool, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
-              const float* k, const float* v, int64_t n_tok) {
+void kv_store(thread_pool& pool, const attn_params& p, int il, const float* k, const float* v) {
+    const kv_layout& lay = p.lay;
     const quant_fn fn = pick_quant();
     if (lay.dtype == kv_dtype::f32 || fn == quantize_row_i8_ref) {
-        ref::kv_store(kv_base, lay, il, block_table, pos0, k, v, n_tok);
+        ref::kv_store(p, il, k, v);
         return;
     }
+    // Every new token of every sequence, one job each: (its row, its slot's page and index).
+    struct slot_job {
+        int64_t row;
+        uint8_t* page;
+        int slot;
+    };
+    thread_local std::vector<slot_job> reused; // a step calls this once per layer
+    std::vector<slot_job>& jobs = reused;        // (the pool's threads see this thread's vector)
+    jobs.clear();
+    for (const attn_seq& s : p.seqs)
+        for (int32_t t = 0; t < s.n_tok; ++t) {
+            const int32_t pos = s.n_past + t;
+            jobs.push_back({s.row + t, p.kv_base + int64_t(p.table(s)[pos / lay.page_size]) * lay.page_bytes(),
+                            pos % lay.page_size});
+        }
     const int hd = lay.head_dim, n_kv = lay.n_head_kv;
-    pool.parallel_for(n_tok, thread_pool::grain_for(int64_t(8) * n_kv * hd), [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) { // each token has its own slot: no two threads share bytes
-            const int32_t pos = pos0 + int32_t(t);
-            uint8_t* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_bytes();
-            const int slot = pos % lay.page_size;
+    pool.parallel_for(int64_t(jobs.size()), thread_pool::grain_for(int64_t(8) * n_kv * hd), [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j) { // each token has its own slot: no two threads share bytes
+            const slot_job& job = jobs[size_t(j)];
             for (int h = 0; h < n_kv; ++h)
                 for (const bool is_v : {false, true}) {
-                    const float* src = (is_v ? v : k) + (t * n_kv + h) * hd;
-                    const int64_t e = lay.offset(il, is_v, h) + int64_t(slot) * hd;
+                    const float* src = (is_v ? v : k) + (job.row * n_kv + h) * hd;
+                    const int64_t e = lay.offset(il, is_v, h) + int64_t(job.slot) * hd;
                     if (lay.dtype == kv_dtype::f16) {
-                        f16_row_avx512(src, reinterpret_cast<uint16_t*>(page) + e, hd);
+                        f16_row_avx512(src, reinterpret_cast<uint16_t*>(job.page) + e, hd);
                     } else {
-                        const float sc = fn(src, reinterpret_cast<int8_t*>(page) + e, hd);
-                        std::memcpy(page + lay.scales_begin() + (lay.scale_offset(il, is_v, h) + slot) * 4, &sc, 4);
+                        const float sc = fn(src, reinterpret_cast<int8_t*>(job.page) + e, hd);
+                        std::memcpy(job.page + lay.scales_begin() + (lay.scale_offset(il, is_v, h) + job.slot) * 4,
+                                    &sc, 4);
                     }
                 }
         }

@@ -104,59 +104,79 @@ void kv_read(const uint8_t* page, const kv_layout& lay, int il, bool is_v, int k
     }
 }
 
-void kv_store(uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
-              const float* k, const float* v, int64_t n_tok) {
-    const int hd = lay.head_dim;
+void embed(float* out, const int32_t* tokens, int64_t n_tok, const int8_t* q, const float* scale, const float* f,
+           int64_t n_embd) {
     for (int64_t t = 0; t < n_tok; ++t) {
-        const int32_t pos = pos0 + int32_t(t);
-        uint8_t* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_bytes();
-        const int slot = pos % lay.page_size;
-        for (int h = 0; h < lay.n_head_kv; ++h) {
-            kv_write(page, lay, il, false, h, slot, 1, k + (t * lay.n_head_kv + h) * hd, hd);
-            kv_write(page, lay, il, true, h, slot, 1, v + (t * lay.n_head_kv + h) * hd, hd);
-        }
+        float* o = out + t * n_embd;
+        const int64_t r = tokens[t];
+        if (q != nullptr)
+            for (int64_t i = 0; i < n_embd; ++i) o[i] = scale[r] * float(q[r * n_embd + i]);
+        else
+            std::memcpy(o, f + r * n_embd, size_t(n_embd) * sizeof(float));
     }
 }
 
-void attention(float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head, const uint8_t* kv_base,
-               const kv_layout& lay, int il, const int32_t* block_table, float scale) {
+void gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t n) {
+    for (int64_t r = 0; r < n_rows; ++r) std::memcpy(out + r * n, x + int64_t(rows[r]) * n, size_t(n) * sizeof(float));
+}
+
+void kv_store(const attn_params& p, int il, const float* k, const float* v) {
+    const kv_layout& lay = p.lay;
+    const int hd = lay.head_dim;
+    for (const attn_seq& s : p.seqs)
+        for (int32_t t = 0; t < s.n_tok; ++t) {
+            const int32_t pos = s.n_past + t;
+            uint8_t* page = p.kv_base + int64_t(p.table(s)[pos / lay.page_size]) * lay.page_bytes();
+            const int slot = pos % lay.page_size;
+            const int64_t row = s.row + t;
+            for (int h = 0; h < lay.n_head_kv; ++h) {
+                kv_write(page, lay, il, false, h, slot, 1, k + (row * lay.n_head_kv + h) * hd, hd);
+                kv_write(page, lay, il, true, h, slot, 1, v + (row * lay.n_head_kv + h) * hd, hd);
+            }
+        }
+}
+
+void attention(const attn_params& p, int il, float* out, const float* q, int n_head, float scale) {
+    const kv_layout& lay = p.lay;
     const int hd = lay.head_dim;
     const int n_gqa = n_head / lay.n_head_kv;
     std::vector<float> scores, kv_pos(static_cast<size_t>(hd));
-    for (int64_t t = 0; t < n_tok; ++t) {
-        const int32_t n_ctx = n_past + int32_t(t) + 1; // causal: positions 0..n_past+t
-        scores.assign(size_t(n_ctx), 0.0f);
-        for (int h = 0; h < n_head; ++h) {
-            const float* qh = q + (t * n_head + h) * hd;
-            const int kvh = h / n_gqa;
-            // position pos's K (or V) vector of this kv head, decoded
-            auto at = [&](int32_t pos, bool is_v) {
-                const uint8_t* page = kv_base + int64_t(block_table[pos / lay.page_size]) * lay.page_bytes();
-                kv_read(page, lay, il, is_v, kvh, pos % lay.page_size, 1, kv_pos.data());
-                return kv_pos.data();
-            };
-            float max = -INFINITY;
-            for (int32_t p = 0; p < n_ctx; ++p) {
-                const float* kp = at(p, false);
-                double dot = 0;
-                for (int i = 0; i < hd; ++i) dot += double(qh[i]) * kp[i];
-                scores[size_t(p)] = float(dot) * scale;
-                max = std::max(max, scores[size_t(p)]);
+    for (const attn_seq& s : p.seqs)
+        for (int32_t t = 0; t < s.n_tok; ++t) {
+            const int32_t last = s.n_past + t, first = p.first_seen(last); // causal, within the window
+            const int64_t row = s.row + t;
+            scores.assign(size_t(last - first + 1), 0.0f);
+            for (int h = 0; h < n_head; ++h) {
+                const float* qh = q + (row * n_head + h) * hd;
+                const int kvh = h / n_gqa;
+                // position pos's K (or V) vector of this kv head, decoded
+                auto at = [&](int32_t pos, bool is_v) {
+                    const uint8_t* page = p.kv_base + int64_t(p.table(s)[pos / lay.page_size]) * lay.page_bytes();
+                    kv_read(page, lay, il, is_v, kvh, pos % lay.page_size, 1, kv_pos.data());
+                    return kv_pos.data();
+                };
+                float max = -INFINITY;
+                for (int32_t pos = first; pos <= last; ++pos) {
+                    const float* kp = at(pos, false);
+                    double dot = 0;
+                    for (int i = 0; i < hd; ++i) dot += double(qh[i]) * kp[i];
+                    scores[size_t(pos - first)] = float(dot) * scale;
+                    max = std::max(max, scores[size_t(pos - first)]);
+                }
+                double sum = 0;
+                for (auto& sc : scores) {
+                    sc = std::exp(sc - max);
+                    sum += sc;
+                }
+                float* oh = out + (row * n_head + h) * hd;
+                std::vector<double> acc(static_cast<size_t>(hd), 0.0);
+                for (int32_t pos = first; pos <= last; ++pos) {
+                    const float* vp = at(pos, true);
+                    for (int i = 0; i < hd; ++i) acc[size_t(i)] += double(scores[size_t(pos - first)]) * vp[i];
+                }
+                for (int i = 0; i < hd; ++i) oh[i] = float(acc[size_t(i)] / sum);
             }
-            double sum = 0;
-            for (auto& s : scores) {
-                s = std::exp(s - max);
-                sum += s;
-            }
-            float* oh = out + (t * n_head + h) * hd;
-            std::vector<double> acc(static_cast<size_t>(hd), 0.0);
-            for (int32_t p = 0; p < n_ctx; ++p) {
-                const float* vp = at(p, true);
-                for (int i = 0; i < hd; ++i) acc[size_t(i)] += double(scores[size_t(p)]) * vp[i];
-            }
-            for (int i = 0; i < hd; ++i) oh[i] = float(acc[size_t(i)] / sum);
         }
-    }
 }
 
 } // namespace tandem::cpu::ref

@@ -1,6 +1,7 @@
 // Scalar reference kernels: the readable spec that every fast CPU/CUDA kernel is tested against.
 #pragma once
 
+#include "runtime/attn_params.hpp"
 #include "runtime/kv_layout.hpp"
 
 #include <cstdint>
@@ -25,6 +26,14 @@ void swiglu(float* out, const float* gate, const float* up, int64_t n);
 // x [n] += y
 void add(float* x, const float* y, int64_t n);
 
+// out [n_tok, n_embd] = rows tokens[t] of an embedding table: INT8 q [n_vocab, n_embd] with a
+// scale per row (scale * q, as weight::row_f32) when q is set, else F32 f [n_vocab, n_embd].
+void embed(float* out, const int32_t* tokens, int64_t n_tok, const int8_t* q, const float* scale, const float* f,
+           int64_t n_embd);
+
+// out [n_rows, n] = rows rows[r] of x [., n]
+void gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t n);
+
 // Encodes n positions' head vectors src [n, head_dim] of (layer il, K or V, kv head kvh) into
 // `page` from slot `slot0` on, in lay.dtype (i8: one scale per position and head).
 void kv_write(uint8_t* page, const kv_layout& lay, int il, bool is_v, int kvh, int slot0, int n, const float* src,
@@ -32,16 +41,13 @@ void kv_write(uint8_t* page, const kv_layout& lay, int il, bool is_v, int kvh, i
 // Decodes slots [slot0, slot0 + n) of (il, K or V, kvh) of `page` into dst [n, head_dim].
 void kv_read(const uint8_t* page, const kv_layout& lay, int il, bool is_v, int kvh, int slot0, int n, float* dst);
 
-// Writes k, v [n_tok, n_head_kv * head_dim] at positions pos0.. of the sequence whose
-// pages are block_table, in layer il.
-void kv_store(uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, int32_t pos0,
-              const float* k, const float* v, int64_t n_tok);
+// Writes each sequence's new k, v rows [., n_head_kv * head_dim] at its new positions, in layer il.
+void kv_store(const attn_params& p, int il, const float* k, const float* v);
 
-// Causal attention of q [n_tok, n_head, head_dim] (token t at position n_past + t) over the
-// paged K/V of layer il: out [n_tok, n_head, head_dim]. Query head h reads kv head
-// h / (n_head / n_head_kv).
-void attention(float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head, const uint8_t* kv_base,
-               const kv_layout& lay, int il, const int32_t* block_table, float scale);
+// Causal attention of each sequence's new query rows q [., n_head, head_dim] over the paged
+// K/V of layer il (positions first_seen(pos)..pos): out [., n_head, head_dim]. Query head h
+// reads kv head h / (n_head / n_head_kv).
+void attention(const attn_params& p, int il, float* out, const float* q, int n_head, float scale);
 
 } // namespace tandem::cpu::ref
 

@@ -59,17 +59,17 @@ __device__ __forceinline__ const seg_desc& seg_of_block(const seg_batch& b) {
 // given blocks_of(segment) blocks, times split_of(segment) splits; returns how many blocks they
 // take in all (0: none left) and, in n_parts, how many partial-result slots the splits need.
 template <class Blocks, class Splits>
-int64_t next_seg_batch(const attn_seg* segs, int64_t n_seg, int64_t& i, seg_batch& b, Blocks blocks_of,
-                       Splits split_of, int32_t& n_parts) {
+int64_t next_seg_batch(array_view<attn_seq> segs, size_t& i, seg_batch& b, Blocks blocks_of, Splits split_of,
+                       int32_t& n_parts) {
     b.n_seg = 0;
     int64_t blocks = 0;
     n_parts = 0;
-    for (; i < n_seg && b.n_seg < max_segs; ++i) {
-        const attn_seg& s = segs[i];
+    for (; i < segs.size() && b.n_seg < max_segs; ++i) {
+        const attn_seq& s = segs[i];
         if (s.n_tok <= 0) continue;
         const int32_t n_split = split_of(s);
         const int64_t nb = blocks_of(s) * n_split;
-        b.segs[b.n_seg++] = seg_desc{s.q_row, s.table_off, s.n_tok, s.n_past, int32_t(blocks), int32_t(nb), n_split,
+        b.segs[b.n_seg++] = seg_desc{s.row, s.table_begin, s.n_tok, s.n_past, int32_t(blocks), int32_t(nb), n_split,
                                      n_split > 1 ? n_parts : 0};
         blocks += nb;
         if (n_split > 1) n_parts += n_split;
@@ -526,15 +526,15 @@ void launch_flash(const context& c, const fa_params& prm, int n_warps, int64_t n
 
 } // namespace
 
-void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const attn_seg* segs, int64_t n_seg,
-              const int32_t* tables, const float* k, const float* v) {
+void kv_store(const context& c, const attn_params& p, int il, const float* k, const float* v) {
+    const kv_layout& lay = p.lay;
     c.make_current();
-    kv_store_params prm{kv_base, tables, k, v, geom_of(lay, il), {}};
+    kv_store_params prm{p.kv_base, p.tables, k, v, geom_of(lay, il), {}};
     int32_t n_parts = 0;
-    for (int64_t i = 0; i < n_seg;) {
+    for (size_t i = 0; i < p.seqs.size();) {
         const int64_t n_tok = next_seg_batch(
-            segs, n_seg, i, prm.b, [](const attn_seg& s) { return int64_t(s.n_tok); },
-            [](const attn_seg&) { return int32_t(1); }, n_parts);
+            p.seqs, i, prm.b, [](const attn_seq& s) { return int64_t(s.n_tok); },
+            [](const attn_seq&) { return int32_t(1); }, n_parts);
         if (n_tok == 0) continue;
         const dim3 grid{unsigned(n_tok), unsigned(lay.n_head_kv), 2};
         switch (lay.dtype) {
@@ -545,27 +545,22 @@ void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, 
     }
 }
 
-void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
-              int32_t pos0, const float* k, const float* v, int64_t n_tok) {
-    const attn_seg seg{0, int32_t(n_tok), pos0, 0};
-    kv_store(c, kv_base, lay, il, &seg, 1, block_table, k, v);
-}
-
-void attention(const context& c, float* out, const float* q, const attn_seg* segs, int64_t n_seg, int n_head,
-               const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* tables, float scale) {
+void attention(const context& c, const attn_params& p, int il, float* out, const float* q, int n_head, float scale) {
+    const kv_layout& lay = p.lay;
+    TANDEM_CHECK(p.window == 0, "CUDA attention does not take attention windows yet (window {})", p.window);
     TANDEM_ASSERT(lay.head_dim >= 1 && lay.head_dim <= fa_max_hd, "CUDA attention supports head_dim up to {}, not {}",
                   fa_max_hd, lay.head_dim);
     TANDEM_ASSERT(n_head % lay.n_head_kv == 0);
     const int n_gqa = n_head / lay.n_head_kv;
     int64_t max_rows = 0;
-    for (int64_t i = 0; i < n_seg; ++i) max_rows = std::max(max_rows, int64_t(segs[i].n_tok) * n_gqa);
+    for (const attn_seq& s : p.seqs) max_rows = std::max(max_rows, int64_t(s.n_tok) * n_gqa);
     if (max_rows == 0) return;
     c.make_current();
     fa_params prm{};
     prm.out = out;
     prm.q = q;
-    prm.kv_base = kv_base;
-    prm.tables = tables;
+    prm.kv_base = p.kv_base;
+    prm.tables = p.tables;
     prm.g = geom_of(lay, il);
     prm.n_head = n_head;
     prm.n_gqa = n_gqa;
@@ -576,15 +571,15 @@ void attention(const context& c, float* out, const float* q, const attn_seg* seg
     const int n_warps = int(std::clamp<int64_t>((max_rows + 15) / 16, 1, prm.hd_pad <= 128 ? 4 : 2));
     const int64_t rows = 16 * n_warps;
     prm.part_rows = int32_t(rows);
-    auto row_blocks = [&](const attn_seg& s) { return (int64_t(s.n_tok) * n_gqa + rows - 1) / rows; };
-    auto splits = [&](const attn_seg& s) {
+    auto row_blocks = [&](const attn_seq& s) { return (int64_t(s.n_tok) * n_gqa + rows - 1) / rows; };
+    auto splits = [&](const attn_seq& s) {
         const int64_t seen = int64_t(s.n_past) + s.n_tok;
         return row_blocks(s) == 1 && seen > 2 * fa_split_keys ? int32_t((seen + fa_split_keys - 1) / fa_split_keys)
                                                               : int32_t(1);
     };
     // Up to max_segs segments a launch; the grid is (their blocks, n_head_kv).
-    for (int64_t i = 0; i < n_seg;) {
-        const int64_t blocks = next_seg_batch(segs, n_seg, i, prm.b, row_blocks, splits, prm.n_parts);
+    for (size_t i = 0; i < p.seqs.size();) {
+        const int64_t blocks = next_seg_batch(p.seqs, i, prm.b, row_blocks, splits, prm.n_parts);
         if (blocks == 0) continue;
         buffer parts; // freed in stream order, after the combine
         if (prm.n_parts > 0) {
@@ -606,12 +601,6 @@ void attention(const context& c, float* out, const float* q, const attn_seg* seg
             if (prm.b.segs[j].n_split > 1) cmb.b.segs[cmb.b.n_seg++] = prm.b.segs[j];
         launch_kernel(c, fa_combine_kernel, dim3{unsigned(cmb.b.n_seg), unsigned(lay.n_head_kv)}, 128, 0, cmb);
     }
-}
-
-void attention(const context& c, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
-               const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
-    const attn_seg seg{0, int32_t(n_tok), n_past, 0};
-    attention(c, out, q, &seg, 1, n_head, kv_base, lay, il, block_table, scale);
 }
 
 } // namespace tandem::cuda

@@ -2,7 +2,7 @@
 // and every call queued on the context's stream (nothing here synchronizes).
 #pragma once
 
-#include "runtime/kv_layout.hpp"
+#include "runtime/attn_params.hpp"
 
 #include <cstdint>
 
@@ -25,25 +25,11 @@ void embed(const context& c, float* out, const int32_t* tokens, int64_t n_tok, c
 // out [n_rows, n] = x rows rows[r] (a gather of the rows whose logits are wanted)
 void gather_rows(const context& c, float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t n);
 
-// K/V pages: kv_base is device memory holding pages of `lay`; block_table is a device array.
-void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table,
-              int32_t pos0, const float* k, const float* v, int64_t n_tok);
-void attention(const context& c, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
-               const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale);
-
-// One sequence's new tokens in a batched kv_store or attention: rows q_row.. of q, k, v and
-// out, at positions n_past.., with its block table at tables + table_off.
-struct attn_seg {
-    int64_t q_row;
-    int32_t n_tok, n_past;
-    int64_t table_off;
-};
-// kv_store() and attention() of every segment (a host array) in one launch per 64 segments: a
-// decode step's sequences, or a whole mixed batch. tables is a device array.
-void kv_store(const context& c, uint8_t* kv_base, const kv_layout& lay, int il, const attn_seg* segs, int64_t n_seg,
-              const int32_t* tables, const float* k, const float* v);
-void attention(const context& c, float* out, const float* q, const attn_seg* segs, int64_t n_seg, int n_head,
-               const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* tables, float scale);
+// kv_store and attention of every sequence of p (cpu/ref/ops_ref.hpp), p's pages and tables
+// in device memory: one launch per 64 sequences, a decode step's or a whole mixed batch's.
+// No attention windows yet (an error).
+void kv_store(const context& c, const attn_params& p, int il, const float* k, const float* v);
+void attention(const context& c, const attn_params& p, int il, float* out, const float* q, int n_head, float scale);
 
 // INT8 (W8A8), see runtime/ops/quant.hpp
 void quantize_rows(const context& c, int8_t* q, float* s, const float* x, int64_t n_tok, int64_t n);

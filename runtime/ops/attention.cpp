@@ -5,8 +5,6 @@
 #include "cpu/ref/ops_ref.hpp"
 #include "runtime/ops/op_defs.hpp"
 
-#include <vector>
-
 namespace tandem::ops {
 namespace {
 
@@ -19,69 +17,40 @@ struct attention_impl : attention_op {
     static constexpr auto ref = ::tandem::cpu::ref::attention;
     static constexpr auto cpu = ::tandem::cpu::attention;
 };
-// Rows, positions and block tables of a decode step as arrays (what the kernels take).
-struct decode_batch {
-    std::vector<int64_t> rows;
-    std::vector<int32_t> n_past;
-    std::vector<const int32_t*> tables;
-};
 
-struct attention_decode_impl : attention_decode_op {
-    static void ref(float* out, const float* q, int64_t n_seq, const int64_t* rows, const int32_t* n_past,
-                    const int32_t* const* tables, int n_head, const uint8_t* kv_base, const kv_layout& lay, int il,
-                    float scale) {
-        const int64_t stride = int64_t(n_head) * lay.head_dim;
-        for (int64_t i = 0; i < n_seq; ++i)
-            ::tandem::cpu::ref::attention(out + rows[i] * stride, q + rows[i] * stride, 1, n_past[i], n_head, kv_base,
-                                          lay, il, tables[i], scale);
+// Each sequence's pages, from the one its first new token sees first to its last new
+// position, must be pages of the pool: tables come from the scheduler, possibly through a
+// worker's channel, so a bad one is a tandem::error, not a wild write.
+void check(const attn_params& p, int il) {
+    TANDEM_ASSERT(il >= 0 && il < p.lay.n_layer && p.window >= 0);
+    TANDEM_ASSERT(p.seqs.empty() || (p.tables != nullptr && p.kv_base != nullptr));
+    const int32_t ps = p.lay.page_size;
+    for (const attn_seq& s : p.seqs) {
+        TANDEM_ASSERT(s.row >= 0 && s.n_tok >= 0 && s.n_past >= 0 && s.table_begin >= 0);
+        if (s.n_tok == 0) continue;
+        const int32_t end = s.n_past + s.n_tok;
+        TANDEM_CHECK(int64_t(s.table_begin) + (end + ps - 1) / ps <= int64_t(p.host_tables.size()),
+                      "a block table of {} entries from {} cannot hold {} positions", p.host_tables.size(),
+                      s.table_begin, end);
+        const int32_t* table = p.host_tables.data() + s.table_begin;
+        for (int32_t pg = p.first_seen(s.n_past) / ps; pg < (end + ps - 1) / ps; ++pg)
+            TANDEM_CHECK(table[pg] >= 0 && table[pg] < p.n_pages, "page {} of a sequence's table is {} ({} pages)",
+                          pg, table[pg], p.n_pages);
     }
-    static constexpr auto cpu = ::tandem::cpu::attention_decode;
-};
-
-// The sequence's pages must cover positions [0, n_end).
-void check_pages(const kv_cache& kv, std::span<const int32_t> block_table, int64_t n_end) {
-    const int32_t ps = kv.layout().page_size;
-    TANDEM_ASSERT(int64_t(block_table.size()) * ps >= n_end, "{} pages cannot hold {} positions",
-                  block_table.size(), n_end);
-    for (int64_t i = 0; i < (n_end + ps - 1) / ps; ++i)
-        TANDEM_ASSERT(block_table[size_t(i)] >= 0 && block_table[size_t(i)] < kv.n_pages());
 }
 
 } // namespace
 
-void kv_store(const exec_ctx& ctx, kv_cache& kv, int il, std::span<const int32_t> block_table, int32_t pos0,
-              const float* k, const float* v, int64_t n_tok) {
-    TANDEM_ASSERT(il >= 0 && il < kv.layout().n_layer && pos0 >= 0);
-    check_pages(kv, block_table, pos0 + n_tok);
-    dispatch<kv_store_impl>(ctx, kv.base(), kv.layout(), il, block_table.data(), pos0, k, v, n_tok);
+void kv_store(const exec_ctx& ctx, const attn_params& p, int il, const float* k, const float* v) {
+    check(p, il);
+    dispatch<kv_store_impl>(ctx, p, il, k, v);
 }
 
-void attention(const exec_ctx& ctx, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
-               const kv_cache& kv, int il, std::span<const int32_t> block_table, float scale) {
-    TANDEM_ASSERT(il >= 0 && il < kv.layout().n_layer && n_past >= 0);
-    TANDEM_ASSERT(n_head % kv.layout().n_head_kv == 0, "{} heads over {} kv heads", n_head, kv.layout().n_head_kv);
-    check_pages(kv, block_table, n_past + n_tok);
-    dispatch<attention_impl>(ctx, out, q, n_tok, n_past, n_head, kv.base(), kv.layout(), il, block_table.data(),
-                             scale);
-}
-
-void attention_decode(const exec_ctx& ctx, float* out, const float* q, std::span<const decode_seq> seqs, int n_head,
-                      const kv_cache& kv, int il, float scale) {
-    TANDEM_ASSERT(il >= 0 && il < kv.layout().n_layer);
-    TANDEM_ASSERT(n_head % kv.layout().n_head_kv == 0, "{} heads over {} kv heads", n_head, kv.layout().n_head_kv);
-    thread_local decode_batch b; // reused: a decode step calls this once per layer
-    b.rows.clear();
-    b.n_past.clear();
-    b.tables.clear();
-    for (const decode_seq& s : seqs) {
-        TANDEM_ASSERT(s.row >= 0 && s.n_past >= 0);
-        check_pages(kv, s.block_table, int64_t(s.n_past) + 1);
-        b.rows.push_back(s.row);
-        b.n_past.push_back(s.n_past);
-        b.tables.push_back(s.block_table.data());
-    }
-    dispatch<attention_decode_impl>(ctx, out, q, int64_t(seqs.size()), b.rows.data(), b.n_past.data(),
-                                    b.tables.data(), n_head, kv.base(), kv.layout(), il, scale);
+void attention(const exec_ctx& ctx, const attn_params& p, int il, float* out, const float* q, int n_head,
+               float scale) {
+    check(p, il);
+    TANDEM_ASSERT(n_head % p.lay.n_head_kv == 0, "{} heads over {} kv heads", n_head, p.lay.n_head_kv);
+    dispatch<attention_impl>(ctx, p, il, out, q, n_head, scale);
 }
 
 } // namespace tandem::ops

@@ -13,6 +13,7 @@ namespace tandem {
 
 namespace cpu { class thread_pool; }
 namespace cuda { class context; }
+class scratch_arena;
 
 enum class backend { ref, cpu, cuda };
 
@@ -60,6 +61,9 @@ struct exec_ctx {
     // tables, biases).
     cuda::context* cuda = nullptr;
     op_profile* profile = nullptr; // when set, host ops add their wall time here
+    // Backend memory for a forward's activations (runtime/ops/scratch.hpp), required by
+    // model::forward on backend::cuda; host backends fall back to the model's own.
+    scratch_arena* scratch = nullptr;
 };
 
 // Op is a struct with a `name`, static `ref(...)` and `cpu(pool, ...)` members and optionally a

@@ -9,6 +9,21 @@ namespace tandem::ops {
 namespace {
 
 // The ref and CPU bindings; CUDA comes through each op's slot.
+// Copies of rows: the reference is all the CPU needs.
+struct embed_impl : embed_op {
+    static constexpr auto ref = ::tandem::cpu::ref::embed;
+    static void cpu(::tandem::cpu::thread_pool&, float* out, const int32_t* tokens, int64_t n_tok, const int8_t* q,
+                    const float* scale, const float* f, int64_t n_embd) {
+        ref(out, tokens, n_tok, q, scale, f, n_embd);
+    }
+};
+struct gather_rows_impl : gather_rows_op {
+    static constexpr auto ref = ::tandem::cpu::ref::gather_rows;
+    static void cpu(::tandem::cpu::thread_pool&, float* out, const float* x, const int32_t* rows, int64_t n_rows,
+                    int64_t n) {
+        ref(out, x, rows, n_rows, n);
+    }
+};
 struct rms_norm_impl : rms_norm_op {
     static constexpr auto ref = ::tandem::cpu::ref::rms_norm;
     static constexpr auto cpu = ::tandem::cpu::rms_norm;
@@ -27,6 +42,17 @@ struct add_impl : add_op {
 };
 
 } // namespace
+
+void embed(const exec_ctx& ctx, float* out, const int32_t* tokens, int64_t n_tok, const weight& table) {
+    TANDEM_ASSERT(n_tok >= 0 && !table.empty() && table.n_in > 1, "embed needs an embedding matrix");
+    dispatch<embed_impl>(ctx, out, tokens, n_tok, table.is_i8() ? table.q() : nullptr,
+                         table.is_i8() ? table.scale() : nullptr, table.f32(), table.n_in);
+}
+
+void gather_rows(const exec_ctx& ctx, float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t n) {
+    TANDEM_ASSERT(n_rows >= 0 && n > 0);
+    dispatch<gather_rows_impl>(ctx, out, x, rows, n_rows, n);
+}
 
 void rms_norm(const exec_ctx& ctx, float* out, const float* x, const float* w, int64_t n_tok, int64_t n, float eps) {
     TANDEM_ASSERT(n > 0 && n_tok >= 0 && eps > 0);

@@ -1,13 +1,21 @@
-// Row-wise and element-wise ops: RMSNorm, RoPE, SwiGLU, residual add.
+// Row-wise and element-wise ops: embedding rows, row gather, RMSNorm, RoPE, SwiGLU, residual add.
 #pragma once
 
 #include "runtime/ops/dispatch.hpp"
+#include "runtime/weight.hpp"
 
 #include <cstdint>
 
 namespace tandem::ops {
 
 // On backend::cuda every pointer (weights and positions included) is device memory.
+
+// out [n_tok, table.n_in] = rows tokens[t] of the embedding table (INT8 rows dequantized). The
+// ids must be in [0, table.n_out): the caller checks them on the host.
+void embed(const exec_ctx& ctx, float* out, const int32_t* tokens, int64_t n_tok, const weight& table);
+
+// out [n_rows, n] = rows rows[r] of x [., n]
+void gather_rows(const exec_ctx& ctx, float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t n);
 
 // out [n_tok, n] = x / rms(x) * w [n]
 void rms_norm(const exec_ctx& ctx, float* out, const float* x, const float* w, int64_t n_tok, int64_t n, float eps);

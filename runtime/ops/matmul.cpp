@@ -16,13 +16,13 @@ struct matmul_impl : matmul_op {
 } // namespace
 
 void matmul(const exec_ctx& ctx, float* out, const float* x, int64_t n_tok, const weight& w, const weight* bias) {
-    TANDEM_ASSERT(n_tok >= 0 && !w.data.empty() && w.n_in > 1, "matmul needs an F32 matrix (INT8: matmul_i8)");
+    TANDEM_ASSERT(n_tok >= 0 && w.is_f32() && w.n_in > 1, "matmul needs an F32 matrix (INT8: matmul_i8)");
     const float* b = nullptr;
     if (bias && !bias->empty()) {
         TANDEM_ASSERT(bias->n_out == w.n_out, "bias [{}] vs weight rows {}", bias->n_out, w.n_out);
-        b = bias->data.data();
+        b = bias->f32();
     }
-    dispatch<matmul_impl>(ctx, out, x, n_tok, w.data.data(), w.n_out, w.n_in, b);
+    dispatch<matmul_impl>(ctx, out, x, n_tok, w.f32(), w.n_out, w.n_in, b);
 }
 
 } // namespace tandem::ops

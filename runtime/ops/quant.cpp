@@ -64,7 +64,7 @@ void matmul_i8(const exec_ctx& ctx, float* out, const int8_t* qx, const float* s
     const float* b = nullptr;
     if (bias && !bias->empty()) {
         TANDEM_ASSERT(bias->n_out == w.n_out, "bias [{}] vs weight rows {}", bias->n_out, w.n_out);
-        b = bias->data.data();
+        b = bias->f32();
     }
     dispatch<matmul_i8_impl>(ctx, out, qx, sx, n_tok, w, b);
 }

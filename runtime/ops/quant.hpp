@@ -8,9 +8,8 @@
 
 namespace tandem::ops {
 
-// On backend::cuda every pointer is device memory and `w` is a device view
-// (cuda::device_weight::view(): q() and scale() on the device); a bias stays a host weight
-// (the op copies its n_out values over).
+// On backend::cuda every pointer is device memory and weights are device views
+// (cuda::device_weight::view(): q(), scale() and f32() on the device).
 
 // Quantized activations of a flat batch: row t ~= s[t] * q[t].
 struct act_i8 {
