@@ -86,6 +86,25 @@ void merge_symbols(std::vector<symbol>& syms, int32_t left, int32_t right) {
     if (r.next >= 0) syms[r.next].prev = left;
 }
 
+// Offers every adjacent pair, then merges the best queued pair until none is left, offering
+// the two pairs each merge makes. try_pair(left, right) queues a pair (with .left, .right and
+// .size, the two symbols' total length) when the vocabulary has it. Symbols only grow, so a
+// pair whose sizes no longer add up is stale.
+template <class Queue, class TryPair>
+void merge_best_pairs(std::vector<symbol>& syms, Queue& queue, TryPair& try_pair) {
+    for (int32_t i = 1; i < int32_t(syms.size()); ++i) try_pair(i - 1, i);
+    while (!queue.empty()) {
+        const auto b = queue.top();
+        queue.pop();
+        const symbol& l = syms[b.left];
+        const symbol& r = syms[b.right];
+        if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
+        merge_symbols(syms, b.left, b.right);
+        try_pair(syms[b.left].prev, b.left);
+        try_pair(b.left, syms[b.left].next);
+    }
+}
+
 // Splits `s` into one symbol per UTF-8 character (an invalid sequence is one symbol).
 std::vector<symbol> char_symbols(std::string_view s) {
     std::vector<symbol> syms;
@@ -220,19 +239,7 @@ void tokenizer::impl::encode_spm(std::string_view text, std::vector<token_id>& o
         if (!id) return;
         queue.push({scores[*id], left, right, size});
     };
-    for (int32_t i = 1; i < int32_t(syms.size()); ++i) try_pair(i - 1, i);
-
-    while (!queue.empty()) {
-        const spm_bigram b = queue.top();
-        queue.pop();
-        const symbol& l = syms[b.left];
-        const symbol& r = syms[b.right];
-        // Symbols only grow, so a pair whose sizes no longer add up is stale.
-        if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
-        merge_symbols(syms, b.left, b.right);
-        try_pair(syms[b.left].prev, b.left);
-        try_pair(b.left, syms[b.left].next);
-    }
+    merge_best_pairs(syms, queue, try_pair);
 
     for (int32_t i = 0; i != -1; i = syms[i].next) {
         const std::string_view s = text.substr(syms[i].start, syms[i].n);
@@ -272,18 +279,7 @@ void tokenizer::impl::bpe_word(std::string_view bytes, std::vector<token_id>& ou
         if (it == merge_ranks.end()) return;
         queue.push({it->second, left, right, l.n + r.n});
     };
-    for (int32_t i = 1; i < int32_t(syms.size()); ++i) try_pair(i - 1, i);
-
-    while (!queue.empty()) {
-        const bpe_bigram b = queue.top();
-        queue.pop();
-        const symbol& l = syms[b.left];
-        const symbol& r = syms[b.right];
-        if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
-        merge_symbols(syms, b.left, b.right);
-        try_pair(syms[b.left].prev, b.left);
-        try_pair(b.left, syms[b.left].next);
-    }
+    merge_best_pairs(syms, queue, try_pair);
 
     for (int32_t i = 0; i != -1 && !syms.empty(); i = syms[i].next) {
         const std::string_view s = std::string_view(word).substr(syms[i].start, syms[i].n);

@@ -3,6 +3,7 @@
 
 #include "fake_daemon.hpp"
 #include "test_util.hpp"
+#include "tests/sse_events.hpp"
 
 #include <doctest/doctest.h>
 
@@ -12,28 +13,13 @@
 using namespace tandem;
 using namespace std::chrono_literals;
 
-namespace {
-
-std::vector<std::string> parse_all(std::string_view wire, size_t piece) {
-    ipc::sse_parser p;
-    std::vector<std::string> out;
-    for (size_t i = 0; i < wire.size(); i += piece)
-        p.feed(wire.substr(i, piece), [&](std::string_view d) {
-            out.emplace_back(d);
-            return true;
-        });
-    return out;
-}
-
-} // namespace
-
 TEST_CASE("sse_parser: events split anywhere, CRLF/CR/LF, comments, multi-line data") {
     const std::string wire = ": hello\n\ndata: {\"a\":1}\n\ndata:no-space\r\n\r\nevent: x\nid: 3\ndata: one\ndata: two\r\r"
                              "data: [DONE]\n\n";
     const std::vector<std::string> want{"{\"a\":1}", "no-space", "one\ntwo", "[DONE]"};
     for (size_t piece : {1, 2, 3, 7, 1000}) {
         INFO(piece);
-        CHECK(parse_all(wire, piece) == want);
+        CHECK(tandem::test::sse_events(wire, piece) == want);
     }
     // A callback returning false stops the parse.
     ipc::sse_parser p;
@@ -41,7 +27,7 @@ TEST_CASE("sse_parser: events split anywhere, CRLF/CR/LF, comments, multi-line d
     CHECK_FALSE(p.feed("data: a\n\ndata: b\n\n", [&](std::string_view) { return ++n < 1; }));
     CHECK(n == 1);
     // An event without its blank line is held back.
-    CHECK(parse_all("data: partial\n", 1).empty());
+    CHECK(tandem::test::sse_events("data: partial\n", 1).empty());
 }
 
 TEST_CASE("default_socket_path: flag, $TANDEM_SOCKET, $XDG_RUNTIME_DIR, /run") {

@@ -1,7 +1,7 @@
 // libFuzzer target for the text formats the client and server read: the SSE parser (input
 // split anywhere gives the same events) and chat templates (any template source and messages).
-#include "ipc/sse.hpp"
 #include "runtime/chat_template.hpp"
+#include "tests/sse_events.hpp"
 
 #include <cstdint>
 #include <algorithm>
@@ -10,28 +10,13 @@
 #include <string_view>
 #include <vector>
 
-namespace {
-
-std::vector<std::string> events_of(std::string_view wire, size_t piece) {
-    tandem::ipc::sse_parser p;
-    std::vector<std::string> out;
-    for (size_t i = 0; i < wire.size(); i += piece)
-        p.feed(wire.substr(i, piece), [&](std::string_view d) {
-            out.emplace_back(d);
-            return true;
-        });
-    return out;
-}
-
-} // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string_view in(reinterpret_cast<const char*>(data), size);
 
     // SSE: whole, byte by byte, and in pieces of a size taken from the input agree.
     const size_t piece = size ? 1 + data[0] % 13 : 1;
-    const auto whole = events_of(in, in.size() + 1);
-    if (events_of(in, 1) != whole || events_of(in, piece) != whole) std::abort();
+    const auto whole = tandem::test::sse_events(in, in.size() + 1);
+    if (tandem::test::sse_events(in, 1) != whole || tandem::test::sse_events(in, piece) != whole) std::abort();
 
     // Chat templates: the input up to the first \x01 is a template source; the texts between
     // later \x01 bytes are the messages' contents.
