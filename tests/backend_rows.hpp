@@ -114,7 +114,7 @@ private:
         return host;
     }
 
-    const exec_ctx& ctx_;
+    [[maybe_unused]] const exec_ctx& ctx_; // unused in builds without CUDA
 #if TANDEM_HAVE_CUDA
     std::map<const void*, cuda::buffer> copies_;
     std::map<void*, std::pair<void*, size_t>> reads_;
