@@ -2,6 +2,7 @@
 // their logits and reports token events; and the in-process executor.
 #include "runtime/engine.hpp"
 
+#include "runtime/draft.hpp"
 #include "runtime/error.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/kv_cache.hpp"
@@ -13,6 +14,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -31,7 +33,8 @@ using clock_type = std::chrono::steady_clock;
 engine_options resolve(engine_options o, const model_config& c) {
     if (o.n_ctx <= 0 || o.n_ctx > c.n_ctx_train) o.n_ctx = c.n_ctx_train;
     o.max_running = std::max(1, o.max_running);
-    o.decode_tokens = std::max(1, o.decode_tokens);
+    o.max_draft_tokens = std::max(0, o.max_draft_tokens);
+    o.decode_tokens = std::max({1, o.decode_tokens, 1 + o.max_draft_tokens}); // a step verifies a draft whole
     o.step_tokens = std::max(o.step_tokens, o.max_running * o.decode_tokens + 1);
     if (o.max_logits <= 0) o.max_logits = o.max_running * o.decode_tokens;
     o.max_logits = std::max(o.max_logits, o.decode_tokens); // any one decode step fits
@@ -51,6 +54,7 @@ int32_t index_of(uint64_t seq) { return int32_t(seq & ((uint64_t(1) << seq_bits)
 struct seq_state {
     int32_t index = 0;
     int32_t n_generated = 0;
+    int32_t n_drafts = 0;             // drafts after its last sampled token, not verified yet
     token_id final_token = -1;        // the EOS that ended it
     bool done = false;
     sampler smp;
@@ -225,8 +229,10 @@ private:
                                 r.n_prompt, sched_->reused_tokens(sid), r.max_tokens,
                                 r.seqs.size() > 1 ? fmt::format(" in each of {} sequences", r.seqs.size()) : "");
                 }
-            for (uint64_t sid : sched_->take_preempted())
+            for (uint64_t sid : sched_->take_preempted()) {
                 log_->debug("request {} (sequence {}) preempted: KV pool full", request_of(sid), index_of(sid));
+                drop_drafts(sid); // it is recomputed as a prompt: no rows to verify them by
+            }
             bool in_flight = false, sync_result = false;
             for (size_t i = 0; i < parts_.executors.size(); ++i) {
                 executor& ex = *parts_.executors[i];
@@ -340,40 +346,98 @@ private:
             auto it = reqs_.find(request_of(sid));
             if (it == reqs_.end()) continue;
             request_state& r = *it->second;
-            // the row of the sequence's last token
-            const auto row = parts_.executors[size_t(slot)]->logits(b.logits_begin[size_t(index.at(sid)) + 1] - 1);
+            executor& ex = *parts_.executors[size_t(slot)];
+            const int32_t i = index.at(sid), row_end = b.logits_begin[size_t(i) + 1];
             if (!r.forked) { // the prompt is computed: the group shares its pages from here
                 for (size_t k = 1; k < r.seqs.size(); ++k) sched_->fork(sid, seq_id_of(r.id, int32_t(k)));
                 r.forked = true;
+                const auto row = ex.logits(row_end - 1); // the row of the prompt's last token
                 for (auto& q : r.seqs) sample_next(r, *q, row);
             } else {
-                sample_next(r, *r.seqs[size_t(index_of(sid))], row);
+                seq_state& q = *r.seqs[size_t(index_of(sid))];
+                TANDEM_ASSERT(b.n_seq_logits(i) >= q.n_drafts + 1, "{} rows for {} drafts", b.n_seq_logits(i),
+                              q.n_drafts);
+                verify(r, q, ex, row_end - 1 - q.n_drafts);
             }
             if (r.n_live == 0) finish(r.id, "stop");
         }
     }
 
-    // Samples one token of sequence q; a finished sequence sends its done event.
-    void sample_next(request_state& r, seq_state& q, std::span<const float> logits) {
+    // Sequence q's last sampled token and its drafts after it were computed, with logits rows
+    // from `first_row` on: row j is sampled as plain decoding would sample it, with the tokens
+    // up to draft j as history. While the token sampled from row j is draft j, the draft
+    // stands; the first one it is not replaces that draft and cuts the rest. So every token
+    // comes from the distribution plain decoding gives (a draft is a point mass: sampling p and
+    // keeping the draft when they agree is the rejection rule of speculative sampling).
+    void verify(request_state& r, seq_state& q, executor& ex, int32_t first_row) {
         const uint64_t sid = seq_id_of(r.id, q.index);
+        const int32_t k = q.n_drafts, base = int32_t(sched_->tokens(sid).size()) - k; // tokens through the sampled one
+        q.n_drafts = 0;
+        if (k > 0) sched_->set_logits_from(sid, std::numeric_limits<int32_t>::max()); // the last token's row only
+        for (int32_t j = 0; j <= k; ++j) {
+            const token_id draft = j < k ? sched_->tokens(sid)[size_t(base + j)] : sampler::none;
+            if (!sample_next(r, q, ex.logits(first_row + j), base + j, draft)) break;
+        }
+    }
+
+    // The drafts of a sequence that will not be verified go (its tokens end at the sampled one).
+    void drop_drafts(uint64_t sid) {
+        auto it = reqs_.find(request_of(sid));
+        if (it == reqs_.end()) return;
+        seq_state& q = *it->second->seqs[size_t(index_of(sid))];
+        if (q.n_drafts == 0) return;
+        sched_->truncate(sid, int32_t(sched_->tokens(sid).size()) - q.n_drafts);
+        sched_->set_logits_from(sid, std::numeric_limits<int32_t>::max());
+        q.n_drafts = 0;
+    }
+
+    // After a newly sampled token: the request's drafts for the next step, as many as its
+    // remaining tokens allow, computed with it and verified by verify().
+    void propose_drafts(request_state& r, seq_state& q) {
+        const int32_t want = std::min({r.req.draft_tokens, opts_.max_draft_tokens, r.max_tokens - q.n_generated - 1});
+        if (want <= 0) return;
+        const uint64_t sid = seq_id_of(r.id, q.index);
+        const std::vector<token_id> d = ngram_draft(sched_->tokens(sid), want);
+        if (d.empty()) return;
+        sched_->set_logits_from(sid, int32_t(sched_->tokens(sid).size()) - 1);
+        sched_->append(sid, d);
+        q.n_drafts = int32_t(d.size());
+        n_draft_tokens_ += d.size();
+    }
+
+    // Samples one token of sequence q from `logits`, the tokens before position n_history as
+    // its history (all of them by default); a finished sequence sends its done event. `draft`:
+    // the token at n_history already (sampler::none: none), kept when the sample is that token,
+    // else cut with what follows it. True when the draft stands and the sequence goes on.
+    bool sample_next(request_state& r, seq_state& q, std::span<const float> logits, int32_t n_history = -1,
+                     token_id draft = sampler::none) {
+        const uint64_t sid = seq_id_of(r.id, q.index);
+        const auto tokens = sched_->tokens(sid);
+        if (n_history < 0) n_history = int32_t(tokens.size());
         row_.assign(logits.begin(), logits.end());
         engine_event ev;
         ev.index = q.index;
         const bool want_lp = r.req.n_top_logprobs >= 0;
         if (want_lp && r.req.n_top_logprobs > 0) ev.top = top_logprobs(logits, r.req.n_top_logprobs);
-        const token_id id = q.smp.sample(row_, sched_->tokens(sid));
+        const token_id id = q.smp.sample(row_, tokens.first(size_t(n_history)));
         if (id == sampler::none) { // every token banned: nothing can follow
             finish_seq(r, q, "stop");
-            return;
+            return false;
         }
         ++n_generated_tokens_;
         ++q.n_generated;
         if (!r.req.ignore_eos && tok_.is_eog(id)) {
             q.final_token = id;
             finish_seq(r, q, "stop");
-            return;
+            return false;
         }
-        sched_->append(sid, id);
+        const bool kept = draft != sampler::none && id == draft;
+        if (kept) {
+            ++n_accepted_tokens_;
+        } else {
+            if (draft != sampler::none) sched_->truncate(sid, n_history);
+            sched_->append(sid, id);
+        }
         q.smp.accept(id);
         ev.id = id;
         if (want_lp) ev.logprob = logprob_of(logits, id);
@@ -384,6 +448,9 @@ private:
         r.sink(std::move(ev));
         if (stopped) finish_seq(r, q, "stop");
         else if (full) finish_seq(r, q, "length");
+        if (q.done) return false;
+        if (!kept) propose_drafts(r, q);
+        return kept;
     }
 
     // Sequence q ends: its pages go, and its done event is sent once the stats are published
@@ -469,6 +536,8 @@ private:
         stats_.n_worker_restarts = restarts;
         stats_.n_kv_upload_bytes = uploaded;
         stats_.n_kv_kept_bytes = kept;
+        stats_.n_draft_tokens = n_draft_tokens_;
+        stats_.n_accepted_tokens = n_accepted_tokens_;
     }
 
     const tokenizer& tok_;
@@ -499,7 +568,7 @@ private:
     std::vector<float> row_;                              // [n_vocab] logits being sampled
     std::vector<std::pair<engine_sink, engine_event>> done_;
     std::vector<const batch*> planned_;                  // [executor] the batch it ran last
-    uint64_t n_steps_ = 0, n_generated_tokens_ = 0;
+    uint64_t n_steps_ = 0, n_generated_tokens_ = 0, n_draft_tokens_ = 0, n_accepted_tokens_ = 0;
     std::thread thread_;
 };
 

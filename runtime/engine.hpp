@@ -57,6 +57,11 @@ struct engine_request {
     // once per sequence.
     std::function<std::unique_ptr<logits_processor>()> make_processor;
     std::shared_ptr<output_observer> observer; // optional; shared by the request's sequences
+    // Speculative decoding by prompt lookup (runtime/draft.hpp): after each sampled token, up
+    // to this many drafts from the sequence's own tokens are computed with it in one step and
+    // verified by sampling each row in turn, so the output is what plain decoding gives. 0:
+    // off; cut to engine_options::max_draft_tokens.
+    int32_t draft_tokens = 0;
 };
 
 // What the engine reports about one request, per sequence (index) in order: zero or more
@@ -112,6 +117,8 @@ struct engine_stats {
     uint64_t n_worker_restarts = 0;   // worker processes restarted after a crash
     uint64_t n_kv_upload_bytes = 0;   // past K/V GPU workers copied from the pool's pages to the device
     uint64_t n_kv_kept_bytes = 0;     // past K/V GPU workers read from device pages they held already
+    uint64_t n_draft_tokens = 0;      // speculative drafts computed
+    uint64_t n_accepted_tokens = 0;   // of those, accepted
 };
 
 // The interface the daemon uses, whatever computes behind it (one process, or prefill and
@@ -146,6 +153,7 @@ struct engine_options {
     int32_t step_tokens = 512;        // token budget of one step (prefill is chunked to fit)
     int32_t decode_tokens = 1;        // a sequence with at most this many tokens to compute is decode work
     int32_t max_logits = 0;           // logits rows one step may return; 0: max_running * decode_tokens
+    int32_t max_draft_tokens = 0;     // drafts a request may ask for; decode_tokens becomes at least 1 + this
     bool prefix_cache = true;         // reuse the K/V of full pages of earlier prompts
     uint64_t prefix_seed = 0;         // the model fingerprint (prefix hashes of other models never match)
     double priority_aging_s = 5;      // each this many seconds waited raises a request's priority by one
