@@ -3,6 +3,7 @@
 
 #include "cpu/dnnl_matmul.hpp"
 #include "cpu/thread_pool.hpp"
+#include "runtime/engine.hpp"
 #include "runtime/error.hpp"
 #include "runtime/evaluate.hpp"
 #include "quant/int8.hpp"
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <map>
 #include <random>
@@ -126,6 +128,7 @@ struct bench_opts {
     int threads = default_threads();
     std::vector<int> batches{1, 8, 16};
     bool json = false, no_raw = false;
+    int32_t speculative = 0; // --speculative K: the speculative-decoding mode
 };
 
 // Read bandwidth in GB/s, measured by streaming over the weight matrices themselves (well
@@ -415,6 +418,130 @@ int cmd_bench(const bench_opts& o) {
     return 0;
 }
 
+// Wall time of one greedy request on an in-process engine, and its engine's draft counts.
+struct engine_run {
+    double seconds = 0;
+    int32_t n_tokens = 0;
+    engine_stats stats;
+};
+
+engine_run run_greedy(model_bundle& b, int threads, const std::vector<token_id>& prompt, int32_t n_gen,
+                      int32_t draft_tokens) {
+    engine_options eo;
+    eo.n_threads = threads;
+    eo.max_draft_tokens = draft_tokens;
+    auto eng = make_local_engine(*b.mdl, *b.tok, eo);
+    engine_request req;
+    req.prompt = prompt;
+    req.max_tokens = n_gen;
+    req.sampling.temperature = 0;
+    req.ignore_eos = true;
+    req.draft_tokens = draft_tokens;
+    std::promise<void> done;
+    engine_run r;
+    const auto t0 = clock_type::now();
+    TANDEM_CHECK(eng->submit(req, [&](engine_event&& ev) {
+                         if (!ev.done) ++r.n_tokens;
+                         else done.set_value();
+                     }).status == submit_status::ok,
+                 "the benchmark's request was refused");
+    done.get_future().wait();
+    r.seconds = since(t0);
+    r.stats = eng->stats();
+    eng->stop();
+    return r;
+}
+
+// `tandem bench --speculative K`: what verifying drafts costs (a step that computes k + 1
+// tokens of every sequence with logits for all, over a one-token step, k = 1..K, at each batch
+// size, measured interleaved) and what prompt lookup gains on the engine (greedy, K drafts):
+// a prompt that holds a passage twice (the continuation copies it), and random tokens.
+int cmd_bench_speculative(const bench_opts& o) {
+    cpu::ensure_passive_openmp();
+    model_bundle b = load_model(resolve_model(o.model), o.load);
+    model& m = *b.mdl;
+    const int32_t n_vocab = m.config().n_vocab, page = 16, n_short = 64, K = o.speculative, reps = 6;
+    cpu::thread_pool pool(o.threads);
+    const exec_ctx ctx{backend::cpu, &pool};
+    nlohmann::json j{{"model", resolve_model(o.model)}, {"threads", o.threads}, {"verify_cost", nlohmann::json::object()}};
+    for (int nb : o.batches) {
+        const int32_t n_pos = n_short + K + 1;
+        kv_cache kv(m.make_kv_layout(page), nb * ((n_pos + page - 1) / page) + 1);
+        std::vector<std::unique_ptr<sequence_kv>> seqs;
+        std::vector<std::vector<token_id>> toks;
+        std::vector<float> logits(size_t(nb) * size_t(K + 1) * size_t(n_vocab));
+        for (int i = 0; i < nb; ++i) {
+            seqs.push_back(std::make_unique<sequence_kv>(kv));
+            TANDEM_ASSERT(seqs.back()->reserve(n_pos));
+            toks.push_back(random_tokens(n_pos, n_vocab, uint32_t(200 + i)));
+            m.forward(ctx, one_sequence(std::span(toks.back()).first(size_t(n_short)), 0, seqs.back()->block_table()), kv,
+                      logits.data());
+        }
+        // Every sequence's last token and k drafts after its prompt, logits for all k + 1.
+        auto step = [&](int32_t k) {
+            batch s;
+            for (int i = 0; i < nb; ++i)
+                s.add_seq(uint64_t(i), n_short, std::span(toks[size_t(i)]).subspan(size_t(n_short), size_t(k + 1)),
+                          seqs[size_t(i)]->block_table(), {}, n_short);
+            return s;
+        };
+        std::vector<batch> steps;
+        for (int32_t k = 0; k <= K; ++k) steps.push_back(step(k));
+        std::vector<double> t(size_t(K + 1), 0.0);
+        for (int rep = 0; rep <= reps; ++rep) // rep 0 warms up
+            for (int32_t k = 0; k <= K; ++k) {
+                const auto t0 = clock_type::now();
+                m.forward(ctx, steps[size_t(k)], kv, logits.data());
+                if (rep > 0) t[size_t(k)] += since(t0);
+            }
+        nlohmann::json row = nlohmann::json::array();
+        for (int32_t k = 1; k <= K; ++k) row.push_back(t[size_t(k)] / t[0]);
+        j["verify_cost"][std::to_string(nb)] = row;
+        j["step_ms"][std::to_string(nb)] = t[0] / reps * 1e3;
+    }
+    // Prompt lookup on the engine: a passage twice (the model's continuation may copy it) and random tokens.
+    const std::string passage = "Lily had a red ball. She liked to play with it in the park with her friend Tom. "
+                                "One day the ball rolled into the pond and Tom helped her get it back. ";
+    const std::vector<std::pair<std::string, std::vector<token_id>>> tasks{
+        {"copy", b.tok->encode(passage + passage + passage.substr(0, 40), true, false)},
+        {"random", random_tokens(int(b.tok->encode(passage, true, false).size()) * 2, n_vocab, 7)}};
+    for (const auto& [name, prompt] : tasks) {
+        const engine_run plain = run_greedy(b, o.threads, prompt, o.n_gen, 0);
+        const engine_run spec = run_greedy(b, o.threads, prompt, o.n_gen, std::max(1, K));
+        const double accept = spec.stats.n_draft_tokens ? double(spec.stats.n_accepted_tokens) /
+                                                              double(spec.stats.n_draft_tokens)
+                                                        : 0.0;
+        j["prompt_lookup"][name] = {{"tok_s_plain", plain.n_tokens / plain.seconds},
+                                    {"tok_s_speculative", spec.n_tokens / spec.seconds},
+                                    {"speedup", plain.seconds / spec.seconds},
+                                    {"drafted", spec.stats.n_draft_tokens},
+                                    {"accepted", spec.stats.n_accepted_tokens},
+                                    {"acceptance", accept},
+                                    {"steps_plain", plain.stats.n_steps},
+                                    {"steps_speculative", spec.stats.n_steps}};
+    }
+    if (o.json) {
+        std::cout << j.dump() << "\n";
+        return 0;
+    }
+    std::cout << fmt::format("model        {}, {} threads\n", j["model"].get<std::string>(), o.threads);
+    for (int nb : o.batches) {
+        std::cout << fmt::format("verify cost  batch {:2d} (one-token step {:.1f} ms), k + 1 tokens over 1:", nb,
+                                 j["step_ms"][std::to_string(nb)].get<double>());
+        int32_t k = 1;
+        for (const auto& v : j["verify_cost"][std::to_string(nb)]) std::cout << fmt::format(" k={} {:.2f}x", k++, v.get<double>());
+        std::cout << "\n";
+    }
+    for (const auto& [name, r] : j["prompt_lookup"].items())
+        std::cout << fmt::format("lookup       {:6s}: {:.1f} -> {:.1f} tok/s ({:.2f}x), {} of {} drafts accepted "
+                                 "({:.0f}%), {} -> {} steps\n",
+                                 name, r["tok_s_plain"].get<double>(), r["tok_s_speculative"].get<double>(),
+                                 r["speedup"].get<double>(), r["accepted"].get<uint64_t>(), r["drafted"].get<uint64_t>(),
+                                 100.0 * r["acceptance"].get<double>(), r["steps_plain"].get<uint64_t>(),
+                                 r["steps_speculative"].get<uint64_t>());
+    return 0;
+}
+
 } // namespace
 
 void add_precision_flags(CLI::App* sub, load_options& o) {
@@ -458,8 +585,15 @@ void register_bench(CLI::App& app, registry& reg) {
     add_precision_flags(bench, bo->load);
     bench->add_flag("--no-raw", bo->no_raw, "skip the oneDNN raw matmul measurement");
     bench->add_flag("--json", bo->json, "print one JSON object");
+    bench->add_option("--speculative", bo->speculative,
+                      "speculative decoding instead: the cost of verifying k = 1..K drafts in one step, and prompt "
+                      "lookup with K drafts on the engine (-n tokens, greedy)")
+        ->check(CLI::Range(1, 16));
     const serve_bench serve = add_bench_serve(bench, bo->json);
-    reg.push_back({bench, [bo, serve] { return serve.flag->count() ? serve.run() : cmd_bench(*bo); }});
+    reg.push_back({bench, [bo, serve] {
+                       return serve.flag->count() ? serve.run() : bo->speculative > 0 ? cmd_bench_speculative(*bo)
+                                                                                       : cmd_bench(*bo);
+                   }});
 }
 
 } // namespace tandem::cli
