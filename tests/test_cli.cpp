@@ -238,3 +238,24 @@ TEST_CASE("tandem quantize, perplexity, eval-drift and bench print what they pro
     CHECK(dc.at("embed") == 1);
     CHECK(ds <= jb["decode_step_profiled_s"].get<double>());
 }
+
+TEST_CASE("tandem bench --speculative: the verify cost per k and batch, and prompt lookup's counts") {
+    auto r = run_tandem({"bench", "-m", stories, "--speculative", "3", "-n", "24", "-t", "1", "--batch", "1,2", "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const json j = json::parse(r.out);
+    for (const char* nb : {"1", "2"}) {
+        REQUIRE(j["verify_cost"][nb].size() == 3); // k = 1..3
+        for (const auto& v : j["verify_cost"][nb]) CHECK(v.get<double>() > 0);
+    }
+    for (const char* task : {"copy", "random"}) {
+        const json& t = j["prompt_lookup"][task];
+        INFO(task);
+        CHECK(t["accepted"].get<uint64_t>() <= t["drafted"].get<uint64_t>());
+        CHECK(t["steps_speculative"].get<uint64_t>() <= t["steps_plain"].get<uint64_t>());
+        CHECK(t["steps_plain"].get<uint64_t>() == 24); // one prefill step, then one token a step
+        CHECK(t["tok_s_plain"].get<double>() > 0);
+    }
+    CHECK(j["prompt_lookup"]["copy"]["drafted"].get<uint64_t>() > 0);
+    CHECK(run_tandem({"bench", "-m", stories, "--speculative", "0"}).rc != 0); // K in 1..16
+}
