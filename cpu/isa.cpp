@@ -24,17 +24,12 @@ std::atomic<int> g_forced{-1};
 isa parse_env() {
     const isa hw = detect_isa();
     const char* env = std::getenv("TANDEM_ISA");
-    // AMX is opt-in (TANDEM_ISA=amx) until its kernel has run on AMX hardware: by default
-    // the highest level is avx512.
-    if (!env || !*env) return hw < isa::avx512 ? hw : isa::avx512;
-    const std::string v(env);
-    isa want = hw;
-    if (v == "scalar") want = isa::scalar;
-    else if (v == "avx2") want = isa::avx2;
-    else if (v == "avx512") want = isa::avx512;
-    else if (v == "amx") want = isa::amx;
-    else logger("cpu")->warn("TANDEM_ISA={} is not one of scalar, avx2, avx512, amx; using {}", v, name_of(hw));
-    return want < hw ? want : hw;
+    bool unknown = false;
+    const isa chosen = isa_from_env(env ? env : "", hw, &unknown);
+    if (unknown)
+        logger("cpu")->warn("TANDEM_ISA={} is not one of scalar, avx2, avx512, amx; using the default, {}", env,
+                            name_of(chosen));
+    return chosen;
 }
 
 // AMX tiles usable by this process: the CPU has AMX-TILE and AMX-INT8 (CPUID.(7,0):EDX bits
@@ -80,6 +75,24 @@ isa detect_isa() {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return isa::avx2;
 #endif
     return isa::scalar;
+}
+
+isa isa_from_env(std::string_view value, isa hw, bool* unknown) {
+    // AMX is opt-in (TANDEM_ISA=amx) until its kernel has run on AMX hardware: by default
+    // the highest level is avx512. An unknown value (a typo) gets the default, never more.
+    const isa fallback = hw < isa::avx512 ? hw : isa::avx512;
+    if (unknown) *unknown = false;
+    if (value.empty()) return fallback;
+    isa want;
+    if (value == "scalar") want = isa::scalar;
+    else if (value == "avx2") want = isa::avx2;
+    else if (value == "avx512") want = isa::avx512;
+    else if (value == "amx") want = isa::amx;
+    else {
+        if (unknown) *unknown = true;
+        return fallback;
+    }
+    return want < hw ? want : hw;
 }
 
 isa active_isa() {

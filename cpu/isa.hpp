@@ -18,6 +18,11 @@ isa detect_isa();
 // force_isa(). A level above what the CPU supports is never chosen.
 isa active_isa();
 
+// The level TANDEM_ISA=value picks on a CPU that supports hw: "" or an unknown value (then
+// *unknown is set) gives the default, hw but at most avx512 (AMX is opt-in); a known one, that
+// level or hw if lower.
+isa isa_from_env(std::string_view value, isa hw, bool* unknown = nullptr);
+
 // For tests: forces a level (clamped to detect_isa()); returns the level now active.
 isa force_isa(isa level);
 
