@@ -55,6 +55,10 @@ struct seq_state {
     int32_t index = 0;
     int32_t n_generated = 0;
     int32_t n_drafts = 0;             // drafts after its last sampled token, not verified yet
+    // How many drafts to propose next (runtime/draft policy, adapt_drafts): grows while drafts
+    // are accepted, shrinks to what was; none are proposed for `skip` more tokens after a
+    // step accepted nothing at one draft (the pause doubles, up to 64, while that goes on).
+    int32_t draft_k = 0, skip = 0, backoff = 0;
     token_id final_token = -1;        // the EOS that ended it
     bool done = false;
     sampler smp;
@@ -88,6 +92,7 @@ struct request_state {
             sampling_params p = req.sampling;
             if (p.seed) p.seed = *p.seed + uint64_t(k); // sequence k: seed + k
             seqs.push_back(std::make_unique<seq_state>(k, std::move(p), tok, req.stop));
+            seqs.back()->draft_k = req.draft_tokens;
             if (req.make_processor) seqs.back()->smp.processors().add(req.make_processor());
         }
         n_live = n;
@@ -352,7 +357,10 @@ private:
                 for (size_t k = 1; k < r.seqs.size(); ++k) sched_->fork(sid, seq_id_of(r.id, int32_t(k)));
                 r.forked = true;
                 const auto row = ex.logits(row_end - 1); // the row of the prompt's last token
-                for (auto& q : r.seqs) sample_next(r, *q, row);
+                for (auto& q : r.seqs) {
+                    sample_next(r, *q, row);
+                    if (!q->done) propose_drafts(r, *q);
+                }
             } else {
                 seq_state& q = *r.seqs[size_t(index_of(sid))];
                 TANDEM_ASSERT(b.n_seq_logits(i) >= q.n_drafts + 1, "{} rows for {} drafts", b.n_seq_logits(i),
@@ -374,9 +382,29 @@ private:
         const int32_t k = q.n_drafts, base = int32_t(sched_->tokens(sid).size()) - k; // tokens through the sampled one
         q.n_drafts = 0;
         if (k > 0) sched_->set_logits_from(sid, std::numeric_limits<int32_t>::max()); // the last token's row only
-        for (int32_t j = 0; j <= k; ++j) {
-            const token_id draft = j < k ? sched_->tokens(sid)[size_t(base + j)] : sampler::none;
-            if (!sample_next(r, q, ex.logits(first_row + j), base + j, draft)) break;
+        int32_t accepted = 0;
+        while (accepted < k && sample_next(r, q, ex.logits(first_row + accepted), base + accepted,
+                                           sched_->tokens(sid)[size_t(base + accepted)]))
+            ++accepted;
+        if (accepted == k) sample_next(r, q, ex.logits(first_row + k), base + k); // every draft stood: one more
+        if (q.done) return;
+        if (k > 0) adapt_drafts(r, q, k, accepted);
+        propose_drafts(r, q);
+    }
+
+    // After a step verified k drafts of q and kept `accepted`: the next proposal's length. All
+    // kept: one more (up to what the request asked for); some: one past what was kept; none:
+    // half, and at zero a pause before drafting again (a task where drafts fail costs little).
+    void adapt_drafts(const request_state& r, seq_state& q, int32_t k, int32_t accepted) {
+        if (accepted == k) {
+            q.draft_k = std::min(r.req.draft_tokens, q.draft_k + 1);
+            q.backoff = 0;
+        } else if (accepted > 0) {
+            q.draft_k = accepted + 1;
+        } else if ((q.draft_k /= 2) == 0) {
+            q.backoff = std::clamp(q.backoff * 2, 4, 64);
+            q.skip = q.backoff;
+            q.draft_k = 1;
         }
     }
 
@@ -394,7 +422,14 @@ private:
     // After a newly sampled token: the request's drafts for the next step, as many as its
     // remaining tokens allow, computed with it and verified by verify().
     void propose_drafts(request_state& r, seq_state& q) {
-        const int32_t want = std::min({r.req.draft_tokens, opts_.max_draft_tokens, r.max_tokens - q.n_generated - 1});
+        if (r.req.draft_tokens <= 0) return;
+        if (q.skip > 0) {
+            --q.skip;
+            return;
+        }
+        // A step of many sequences is compute-bound: each draft costs about what a token does.
+        if (n_running_ > opts_.max_draft_batch) return;
+        const int32_t want = std::min({q.draft_k, opts_.max_draft_tokens, r.max_tokens - q.n_generated - 1});
         if (want <= 0) return;
         const uint64_t sid = seq_id_of(r.id, q.index);
         const std::vector<token_id> d = ngram_draft(sched_->tokens(sid), want);
@@ -448,9 +483,7 @@ private:
         r.sink(std::move(ev));
         if (stopped) finish_seq(r, q, "stop");
         else if (full) finish_seq(r, q, "length");
-        if (q.done) return false;
-        if (!kept) propose_drafts(r, q);
-        return kept;
+        return kept && !q.done;
     }
 
     // Sequence q ends: its pages go, and its done event is sent once the stats are published

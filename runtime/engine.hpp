@@ -60,7 +60,8 @@ struct engine_request {
     // Speculative decoding by prompt lookup (runtime/draft.hpp): after each sampled token, up
     // to this many drafts from the sequence's own tokens are computed with it in one step and
     // verified by sampling each row in turn, so the output is what plain decoding gives. 0:
-    // off; cut to engine_options::max_draft_tokens.
+    // off; cut to engine_options::max_draft_tokens. How many are proposed adapts to how many
+    // were accepted (fewer while they fail, a pause when none are).
     int32_t draft_tokens = 0;
 };
 
@@ -154,6 +155,8 @@ struct engine_options {
     int32_t decode_tokens = 1;        // a sequence with at most this many tokens to compute is decode work
     int32_t max_logits = 0;           // logits rows one step may return; 0: max_running * decode_tokens
     int32_t max_draft_tokens = 0;     // drafts a request may ask for; decode_tokens becomes at least 1 + this
+    int32_t max_draft_batch = 4;      // drafts only while at most this many sequences run (a larger
+                                      // step is compute-bound: a draft costs about what a token does)
     bool prefix_cache = true;         // reuse the K/V of full pages of earlier prompts
     uint64_t prefix_seed = 0;         // the model fingerprint (prefix hashes of other models never match)
     double priority_aging_s = 5;      // each this many seconds waited raises a request's priority by one

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <numeric>
 #include <limits>
 #include <set>
 
@@ -443,4 +444,42 @@ TEST_CASE("engine: prompt-lookup speculation gives plain decoding's tokens, gree
         CHECK(st.n_draft_tokens > 0);
         CHECK(st.n_accepted_tokens <= st.n_draft_tokens);
     }
+}
+
+namespace {
+
+// Allows only the token after the last accepted one: 100, 101, 102, ... (no token repeats).
+struct ascending_processor final : logits_processor {
+    token_id next = 100;
+    std::string_view name() const override { return "ascending"; }
+    void apply(std::span<float> logits, std::span<const token_id>) override {
+        for (size_t i = 0; i < logits.size(); ++i)
+            if (token_id(i) != next) logits[i] = -std::numeric_limits<float>::infinity();
+    }
+    void accept(token_id t) override { next = t + 1; }
+    std::unique_ptr<logits_processor> clone() const override { return std::make_unique<ascending_processor>(*this); }
+};
+
+} // namespace
+
+TEST_CASE("engine: drafts that always fail are proposed less and less, and the output stays plain decoding's") {
+    // Every token the output will hold follows in the prompt with a 7 after it, so each lookup
+    // drafts a 7 first, which the output never has: every draft is rejected.
+    engine_request req = greedy("", 60);
+    req.prompt = {1};
+    for (token_id t = 100; t < 170; ++t) req.prompt.insert(req.prompt.end(), {t, 7});
+    req.make_processor = [] { return std::make_unique<ascending_processor>(); };
+    req.draft_tokens = 4;
+    engine_options o;
+    o.max_draft_tokens = 4;
+    const auto [out, st] = run_all(o, {req});
+    std::vector<token_id> want(60);
+    std::iota(want.begin(), want.end(), 100);
+    CHECK(out[0] == want);
+    CHECK(st.n_accepted_tokens == 0);
+    // 4, 2 and 1 drafts, then one draft after pauses of 4, 8, 16 and 32 tokens: far fewer than
+    // the 4 a token (236) a fixed length would compute.
+    MESSAGE(st.n_draft_tokens, " drafts for 60 tokens");
+    CHECK(st.n_draft_tokens > 0);
+    CHECK(st.n_draft_tokens <= 12);
 }
