@@ -15,11 +15,24 @@
 #include <cstdlib>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
 
 namespace tandem::cli {
+
+namespace {
+
+// The weight types `tandem synth --type` writes, by name.
+const std::map<std::string, dtype>& synth_types() {
+    static const std::map<std::string, dtype> types{
+        {"f32", dtype::f32},   {"f16", dtype::f16},   {"bf16", dtype::bf16}, {"q4_0", dtype::q4_0},
+        {"q4_1", dtype::q4_1}, {"q5_0", dtype::q5_0}, {"q5_1", dtype::q5_1}, {"q8_0", dtype::q8_0}};
+    return types;
+}
+
+} // namespace
 
 std::string resolve_model(const std::string& flag) {
     if (!flag.empty()) return flag;
@@ -194,7 +207,7 @@ void register_offline(CLI::App& app, registry& reg) {
     shape("--vocab", &synth_params::n_vocab, "vocabulary size", 300, 1 << 20);
     shape("--ctx", &synth_params::n_ctx, "context length", 8, 1 << 20);
     sy->type_opt = syn->add_option("--type", sy->type, "weight type (default: the preset's)")
-                       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+                       ->check(CLI::IsMember(synth_types()));
     sy->seed = syn->add_option("--seed", sy->flags.seed, "seed");
     syn->add_option("--arch", sy->arch, "llama | qwen2 (NeoX RoPE, Q/K/V biases)")->check(CLI::IsMember({"llama", "qwen2"}));
     syn->add_flag("--tied", sy->tied, "no output.weight: tie the logits to the embedding");
@@ -208,9 +221,7 @@ void register_offline(CLI::App& app, registry& reg) {
         p.arch = sy->arch;
         p.tied_output = sy->tied;
         p.rope_scale = sy->rope_scale;
-        if (*sy->type_opt)
-            p.type = sy->type == "f16" ? dtype::f16 : sy->type == "bf16" ? dtype::bf16
-                   : sy->type == "q8_0" ? dtype::q8_0 : dtype::f32;
+        if (*sy->type_opt) p.type = synth_types().at(sy->type);
         synth_write(p, sy->out);
         return 0;
     }});

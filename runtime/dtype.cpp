@@ -8,6 +8,10 @@ std::optional<dtype_traits> traits_of(uint32_t t) {
     case dtype::f32: return dtype_traits{1, 4};
     case dtype::f16: return dtype_traits{1, 2};
     case dtype::bf16: return dtype_traits{1, 2};
+    case dtype::q4_0: return dtype_traits{32, 18};
+    case dtype::q4_1: return dtype_traits{32, 20};
+    case dtype::q5_0: return dtype_traits{32, 22};
+    case dtype::q5_1: return dtype_traits{32, 24};
     case dtype::q8_0: return dtype_traits{q8_0_block, q8_0_block_bytes};
     case dtype::i8: return dtype_traits{1, 1};
     }

@@ -12,6 +12,10 @@ namespace tandem {
 enum class dtype : uint32_t {
     f32 = 0,
     f16 = 1,
+    q4_0 = 2,  // blocks of 32 (quant/blocks.hpp has the layouts)
+    q4_1 = 3,
+    q5_0 = 6,
+    q5_1 = 7,
     q8_0 = 8,  // blocks of 32: one f16 scale + 32 int8
     i8 = 24,   // Tandem's own INT8 weights (with separate scale tensors)
     bf16 = 30,

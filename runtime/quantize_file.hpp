@@ -18,7 +18,7 @@ struct quantize_stats {
     int64_t out_bytes = 0;
 };
 
-// Reads `in` (F32/F16/BF16/Q8_0 matrices, or an already quantized file), writes `out`: every
+// Reads `in` (F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices, or an already quantized file), writes `out`: every
 // 2-D tensor `name` becomes I8 [same shape] with `name.scale` F32 [rows]; everything else,
 // metadata included, is copied. Matrices stream through one at a time, rows on the pool.
 quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu::thread_pool& pool);

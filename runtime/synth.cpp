@@ -1,7 +1,7 @@
 // Writes synthetic Llama GGUF models tensor by tensor from a seeded generator.
 #include "runtime/synth.hpp"
 
-#include "quant/q8_0.hpp"
+#include "quant/blocks.hpp"
 #include "runtime/error.hpp"
 #include "runtime/fp16.hpp"
 #include "runtime/gguf.hpp"
@@ -59,9 +59,15 @@ void generate(std::span<uint8_t> out, dtype type, int64_t n, uint64_t seed, floa
                 std::memcpy(out.data() + (i0 + i) * 2, &h, 2);
             }
             break;
-        case dtype::q8_0:
-            quantize_q8_0_ref(buf, out.data() + i0 / q8_0_block * int64_t(q8_0_block_bytes), m);
+        case dtype::q4_0:
+        case dtype::q4_1:
+        case dtype::q5_0:
+        case dtype::q5_1:
+        case dtype::q8_0: {
+            const dtype_traits tr = *traits_of(uint32_t(type));
+            quantize_blocks_ref(type, buf, out.data() + i0 / tr.block * int64_t(tr.block_bytes), m);
             break;
+        }
         case dtype::i8: TANDEM_ASSERT(false, "synth does not write I8");
         }
     }
@@ -136,11 +142,15 @@ uint32_t file_type_of(dtype t) {
     switch (t) { // llama.cpp's LLAMA_FTYPE values
     case dtype::f32: return 0;
     case dtype::f16: return 1;
+    case dtype::q4_0: return 2;
+    case dtype::q4_1: return 3;
     case dtype::q8_0: return 7;
+    case dtype::q5_0: return 8;
+    case dtype::q5_1: return 9;
     case dtype::bf16: return 32;
     case dtype::i8: break;
     }
-    fail("synth: type {} is not one of F32, F16, BF16, Q8_0", name_of(t));
+    fail("synth: type {} is not one of F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0", name_of(t));
 }
 
 } // namespace
@@ -180,9 +190,9 @@ void synth_write(const synth_params& p, const std::string& path) {
     TANDEM_CHECK(p.arch == "llama" || p.arch == "qwen2", "synth: architecture '{}' is not llama or qwen2", p.arch);
     TANDEM_CHECK(p.rope_scale == 0 || (p.rope_scale >= 1 && p.rope_scale <= 1024), "synth: rope scale {} out of range",
                  p.rope_scale);
-    if (p.type == dtype::q8_0)
-        TANDEM_CHECK(p.n_embd % q8_0_block == 0 && p.n_ff % q8_0_block == 0,
-                     "synth: Q8_0 needs n_embd and n_ff to be multiples of {}", q8_0_block);
+    if (is_block_format(p.type))
+        TANDEM_CHECK(p.n_embd % 32 == 0 && p.n_ff % 32 == 0, "synth: {} needs n_embd and n_ff to be multiples of 32",
+                     name_of(p.type));
 
     gguf::writer w;
     const bool qwen2 = p.arch == "qwen2";
@@ -190,7 +200,7 @@ void synth_write(const synth_params& p, const std::string& path) {
     w.set_string("general.architecture", p.arch);
     w.set_string("general.name", p.name.empty() ? "tandem-synth" : p.name);
     w.set_u32("general.file_type", file_type);
-    if (p.type == dtype::q8_0) w.set_u32("general.quantization_version", 2);
+    if (is_block_format(p.type)) w.set_u32("general.quantization_version", 2);
     w.set_u32(a + "context_length", uint32_t(p.n_ctx));
     w.set_u32(a + "embedding_length", uint32_t(p.n_embd));
     w.set_u32(a + "block_count", uint32_t(p.n_layer));

@@ -3,7 +3,7 @@
 
 #include "cpu/thread_pool.hpp"
 #include "quant/int8.hpp"
-#include "quant/q8_0.hpp"
+#include "quant/blocks.hpp"
 #include "runtime/error.hpp"
 #include "runtime/fp16.hpp"
 #include "runtime/gguf.hpp"
@@ -41,9 +41,15 @@ void row_to_f32(const gguf::tensor_info& t, int64_t r, int64_t n_in, float* out)
         }
         return;
     }
-    case dtype::q8_0:
-        dequantize_q8_0_ref(t.data + r * (n_in / q8_0_block) * int64_t(q8_0_block_bytes), out, n_in);
+    case dtype::q4_0:
+    case dtype::q4_1:
+    case dtype::q5_0:
+    case dtype::q5_1:
+    case dtype::q8_0: {
+        const dtype_traits tr = *traits_of(uint32_t(t.type));
+        dequantize_blocks_ref(t.type, t.data + r * (n_in / tr.block) * int64_t(tr.block_bytes), out, n_in);
         return;
+    }
     case dtype::i8: break;
     }
     fail("tensor {} has type {}, which the loader does not convert", t.name, name_of(t.type));

@@ -1,6 +1,9 @@
-// Synthetic models (runtime/synth): presets, names and shapes, determinism by seed; the Q8_0 reference they use.
+// Synthetic models (runtime/synth): presets, names and shapes, determinism by seed; the block-format references they use.
+#include "quant/blocks.hpp"
 #include "quant/q8_0.hpp"
+#include "cpu/thread_pool.hpp"
 #include "runtime/error.hpp"
+#include "runtime/generate.hpp"
 #include "runtime/fp16.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/synth.hpp"
@@ -76,6 +79,71 @@ TEST_CASE("q8_0 quantize/dequantize: layout and error bound") {
 }
 
 // ---------------------------------------------------------------- synthetic models
+
+// ---------------------------------------------------------------- Q4_0, Q4_1, Q5_0, Q5_1
+
+TEST_CASE("4- and 5-bit blocks decode as their layouts say, and the reference quantizer stays within half a step") {
+    // Hand-built blocks: d = 0.5, m = -1; qs[j] = j | (15 - j) << 4; Q5's qh sets the fifth bit of
+    // values 1 and 17 only.
+    auto block = [](bool has_min, bool five) {
+        std::vector<uint8_t> b;
+        auto put16 = [&](uint16_t v) { b.insert(b.end(), {uint8_t(v & 0xff), uint8_t(v >> 8)}); };
+        put16(f32_to_fp16(0.5f));
+        if (has_min) put16(f32_to_fp16(-1.0f));
+        if (five) {
+            const uint32_t qh = (1u << 1) | (1u << 17);
+            for (int i = 0; i < 4; ++i) b.push_back(uint8_t(qh >> (8 * i)));
+        }
+        for (int j = 0; j < 16; ++j) b.push_back(uint8_t(j | (15 - j) << 4));
+        return b;
+    };
+    struct want { dtype t; bool has_min, five; float v0, v1, v16, v17; };
+    for (const want w : {want{dtype::q4_0, false, false, 0.5f * (0 - 8), 0.5f * (1 - 8), 0.5f * (15 - 8), 0.5f * (14 - 8)},
+                         want{dtype::q4_1, true, false, -1.0f, 0.5f - 1, 0.5f * 15 - 1, 0.5f * 14 - 1},
+                         want{dtype::q5_0, false, true, 0.5f * (0 - 16), 0.5f * (17 - 16), 0.5f * (15 - 16),
+                              0.5f * (30 - 16)},
+                         want{dtype::q5_1, true, true, -1.0f, 0.5f * 17 - 1, 0.5f * 15 - 1, 0.5f * 30 - 1}}) {
+        CAPTURE(name_of(w.t));
+        const auto b = block(w.has_min, w.five);
+        REQUIRE(b.size() == traits_of(uint32_t(w.t))->block_bytes);
+        float y[32];
+        dequantize_blocks_ref(w.t, b.data(), y, 32);
+        CHECK(y[0] == w.v0);
+        CHECK(y[1] == w.v1);
+        CHECK(y[16] == w.v16);
+        CHECK(y[17] == w.v17);
+        // The rest follow the nibbles alone: value 5 is code 5, value 21 code 10.
+        CHECK(y[5] == (w.has_min ? 0.5f * 5 - 1 : 0.5f * float(5 - (w.five ? 16 : 8))));
+        CHECK(y[21] == (w.has_min ? 0.5f * 10 - 1 : 0.5f * float(10 - (w.five ? 16 : 8))));
+    }
+    // Random blocks at many scales: every value within half a step (plus d's f16 rounding) of
+    // its input; for the symmetric types a whole step for values opposite the largest one (the
+    // codes reach -2^(bits-1) on its side, only 2^(bits-1) - 1 on the other).
+    std::mt19937_64 rng(5);
+    std::normal_distribution<float> normal;
+    const int64_t n = 32 * 256;
+    std::vector<float> in(n), out(n);
+    for (int64_t i = 0; i < n; ++i) in[size_t(i)] = normal(rng) * std::pow(10.0f, float(i / 32 % 5) - 2.0f) + (i / 32 % 3 == 0 ? 0.3f : 0.0f);
+    for (dtype t : {dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1}) {
+        CAPTURE(name_of(t));
+        std::vector<uint8_t> q(size_t(n / 32) * traits_of(uint32_t(t))->block_bytes);
+        quantize_blocks_ref(t, in.data(), q.data(), n);
+        dequantize_blocks_ref(t, q.data(), out.data(), n);
+        const bool has_min = t == dtype::q4_1 || t == dtype::q5_1;
+        const int levels = t == dtype::q4_0 || t == dtype::q4_1 ? 16 : 32;
+        for (int64_t b = 0; b < n / 32; ++b) {
+            const float* x = &in[size_t(b * 32)];
+            const auto [lo, hi] = std::minmax_element(x, x + 32);
+            const float span = has_min ? *hi - *lo : 2 * std::max(std::fabs(*lo), std::fabs(*hi));
+            const float step = span / float(has_min ? levels - 1 : levels);
+            const float big = std::fabs(*lo) > std::fabs(*hi) ? *lo : *hi;
+            for (int i = 0; i < 32; ++i) {
+                const float bound = has_min || x[i] * big >= 0 ? 0.5f * step : step;
+                REQUIRE(std::fabs(out[size_t(b * 32 + i)] - x[i]) <= bound * 1.01f + 2e-3f * std::fabs(x[i]) + 1e-3f * step);
+            }
+        }
+    }
+}
 
 TEST_CASE("synth presets") {
     const synth_params tiny = synth_preset("tiny");
@@ -197,7 +265,8 @@ TEST_CASE("synth is deterministic by seed, for every type") {
     synth_params p = synth_preset("tiny");
     p.n_layer = 1;
     p.n_vocab = 300;
-    const std::pair<dtype, int64_t> types[] = {{dtype::f32, 0}, {dtype::f16, 1}, {dtype::bf16, 32}, {dtype::q8_0, 7}};
+    const std::pair<dtype, int64_t> types[] = {{dtype::f32, 0},  {dtype::f16, 1},  {dtype::bf16, 32}, {dtype::q8_0, 7},
+                                               {dtype::q4_0, 2}, {dtype::q4_1, 3}, {dtype::q5_0, 8},  {dtype::q5_1, 9}};
     std::vector<float> ref; // attn_q as F32, from the first pass
     for (const auto& tf : types) {
         const dtype type = tf.first; // not a structured binding: clang 14 cannot capture those
@@ -230,10 +299,16 @@ TEST_CASE("synth is deterministic by seed, for every type") {
             default: break;
             }
         }
-        if (type == dtype::q8_0) dequantize_q8_0_ref(t->data, v.data(), t->n_elements());
+        if (is_block_format(type)) dequantize_blocks_ref(type, t->data, v.data(), t->n_elements());
         if (type == dtype::f32) ref = v;
         REQUIRE(ref.size() == v.size());
-        const float tol = type == dtype::f32 ? 0.0f : type == dtype::f16 ? 1e-3f : type == dtype::bf16 ? 8e-3f : 0.02f;
+        const bool four = type == dtype::q4_0 || type == dtype::q4_1, five = type == dtype::q5_0 || type == dtype::q5_1;
+        const float tol = type == dtype::f32    ? 0.0f
+                          : type == dtype::f16  ? 1e-3f
+                          : type == dtype::bf16 ? 8e-3f
+                          : four                ? 0.05f
+                          : five                ? 0.025f
+                                                : 0.02f;
         for (size_t i = 0; i < v.size(); ++i) REQUIRE(std::fabs(v[i] - ref[i]) <= tol * std::max(1.0f, 8.0f * std::fabs(ref[i])));
     }
 }
@@ -257,4 +332,41 @@ TEST_CASE("synth rejects inconsistent shapes") {
     p.type = dtype::i8;
     CHECK_THROWS_AS(synth_write(p, dir.file("x.gguf")), tandem::error);
     CHECK_FALSE(fs::exists(dir.file("x.gguf")));
+}
+
+TEST_CASE("a model in each 4- and 5-bit block format loads as the layout says, in F32 and INT8, and generates") {
+    test::scratch_dir dir("gguf-synth-blocks");
+    synth_params p = synth_preset("tiny");
+    p.n_vocab = 300;
+    for (dtype t : {dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1}) {
+        CAPTURE(name_of(t));
+        p.type = t;
+        const std::string path = dir.file(std::string(name_of(t)) + ".gguf");
+        synth_write(p, path);
+        const gguf::file f = gguf::file::open(path);
+        const auto* q = f.find_tensor("blk.1.ffn_down.weight"); // [n_embd rows of n_ff]
+        REQUIRE(q->type == t);
+        std::vector<float> row(size_t(p.n_ff));
+        const dtype_traits tr = *traits_of(uint32_t(t));
+        const int64_t r = 5;
+        dequantize_blocks_ref(t, q->data + r * (p.n_ff / tr.block) * int64_t(tr.block_bytes), row.data(), p.n_ff);
+        for (const weight_format wf : {weight_format::f32, weight_format::int8}) {
+            load_options lo;
+            lo.weights = wf;
+            model_bundle b = load_model(path, lo);
+            std::vector<float> got(row.size());
+            b.mdl->weights().layers[1].w_down.row_f32(r, got.data());
+            // F32 holds the decoded values; INT8 re-quantizes them per row (within half its step).
+            float amax = 0;
+            for (float v : row) amax = std::max(amax, std::fabs(v));
+            for (size_t i = 0; i < row.size(); ++i)
+                REQUIRE(std::fabs(got[i] - row[i]) <= (wf == weight_format::f32 ? 0.0f : 0.51f * amax / 127));
+            cpu::thread_pool pool(1);
+            generate_params gp;
+            gp.n_predict = 6;
+            gp.sampling.temperature = 0;
+            gp.ignore_eos = true;
+            CHECK(generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, {1}, gp).tokens.size() == 6);
+        }
+    }
 }
