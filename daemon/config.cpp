@@ -1,6 +1,8 @@
 // Parsing of tandemd.conf (`key = value` lines, `#` comments) and of --set overrides.
 #include "daemon/config.hpp"
 
+#include "daemon/peer_cred.hpp"
+
 #include "runtime/error.hpp"
 
 #include <unistd.h>
@@ -150,33 +152,78 @@ std::optional<std::string> config::set(const std::string& key, const std::string
     return "unknown key";
 }
 
+namespace {
+
+// One line without its comment: `#` starts one outside quotes. "" when the line is blank.
+std::string strip_comment(const std::string& line) {
+    char quote = 0;
+    for (size_t i = 0; i < line.size(); ++i) {
+        const char c = line[i];
+        if (quote) {
+            if (c == quote) quote = 0;
+        } else if (c == '"' || c == '\'') {
+            quote = c;
+        } else if (c == '#') {
+            return trim(line.substr(0, i));
+        }
+    }
+    return trim(line);
+}
+
+// A value in matching quotes loses them; a quote left open is an error.
+std::optional<std::string> unquote(std::string& v) {
+    if (v.empty() || (v.front() != '"' && v.front() != '\'')) return std::nullopt;
+    if (v.size() < 2 || v.back() != v.front()) return std::string("unterminated quote");
+    if (v.find(v.front(), 1) != v.size() - 1) return std::string("text after the closing quote");
+    v = v.substr(1, v.size() - 2);
+    return std::nullopt;
+}
+
+} // namespace
+
 void config::load_file(const std::string& path) {
     std::ifstream in(path);
     TANDEM_CHECK(in, "{}: cannot open the config file", path);
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
-        if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
-        line = trim(line);
+        line = strip_comment(line);
         if (line.empty()) continue;
         const auto eq = line.find('=');
         TANDEM_CHECK(eq != std::string::npos, "{}:{}: expected `key = value`", path, n);
-        const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+        std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+        if (auto err = unquote(value)) fail("{}:{}: {}: {}", path, n, key, *err);
         if (auto err = set(key, value)) fail("{}:{}: {}: {}", path, n, key, *err);
+        origin[key] = path + ":" + std::to_string(n);
     }
 }
 
 void config::validate() const {
     TANDEM_CHECK(!model.empty(), "no model: pass --model PATH or set `model` in the config file");
+    // "FILE:LINE: key: problem", or "key: problem" for a key set by a flag without a place
+    const auto bad = [&](const std::string& key, const std::string& problem) {
+        const auto at = origin.find(key);
+        fail("{}{}: {}", at == origin.end() ? "" : at->second + ": ", key, problem);
+    };
     if (!listen_tcp.empty()) {
         const auto colon = listen_tcp.rfind(':');
-        TANDEM_CHECK(colon != std::string::npos, "listen_tcp: expected HOST:PORT, got {}", listen_tcp);
+        if (colon == std::string::npos) bad("listen_tcp", "expected HOST:PORT, got " + listen_tcp);
         const std::string host = listen_tcp.substr(0, colon);
-        TANDEM_CHECK(host == "127.0.0.1" || host == "::1" || host == "[::1]" || host == "localhost",
-                     "listen_tcp: only a loopback address is allowed (127.0.0.1 or ::1), got {}", host);
+        if (host != "127.0.0.1" && host != "::1" && host != "[::1]" && host != "localhost")
+            bad("listen_tcp", "only a loopback address is allowed (127.0.0.1 or ::1), got " + host);
     }
+    if (!socket_group.empty() && !lookup_group(socket_group)) bad("socket_group", "no group '" + socket_group + "'");
+    for (const auto& g : allowed_groups)
+        if (!lookup_group(g)) bad("allowed_groups", "no group '" + g + "'");
+    for (const auto& u : allowed_users)
+        if (!lookup_user(u)) bad("allowed_users", "no user '" + u + "'");
 }
 
 std::string default_socket_path() {
+    // systemd's RuntimeDirectory=tandem: /run/tandem for the system unit, %t/tandem for a user's
+    if (const char* d = std::getenv("RUNTIME_DIRECTORY"); d && *d && *d != ':') {
+        const std::string dir(d);
+        return dir.substr(0, dir.find(':')) + "/tandem.sock"; // several entries: the first
+    }
     if (::geteuid() == 0) return "/run/tandem/tandem.sock";
     if (const char* d = std::getenv("XDG_RUNTIME_DIR"); d && *d) return std::string(d) + "/tandem/tandem.sock";
     return "/tmp/tandem-" + std::to_string(::geteuid()) + "/tandem.sock";

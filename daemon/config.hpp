@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,16 +46,21 @@ struct config {
     std::vector<std::string> allowed_users;  // names or uids
     std::vector<std::string> allowed_groups; // names or gids
     std::string log_level = "info";
+    // Where each key was set, "FILE:LINE" (or the flag), for the errors validate() reports.
+    std::map<std::string, std::string> origin;
 
     // Sets one key from its text; an error message, or nullopt when it was fine.
     std::optional<std::string> set(const std::string& key, const std::string& value);
-    // Reads `path`; throws tandem::error naming the file and line of a bad entry.
+    // Reads `path`; throws tandem::error "FILE:LINE: key: problem" for a bad entry. A value in
+    // matching double or single quotes is taken without them (no escapes).
     void load_file(const std::string& path);
-    // Checks ranges across keys; throws tandem::error.
+    // Checks what one key cannot (listen_tcp is loopback, the user and group names exist);
+    // throws tandem::error "FILE:LINE: key: problem", the place from `origin`.
     void validate() const;
 };
 
-// $XDG_RUNTIME_DIR/tandem/tandem.sock for a user, /run/tandem/tandem.sock for root.
+// $RUNTIME_DIRECTORY/tandem.sock under systemd (RuntimeDirectory=tandem), else
+// /run/tandem/tandem.sock for root and $XDG_RUNTIME_DIR/tandem/tandem.sock for a user.
 std::string default_socket_path();
 
 // The documented keys, in order, for --help-config.

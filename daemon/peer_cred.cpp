@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <optional>
 #include <vector>
 
 namespace tandem::daemon {
@@ -19,33 +20,45 @@ bool parse_id(const std::string& s, unsigned& out) {
     return ec == std::errc() && p == s.data() + s.size();
 }
 
-uid_t resolve_user(const std::string& s) {
+} // namespace
+
+std::optional<uid_t> lookup_user(const std::string& s) {
     unsigned id = 0;
     if (parse_id(s, id)) return uid_t(id);
     std::vector<char> buf(16384);
     passwd pw{}, *res = nullptr;
-    if (getpwnam_r(s.c_str(), &pw, buf.data(), buf.size(), &res) != 0 || !res) fail("allowed_users: no user '{}'", s);
+    if (getpwnam_r(s.c_str(), &pw, buf.data(), buf.size(), &res) != 0 || !res) return std::nullopt;
     return pw.pw_uid;
 }
 
-} // namespace
-
-gid_t resolve_group(const std::string& s) {
+std::optional<gid_t> lookup_group(const std::string& s) {
     unsigned id = 0;
     if (parse_id(s, id)) return gid_t(id);
     std::vector<char> buf(65536);
     group gr{}, *res = nullptr;
-    if (getgrnam_r(s.c_str(), &gr, buf.data(), buf.size(), &res) != 0 || !res) fail("no group '{}'", s);
+    if (getgrnam_r(s.c_str(), &gr, buf.data(), buf.size(), &res) != 0 || !res) return std::nullopt;
     return gr.gr_gid;
+}
+
+gid_t resolve_group(const std::string& s) {
+    const auto g = lookup_group(s);
+    if (!g) fail("no group '{}'", s);
+    return *g;
 }
 
 peer_policy make_peer_policy(const config& cfg) {
     peer_policy p;
     p.uids.insert(0);
     p.uids.insert(::geteuid());
-    for (const auto& u : cfg.allowed_users) p.uids.insert(resolve_user(u));
+    for (const auto& u : cfg.allowed_users) {
+        const auto uid = lookup_user(u);
+        if (!uid) fail("allowed_users: no user '{}'", u);
+        p.uids.insert(*uid);
+    }
     for (const auto& g : cfg.allowed_groups) p.gids.insert(resolve_group(g));
-    if (!cfg.socket_group.empty()) p.gids.insert(resolve_group(cfg.socket_group));
+    // The socket's group may use it: socket_group, else the daemon's own group (the group a
+    // socket it creates gets, and the unit's Group=).
+    p.gids.insert(cfg.socket_group.empty() ? ::getegid() : resolve_group(cfg.socket_group));
     return p;
 }
 

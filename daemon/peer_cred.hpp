@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <set>
 #include <string>
 
@@ -17,6 +18,10 @@ struct peer_policy {
 
 // Resolves the config's user and group names; throws tandem::error for an unknown one.
 peer_policy make_peer_policy(const config& cfg);
+
+// A user or group name, or a number; nullopt when no such name exists.
+std::optional<uid_t> lookup_user(const std::string& name_or_id);
+std::optional<gid_t> lookup_group(const std::string& name_or_id);
 
 // Resolves a group name or number; throws tandem::error when unknown.
 gid_t resolve_group(const std::string& name_or_id);

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
         if (!config_file.empty()) cfg.load_file(config_file);
         auto put = [&](const std::string& k, const std::string& v) {
             if (auto err = cfg.set(k, v)) throw error(fmt::format("--{}: {}", k, *err));
+            cfg.origin[k] = "command line";
         };
         if (!model.empty()) put("model", model);
         if (!socket.empty()) put("socket", socket);
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
             if (eq == std::string::npos) throw error(fmt::format("--set {}: expected KEY=VALUE", s));
             if (auto err = cfg.set(s.substr(0, eq), s.substr(eq + 1)))
                 throw error(fmt::format("--set {}: {}", s.substr(0, eq), *err));
+            cfg.origin[s.substr(0, eq)] = "--set";
         }
         cfg.validate();
     } catch (const std::exception& e) {

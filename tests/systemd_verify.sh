@@ -47,12 +47,8 @@ need tandemd.socket 'SocketGroup=tandem'
 need user/tandemd.socket 'ListenStream=%t/tandem/tandem.sock'
 grep -q '^WatchdogSec=' "$src/tandemd.service" || { echo "tandemd.service lacks WatchdogSec"; exit 1; }
 
-# The sample configuration names every key the daemon reads.
-for key in model socket socket_group listen_tcp threads placement kv_cache_mb page_size max_body_bytes \
-           prefill_threads decode_threads kv_dtype prefix_cache max_prompt_tokens max_tokens_limit max_running max_waiting allowed_users allowed_groups log_level; do
-  grep -Eq "^$key =( |$)" "$src/tandemd.conf" || { echo "tandemd.conf lacks the key $key"; exit 1; }
-done
-echo "unit contents and sample config: ok"
+# test_daemon_config checks that the sample config names every key the parser knows.
+echo "unit contents: ok"
 
 # The system calls the worker split makes (fork/exec of workers, pidfds, memfd channels,
 # eventfds, close_range, the parent-death signal, flock on the pool, AMX permission) pass

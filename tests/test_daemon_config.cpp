@@ -1,12 +1,18 @@
 // tandemd's config parsing and request validation, without a running daemon.
 #include "daemon/api.hpp"
 #include "daemon/config.hpp"
+#include "daemon/peer_cred.hpp"
 #include "runtime/error.hpp"
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <set>
+
+#include <unistd.h>
 
 using namespace tandem;
 using namespace tandem::daemon;
@@ -17,7 +23,7 @@ TEST_CASE("config: key = value lines, comments, errors with file and line") {
     {
         std::ofstream f(path);
         f << "# sample\n\nmodel = /m/model.gguf   # trailing comment\nthreads=4\nsocket_mode = 0640\n"
-             "allowed_users = alice, 1001\nallowed_groups = tandem video\nrequest_timeout_s = 2.5\n"
+             "allowed_users = root, 1001\nallowed_groups = root 0\nrequest_timeout_s = 2.5\n"
              "listen_tcp = 127.0.0.1:8080\n";
     }
     config c;
@@ -25,8 +31,8 @@ TEST_CASE("config: key = value lines, comments, errors with file and line") {
     CHECK(c.model == "/m/model.gguf");
     CHECK(c.threads == 4);
     CHECK(c.socket_mode == 0640);
-    CHECK(c.allowed_users == std::vector<std::string>{"alice", "1001"});
-    CHECK(c.allowed_groups == std::vector<std::string>{"tandem", "video"});
+    CHECK(c.allowed_users == std::vector<std::string>{"root", "1001"});
+    CHECK(c.allowed_groups == std::vector<std::string>{"root", "0"});
     CHECK(c.request_timeout_s == 2.5);
     CHECK_NOTHROW(c.validate());
 
@@ -65,14 +71,129 @@ TEST_CASE("config: key = value lines, comments, errors with file and line") {
     CHECK(!config_keys().empty());
 }
 
-TEST_CASE("config: the installed sample systemd/tandemd.conf loads and validates") {
+const std::string sample_conf = std::string(TANDEM_SOURCE_DIR) + "/systemd/tandemd.conf";
+
+// "FILE:LINE: key: problem" from loading `text` (then validating), "" when both pass.
+std::string config_error(const std::string& text) {
+    test::scratch_dir dir("config-error");
+    const std::string path = dir.file("tandemd.conf");
+    std::ofstream(path) << text;
+    try {
+        config c;
+        c.load_file(path);
+        c.validate();
+        return "";
+    } catch (const error& e) {
+        const std::string m = e.what();
+        return m.rfind(path + ":", 0) == 0 ? m.substr(path.size()) : "not at the file: " + m;
+    }
+}
+
+TEST_CASE("config: the installed sample systemd/tandemd.conf loads and validates for any user") {
     config c;
-    c.load_file(std::string(TANDEM_SOURCE_DIR) + "/systemd/tandemd.conf");
+    c.load_file(sample_conf);
     CHECK(c.model == "/var/lib/tandem/models/model.gguf");
-    CHECK(c.socket == "/run/tandem/tandem.sock");
+    // nothing a user instance cannot have: no system socket, no tandem group, an auto-sized pool
+    CHECK(c.socket.empty());
+    CHECK(c.socket_group.empty());
+    CHECK(c.allowed_groups.empty());
+    CHECK(c.allowed_users.empty());
+    CHECK(c.kv_cache_mb == 0);
     CHECK(c.listen_tcp.empty());
-    CHECK(c.allowed_groups == std::vector<std::string>{"tandem"});
     CHECK_NOTHROW(c.validate());
+}
+
+TEST_CASE("config: the sample names every key the parser knows, each line's default parses") {
+    // `key = value` and `#key = value` lines of the sample
+    std::vector<std::string> listed;
+    std::string text, line;
+    for (std::ifstream in(sample_conf); std::getline(in, line);) {
+        const auto eq = line.find(" =");
+        const std::string key = line.substr(line.starts_with("#") ? 1 : 0, eq - (line.starts_with("#") ? 1 : 0));
+        if (eq != std::string::npos && !key.empty() && key.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") == std::string::npos) {
+            listed.push_back(key);
+            text += line.substr(line.starts_with("#") ? 1 : 0) + "\n"; // uncommented
+        }
+    }
+    auto keys = config_keys();
+    std::sort(listed.begin(), listed.end());
+    CHECK(std::adjacent_find(listed.begin(), listed.end()) == listed.end()); // each once
+    auto sorted = keys;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(listed == sorted);
+    // every commented default is a value the parser takes, and it is the default
+    config all;
+    test::scratch_dir dir("config-sample");
+    std::ofstream(dir.file("all.conf")) << text;
+    REQUIRE_NOTHROW(all.load_file(dir.file("all.conf")));
+    const config d;
+    CHECK(all.socket_mode == d.socket_mode);
+    CHECK(all.threads == d.threads);
+    CHECK(all.kv_cache_mb == d.kv_cache_mb);
+    CHECK(all.max_prompt_tokens == d.max_prompt_tokens);
+    CHECK(all.max_tokens_limit == d.max_tokens_limit);
+    CHECK(all.max_connections == d.max_connections);
+    CHECK(all.step_tokens == d.step_tokens);
+    CHECK(all.worker_timeout_s == d.worker_timeout_s);
+    CHECK(all.priority_aging_s == d.priority_aging_s);
+    CHECK(all.workers == d.workers);
+    CHECK(all.kv_pool_persist == d.kv_pool_persist);
+    CHECK(all.placement == d.placement);
+    CHECK(all.log_level == d.log_level);
+    CHECK_NOTHROW(all.validate());
+
+    // docs/config.md's table has a row for each key but the old name kv_size_mb
+    std::vector<std::string> documented;
+    for (std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/docs/config.md"); std::getline(in, line);)
+        if (line.starts_with("| `")) documented.push_back(line.substr(3, line.find('`', 3) - 3));
+    std::erase(keys, "kv_size_mb");
+    CHECK(documented == keys); // the parser's order
+}
+
+TEST_CASE("config: every error is FILE:LINE: key: problem") {
+    CHECK(config_error("model = /m.gguf\nthreads = many\n") == ":2: threads: expected an integer from 0 to 1024");
+    CHECK(config_error("model = /m.gguf\nno_such = 1\n") == ":2: no_such: unknown key");
+    CHECK(config_error("model = /m.gguf\n\nsocket_group = no-such-group-tandem\n") ==
+          ":3: socket_group: no group 'no-such-group-tandem'");
+    CHECK(config_error("model = /m.gguf\nallowed_groups = root, no-such-group-tandem\n") ==
+          ":2: allowed_groups: no group 'no-such-group-tandem'");
+    CHECK(config_error("model = /m.gguf\nallowed_users = no-such-user-tandem\n") ==
+          ":2: allowed_users: no user 'no-such-user-tandem'");
+    CHECK(config_error("model = /m.gguf\n# x\nlisten_tcp = 0.0.0.0:80\n") ==
+          ":3: listen_tcp: only a loopback address is allowed (127.0.0.1 or ::1), got 0.0.0.0");
+    CHECK(config_error("model = \"/m.gguf\nthreads = 1\n") == ":1: model: unterminated quote");
+    CHECK(config_error("model = \"/a\" b\"\n") == ":1: model: text after the closing quote");
+    CHECK(config_error("model = /m.gguf\nallowed_groups = root, 0\nallowed_users = root\n").empty());
+}
+
+TEST_CASE("config: quoted values lose their quotes; # inside quotes is not a comment") {
+    test::scratch_dir dir("config-quotes");
+    const std::string path = dir.file("q.conf");
+    std::ofstream(path) << "model = \"/models/my model #1.gguf\"  # the model\nmodel_id = 'tiny'\nsocket = \"\"\n";
+    config c;
+    c.load_file(path);
+    CHECK(c.model == "/models/my model #1.gguf");
+    CHECK(c.model_id == "tiny");
+    CHECK(c.socket.empty());
+    CHECK(c.origin.at("model_id") == path + ":2");
+}
+
+TEST_CASE("peers: the socket's group may connect, by default the daemon's own group") {
+    config c;
+    CHECK(make_peer_policy(c).gids.contains(::getegid())); // the system unit's Group=tandem
+    c.socket_group = "0";
+    CHECK(make_peer_policy(c).gids == std::set<gid_t>{0});
+    c.allowed_users = {"no-such-user-tandem"};
+    CHECK_THROWS_AS(make_peer_policy(c), error);
+}
+
+TEST_CASE("config: the default socket under systemd is in its RuntimeDirectory") {
+    const char* old = std::getenv("RUNTIME_DIRECTORY");
+    const std::string saved = old ? old : "";
+    ::setenv("RUNTIME_DIRECTORY", "/run/tandem", 1);
+    CHECK(default_socket_path() == "/run/tandem/tandem.sock");
+    if (old) ::setenv("RUNTIME_DIRECTORY", saved.c_str(), 1);
+    else ::unsetenv("RUNTIME_DIRECTORY");
 }
 
 TEST_CASE("api: error bodies are OpenAI's shape and JSON stays valid with bad UTF-8") {
