@@ -28,3 +28,6 @@ echo "tandemd: serving $model on $TANDEM_SOCKET"
 echo "\$ tandem --raw --temp 0 --max-tokens 128 \"$prompt\""
 printf '%s' "$prompt"
 ./build/daemon/tandem --raw --temp 0 --max-tokens 128 "$prompt"
+echo
+echo "The programs are build/daemon/tandem and build/daemon/tandemd; \`bash scripts/install.sh\` puts"
+echo "them on PATH (/usr/local/bin, with the systemd units and the sample config; see README.md)."

@@ -34,6 +34,15 @@ echo "# edited by the admin" >> "$prefix/etc/tandem/tandemd.conf"
 grep -q "# edited by the admin" "$prefix/etc/tandem/tandemd.conf" || { echo "reinstall overwrote etc/tandem/tandemd.conf"; exit 1; }
 echo "installed: ${want[*]}"
 
+# scripts/install.sh (README's step onto PATH) installs the same into the prefix it is given.
+script_prefix="$stage/script"
+out="$(TANDEM_BUILD="$build" PATH="/usr/bin:/bin" bash "$(dirname "$0")/../scripts/install.sh" "$script_prefix")"
+[ -x "$script_prefix/bin/tandem" ] || { echo "scripts/install.sh did not install bin/tandem: $out"; exit 1; }
+"$script_prefix/bin/tandem" --help >/dev/null
+grep -qF "$script_prefix/bin is not on PATH" <<<"$out" || { echo "scripts/install.sh gave no PATH hint: $out"; exit 1; }
+rm -rf "$script_prefix"
+echo "scripts/install.sh: ok"
+
 # A staged install for a package: DESTDIR=STAGE --prefix /usr.
 DESTDIR="$stage" "$cmake" --install "$build" --prefix /usr >/dev/null
 staged=(
