@@ -28,7 +28,8 @@ namespace {
 const std::map<std::string, dtype>& synth_types() {
     static const std::map<std::string, dtype> types{
         {"f32", dtype::f32},   {"f16", dtype::f16},   {"bf16", dtype::bf16}, {"q4_0", dtype::q4_0},
-        {"q4_1", dtype::q4_1}, {"q5_0", dtype::q5_0}, {"q5_1", dtype::q5_1}, {"q8_0", dtype::q8_0}};
+        {"q4_1", dtype::q4_1}, {"q5_0", dtype::q5_0}, {"q5_1", dtype::q5_1}, {"q8_0", dtype::q8_0},
+        {"q4_k", dtype::q4_k}, {"q5_k", dtype::q5_k}, {"q6_k", dtype::q6_k}};
     return types;
 }
 

@@ -1,6 +1,7 @@
 // Scalar reference Q4_0 / Q4_1 / Q5_0 / Q5_1 block formats, written from their layouts.
 #include "quant/blocks.hpp"
 
+#include "quant/k_blocks.hpp"
 #include "quant/q8_0.hpp"
 #include "runtime/error.hpp"
 #include "runtime/fp16.hpp"
@@ -38,11 +39,24 @@ uint16_t load_u16(const uint8_t* p) {
 } // namespace
 
 bool is_block_format(dtype t) {
-    return t == dtype::q4_0 || t == dtype::q4_1 || t == dtype::q5_0 || t == dtype::q5_1 || t == dtype::q8_0;
+    switch (t) {
+    case dtype::q4_0:
+    case dtype::q4_1:
+    case dtype::q5_0:
+    case dtype::q5_1:
+    case dtype::q8_0:
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k: return true;
+    default: return false;
+    }
 }
 
 void dequantize_blocks_ref(dtype t, const uint8_t* blocks, float* out, int64_t n) {
     if (t == dtype::q8_0) return dequantize_q8_0_ref(blocks, out, n);
+    if (t == dtype::q4_k) return dequantize_q4_k_ref(blocks, out, n);
+    if (t == dtype::q5_k) return dequantize_q5_k_ref(blocks, out, n);
+    if (t == dtype::q6_k) return dequantize_q6_k_ref(blocks, out, n);
     const layout l = layout_of(t);
     TANDEM_ASSERT(n % 32 == 0, "{}: n = {} is not a multiple of 32", name_of(t), n);
     const int offset = l.has_min ? 0 : 1 << (l.bits - 1);
@@ -71,6 +85,9 @@ void dequantize_blocks_ref(dtype t, const uint8_t* blocks, float* out, int64_t n
 
 void quantize_blocks_ref(dtype t, const float* x, uint8_t* blocks, int64_t n) {
     if (t == dtype::q8_0) return quantize_q8_0_ref(x, blocks, n);
+    if (t == dtype::q4_k) return quantize_q4_k_ref(x, blocks, n);
+    if (t == dtype::q5_k) return quantize_q5_k_ref(x, blocks, n);
+    if (t == dtype::q6_k) return quantize_q6_k_ref(x, blocks, n);
     const layout l = layout_of(t);
     TANDEM_ASSERT(n % 32 == 0, "{}: n = {} is not a multiple of 32", name_of(t), n);
     const int levels = 1 << l.bits, offset = l.has_min ? 0 : levels / 2;

@@ -1,4 +1,5 @@
-// GGML's 32-value block formats other than Q8_0 (quant/q8_0.hpp): Q4_0, Q4_1, Q5_0, Q5_1.
+// GGML's block formats: the 32-value Q4_0, Q4_1, Q5_0, Q5_1 here; Q8_0 (quant/q8_0.hpp) and the
+// K-quants Q4_K, Q5_K, Q6_K (quant/k_blocks.hpp) through the same two functions.
 #pragma once
 
 #include "runtime/dtype.hpp"
@@ -13,10 +14,10 @@ namespace tandem {
 //   Q4_1 {d, m; qs[16]}       20 bytes, x = d * q + m
 //   Q5_0 {d; qh[4]; qs[16]}   22 bytes, x = d * (q - 16)
 //   Q5_1 {d, m; qh[4]; qs[16]} 24 bytes, x = d * q + m
-// Q8_0 is handled here too, through its own functions. n is a multiple of 32.
-bool is_block_format(dtype t); // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+// n is a multiple of the type's block (traits_of).
+bool is_block_format(dtype t); // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 
-// Expands n / 32 blocks of type t into n floats.
+// Expands the blocks of n values of type t into n floats.
 void dequantize_blocks_ref(dtype t, const uint8_t* blocks, float* out, int64_t n);
 
 // The reference quantizer (for synthetic files and tests): symmetric types map the value of

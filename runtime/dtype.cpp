@@ -13,6 +13,9 @@ std::optional<dtype_traits> traits_of(uint32_t t) {
     case dtype::q5_0: return dtype_traits{32, 22};
     case dtype::q5_1: return dtype_traits{32, 24};
     case dtype::q8_0: return dtype_traits{q8_0_block, q8_0_block_bytes};
+    case dtype::q4_k: return dtype_traits{256, 144};
+    case dtype::q5_k: return dtype_traits{256, 176};
+    case dtype::q6_k: return dtype_traits{256, 210};
     case dtype::i8: return dtype_traits{1, 1};
     }
     return std::nullopt;

@@ -17,6 +17,9 @@ enum class dtype : uint32_t {
     q5_0 = 6,
     q5_1 = 7,
     q8_0 = 8,  // blocks of 32: one f16 scale + 32 int8
+    q4_k = 12, // super-blocks of 256 (quant/k_blocks.hpp)
+    q5_k = 13,
+    q6_k = 14,
     i8 = 24,   // Tandem's own INT8 weights (with separate scale tensors)
     bf16 = 30,
 };

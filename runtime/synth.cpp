@@ -45,7 +45,7 @@ uint64_t tensor_seed(uint64_t seed, std::string_view name) {
 // Fills `out` (the tensor's bytes) with n values mean + std * normal, converted to `type`.
 void generate(std::span<uint8_t> out, dtype type, int64_t n, uint64_t seed, float mean, float std) {
     rng r{seed};
-    constexpr int64_t chunk = 4096; // a multiple of the Q8_0 block
+    constexpr int64_t chunk = 4096; // a multiple of every block size
     float buf[chunk];
     for (int64_t i0 = 0; i0 < n; i0 += chunk) {
         const int64_t m = std::min(chunk, n - i0);
@@ -63,7 +63,10 @@ void generate(std::span<uint8_t> out, dtype type, int64_t n, uint64_t seed, floa
         case dtype::q4_1:
         case dtype::q5_0:
         case dtype::q5_1:
-        case dtype::q8_0: {
+        case dtype::q8_0:
+        case dtype::q4_k:
+        case dtype::q5_k:
+        case dtype::q6_k: {
             const dtype_traits tr = *traits_of(uint32_t(type));
             quantize_blocks_ref(type, buf, out.data() + i0 / tr.block * int64_t(tr.block_bytes), m);
             break;
@@ -147,10 +150,13 @@ uint32_t file_type_of(dtype t) {
     case dtype::q8_0: return 7;
     case dtype::q5_0: return 8;
     case dtype::q5_1: return 9;
+    case dtype::q4_k: return 14; // llama.cpp's _S variants: every matrix in the one type
+    case dtype::q5_k: return 16;
+    case dtype::q6_k: return 18;
     case dtype::bf16: return 32;
     case dtype::i8: break;
     }
-    fail("synth: type {} is not one of F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0", name_of(t));
+    fail("synth: type {} is not one of F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K", name_of(t));
 }
 
 } // namespace
@@ -190,9 +196,11 @@ void synth_write(const synth_params& p, const std::string& path) {
     TANDEM_CHECK(p.arch == "llama" || p.arch == "qwen2", "synth: architecture '{}' is not llama or qwen2", p.arch);
     TANDEM_CHECK(p.rope_scale == 0 || (p.rope_scale >= 1 && p.rope_scale <= 1024), "synth: rope scale {} out of range",
                  p.rope_scale);
-    if (is_block_format(p.type))
-        TANDEM_CHECK(p.n_embd % 32 == 0 && p.n_ff % 32 == 0, "synth: {} needs n_embd and n_ff to be multiples of 32",
-                     name_of(p.type));
+    if (is_block_format(p.type)) {
+        const int64_t blk = traits_of(uint32_t(p.type))->block;
+        TANDEM_CHECK(p.n_embd % blk == 0 && p.n_ff % blk == 0, "synth: {} needs n_embd and n_ff to be multiples of {}",
+                     name_of(p.type), blk);
+    }
 
     gguf::writer w;
     const bool qwen2 = p.arch == "qwen2";

@@ -17,7 +17,7 @@ struct synth_params {
     int32_t n_ff = 160;
     int32_t n_vocab = 512;       // >= 260: 3 specials + 256 byte tokens + at least one piece
     int32_t n_ctx = 256;
-    dtype type = dtype::f32;     // of the matrices: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1 or q8_0; norms stay F32
+    dtype type = dtype::f32;     // of the matrices: f32, f16, bf16 or a block format (quant/blocks.hpp); norms stay F32
     uint64_t seed = 1;
     std::string name = "tandem-synth";
     std::string arch = "llama";  // "llama", or "qwen2": NeoX RoPE, Q/K/V biases, freq base 1e6

@@ -45,7 +45,10 @@ void row_to_f32(const gguf::tensor_info& t, int64_t r, int64_t n_in, float* out)
     case dtype::q4_1:
     case dtype::q5_0:
     case dtype::q5_1:
-    case dtype::q8_0: {
+    case dtype::q8_0:
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k: {
         const dtype_traits tr = *traits_of(uint32_t(t.type));
         dequantize_blocks_ref(t.type, t.data + r * (n_in / tr.block) * int64_t(tr.block_bytes), out, n_in);
         return;

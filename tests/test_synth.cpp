@@ -145,6 +145,70 @@ TEST_CASE("4- and 5-bit blocks decode as their layouts say, and the reference qu
     }
 }
 
+// ---------------------------------------------------------------- Q4_K, Q5_K, Q6_K
+
+TEST_CASE("K-quant super-blocks decode as their layouts say, and the reference quantizers keep their precision") {
+    // Q4_K / Q5_K: d = 0.5, dmin = 0.25; sub-block scales 1 2 3 4 17 18 33 50 and mins 0 1 2 3 20
+    // 40 63 5, packed by hand (6 bits each in 12 bytes); qs[32 p + l] = l % 16 | (15 - l % 16) << 4.
+    std::vector<uint8_t> q4;
+    q4.insert(q4.end(), {uint8_t(f32_to_fp16(0.5f) & 0xff), uint8_t(f32_to_fp16(0.5f) >> 8),
+                         uint8_t(f32_to_fp16(0.25f) & 0xff), uint8_t(f32_to_fp16(0.25f) >> 8)});
+    q4.insert(q4.end(), {65, 66, 131, 196, 64, 129, 194, 3, 65, 130, 241, 82});
+    std::vector<uint8_t> qs;
+    for (int p = 0; p < 4; ++p)
+        for (int l = 0; l < 32; ++l) qs.push_back(uint8_t(l % 16 | (15 - l % 16) << 4));
+    std::vector<uint8_t> q5 = q4;
+    for (int l = 0; l < 32; ++l) q5.push_back(uint8_t(1 << (l % 8))); // qh: value l of sub-block l % 8 gets 16
+    q4.insert(q4.end(), qs.begin(), qs.end());
+    q5.insert(q5.end(), qs.begin(), qs.end());
+    REQUIRE(q4.size() == 144);
+    REQUIRE(q5.size() == 176);
+    float y[256];
+    dequantize_blocks_ref(dtype::q4_k, q4.data(), y, 256);
+    CHECK(y[0] == 0.0f);                      // sub-block 0, code 0, min 0
+    CHECK(y[33] == 0.5f * 2 * 14 - 0.25f * 1);  // sub-block 1 (high nibbles of the first 32 bytes)
+    CHECK(y[200] == 0.5f * 33 * 8 - 0.25f * 63); // sub-block 6: scale and min from the split bits
+    CHECK(y[255] == -0.25f * 5);                 // sub-block 7, code 0
+    dequantize_blocks_ref(dtype::q5_k, q5.data(), y, 256);
+    CHECK(y[33] == 0.5f * 2 * (14 + 16) - 0.25f * 1);
+    CHECK(y[198] == 0.5f * 33 * (6 + 16) - 0.25f * 63);
+    CHECK(y[200] == 0.5f * 33 * 8 - 0.25f * 63); // bit 6 of qh[8] is clear
+    // Q6_K: ql[i] = i, qh[i] = 37 i mod 256, scales s - 8, d = 0.5.
+    std::vector<uint8_t> q6(210);
+    for (int i = 0; i < 128; ++i) q6[size_t(i)] = uint8_t(i);
+    for (int i = 0; i < 64; ++i) q6[size_t(128 + i)] = uint8_t(37 * i);
+    for (int s = 0; s < 16; ++s) q6[size_t(192 + s)] = uint8_t(int8_t(s - 8));
+    const uint16_t dh = f32_to_fp16(0.5f);
+    std::memcpy(&q6[208], &dh, 2);
+    dequantize_blocks_ref(dtype::q6_k, q6.data(), y, 256);
+    CHECK(y[0] == 0.5f * -8 * (0 - 32));   // low nibble of ql[0], bits 0-1 of qh[0]
+    CHECK(y[45] == 0.5f * -6 * (13 - 32)); // low nibble of ql[45], bits 2-3 of qh[13], scale 2
+    CHECK(y[127] == 0.5f * -1 * (19 - 32)); // high nibble of ql[63], bits 6-7 of qh[31], scale 7
+    CHECK(y[200] == 0.5f * 4 * (4 - 32));  // second half: high nibble of ql[72], qh[40], scale 12
+
+    // Normal data at several scales: the quantized values' error against the input's power.
+    std::mt19937_64 rng(9);
+    std::normal_distribution<float> normal;
+    const int64_t n = 256 * 64;
+    std::vector<float> in(n), out(n);
+    for (int64_t i = 0; i < n; ++i) in[size_t(i)] = normal(rng) * std::pow(10.0f, float(i / 256 % 4) - 2.0f);
+    for (const auto& [t, bound] : {std::pair{dtype::q4_k, 0.012}, std::pair{dtype::q5_k, 0.003},
+                                   std::pair{dtype::q6_k, 0.001}}) {
+        CAPTURE(name_of(t));
+        std::vector<uint8_t> q(size_t(n / 256) * traits_of(uint32_t(t))->block_bytes);
+        quantize_blocks_ref(t, in.data(), q.data(), n);
+        dequantize_blocks_ref(t, q.data(), out.data(), n);
+        for (int64_t b = 0; b < n / 256; ++b) { // per super-block (their scales differ by 1000x)
+            double err = 0, pow = 0;
+            for (int64_t i = b * 256; i < (b + 1) * 256; ++i) {
+                err += double(out[size_t(i)] - in[size_t(i)]) * double(out[size_t(i)] - in[size_t(i)]);
+                pow += double(in[size_t(i)]) * double(in[size_t(i)]);
+            }
+            REQUIRE(err / pow < bound);
+        }
+    }
+}
+
 TEST_CASE("synth presets") {
     const synth_params tiny = synth_preset("tiny");
     CHECK(tiny.n_layer == 2);
@@ -334,13 +398,17 @@ TEST_CASE("synth rejects inconsistent shapes") {
     CHECK_FALSE(fs::exists(dir.file("x.gguf")));
 }
 
-TEST_CASE("a model in each 4- and 5-bit block format loads as the layout says, in F32 and INT8, and generates") {
+TEST_CASE("a model in each 4-, 5- and 6-bit block format loads as the layout says, in F32 and INT8, and generates") {
     test::scratch_dir dir("gguf-synth-blocks");
     synth_params p = synth_preset("tiny");
     p.n_vocab = 300;
-    for (dtype t : {dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1}) {
+    for (dtype t : {dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
         CAPTURE(name_of(t));
         p.type = t;
+        if (traits_of(uint32_t(t))->block == 256) { // rows of K-quants are whole super-blocks
+            p.n_embd = 256;
+            p.n_ff = 512;
+        }
         const std::string path = dir.file(std::string(name_of(t)) + ".gguf");
         synth_write(p, path);
         const gguf::file f = gguf::file::open(path);
