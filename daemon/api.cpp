@@ -445,11 +445,14 @@ std::variant<json, api_error> parse_body(const std::string& body) {
 std::optional<reply> handle_simple(const std::string& method, const std::string& target, const std::string& body,
                                    daemon_state& st) {
     const std::string path = target.substr(0, target.find('?'));
-    auto only = [&](const char* m) -> std::optional<reply> {
-        if (method == m) return std::nullopt;
+    auto only = [&](const std::string_view m) -> std::optional<reply> {
+        const bool get = m == "GET";
+        if (method == m || (get && method == "HEAD")) return std::nullopt;
         api_error e = bad(fmt::format("{} {} is not allowed; use {}", method, path, m));
         e.status = 405;
-        return reply::of(e);
+        reply r = reply::of(e);
+        r.allow = get ? "GET, HEAD" : std::string(m);
+        return r;
     };
     const model_state* ms = st.ms.get();
 

@@ -30,12 +30,14 @@ std::string error_body(const api_error& e);
 // JSON text that never throws on invalid UTF-8 (replaced by U+FFFD).
 std::string dump(const json& j);
 
-// A plain reply: status, content type and body, plus an optional Retry-After.
+// A plain reply: status, content type and body, plus an optional Retry-After (and, on a
+// 405, the Allow header's methods).
 struct reply {
     int status = 200;
     std::string content_type = "application/json";
     std::string body;
     int retry_after_s = 0;
+    std::string allow;
 
     static reply of(const api_error& e);
     static reply of_json(const json& j, int status = 200);
@@ -81,7 +83,8 @@ json final_response(const std::string& id, const std::string& model, const gener
                     const std::vector<choice_state>& cs);
 
 // Everything but the generation routes: health, models, metrics, status, tokenize,
-// detokenize, apply-template, and the errors for unknown routes and wrong methods.
+// detokenize, apply-template, and the errors for unknown routes and wrong methods (405 with
+// Allow; HEAD is allowed wherever GET is, the session sends its reply without the body).
 // nullopt means "a generation route": the session drives it.
 std::optional<reply> handle_simple(const std::string& method, const std::string& target, const std::string& body,
                                    daemon_state& st);

@@ -20,6 +20,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -140,16 +141,23 @@ asio::awaitable<void> session::watchdog() {
 }
 
 asio::awaitable<bool> session::write_reply(const reply& r, bool keep_alive) {
-    http::response<http::string_body> res{static_cast<http::status>(r.status), 11};
+    http::response<http::string_body> res{static_cast<http::status>(r.status), version_};
     res.set(http::field::server, "tandemd");
     res.set(http::field::content_type, r.content_type);
     if (r.retry_after_s > 0) res.set(http::field::retry_after, std::to_string(r.retry_after_s));
-    res.keep_alive(keep_alive);
-    res.body() = r.body;
-    res.prepare_payload();
+    if (!r.allow.empty()) res.set(http::field::allow, r.allow);
+    res.keep_alive(keep_alive); // HTTP/1.0: "Connection: keep-alive" when the client asked for it
     error_code ec;
     set_deadline(st_.cfg.request_timeout_s); // a client that stops reading is dropped
-    co_await http::async_write(socket_, res, redirect_error(use_awaitable, ec));
+    if (head_) { // the GET reply's headers, its length included, and no body
+        res.content_length(r.body.size());
+        http::response_serializer<http::string_body> sr{res};
+        co_await http::async_write_header(socket_, sr, redirect_error(use_awaitable, ec));
+    } else {
+        res.body() = r.body;
+        res.prepare_payload();
+        co_await http::async_write(socket_, res, redirect_error(use_awaitable, ec));
+    }
     set_deadline(0);
     co_return !ec;
 }
@@ -189,6 +197,8 @@ asio::awaitable<void> session::run() {
         }
         set_deadline(0);
         if (closed_) break;
+        version_ = 11;
+        head_ = false;
         if (ec) {
             if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
                 ec == asio::error::operation_aborted)
@@ -217,6 +227,8 @@ asio::awaitable<void> session::run() {
         }
         busy_ = true;
         http::request<http::string_body> req = parser.release();
+        version_ = req.version() == 10 ? 10 : 11;
+        head_ = req.method() == http::verb::head;
         const bool keep = req.keep_alive() && !st_.stopping && !stop_after_reply_;
         const std::string target(req.target());
         const std::string method(req.method_string());
@@ -241,13 +253,27 @@ asio::awaitable<void> session::watch_peer(std::shared_ptr<generation_channel> ch
     error_code ec;
     co_await socket_.async_wait(asio::socket_base::wait_read, redirect_error(use_awaitable, ec));
     if (ch->finished || closed_) co_return;
+    const int fd = socket_.native_handle();
     bool gone = bool(ec);
     if (!ec) {
         char b;
-        const ssize_t n = ::recv(socket_.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        const ssize_t n = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        gone = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+        // EOF after a complete request is a half-close (nc -N, socat): the client still reads
+        // the reply. Only a peer gone both ways (POLLHUP; a Unix socket's close) cancels now; on
+        // TCP the two look alike, and the next failed write cancels.
+        asio::steady_timer tick(socket_.get_executor());
+        while (n == 0 && !ch->finished && !closed_) {
+            pollfd p{fd, 0, 0};
+            if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))) {
+                gone = true;
+                break;
+            }
+            tick.expires_after(std::chrono::milliseconds(50));
+            co_await tick.async_wait(redirect_error(use_awaitable, ec));
+        }
     }
-    if (gone) { // the client hung up: cancel now, not when the next write fails
+    if (gone && !ch->finished && !closed_) { // the client hung up: cancel now, not when the next write fails
         ch->peer_gone = true;
         ch->timer.cancel();
     }
@@ -303,23 +329,28 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
     bool write_failed = false;
     error_code ec;
 
+    // HTTP/1.0 has no chunked encoding (RFC 7230 3.3.1): the stream's end is the connection's.
+    const bool chunked = req.version() >= 11;
     auto send = [&](const std::string& data) -> asio::awaitable<void> {
         if (write_failed || closed_) co_return;
         set_deadline(st_.cfg.request_timeout_s); // a client that stops reading is dropped (and cancelled)
-        co_await asio::async_write(socket_, http::make_chunk(asio::buffer(data)), redirect_error(use_awaitable, ec));
+        if (chunked)
+            co_await asio::async_write(socket_, http::make_chunk(asio::buffer(data)), redirect_error(use_awaitable, ec));
+        else
+            co_await asio::async_write(socket_, asio::buffer(data), redirect_error(use_awaitable, ec));
         set_deadline(0);
         if (ec) write_failed = true;
     };
     auto sse = [](const json& j) { return "data: " + dump(j) + "\n\n"; };
 
-    http::response<http::empty_body> head{http::status::ok, 11};
+    http::response<http::empty_body> head{http::status::ok, version_};
     http::response_serializer<http::empty_body> sr{head};
     if (plan.stream) {
         head.set(http::field::server, "tandemd");
         head.set(http::field::content_type, "text/event-stream");
         head.set(http::field::cache_control, "no-cache");
-        head.keep_alive(keep_alive);
-        head.chunked(true);
+        head.keep_alive(keep_alive && chunked);
+        head.chunked(chunked);
         co_await http::async_write_header(socket_, sr, redirect_error(use_awaitable, ec));
         if (ec) write_failed = true;
     }
@@ -393,11 +424,11 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
         co_await send(sse(last));
     }
     co_await send("data: [DONE]\n\n");
-    if (!write_failed && !closed_) {
+    if (chunked && !write_failed && !closed_) {
         co_await asio::async_write(socket_, http::make_chunk_last(), redirect_error(use_awaitable, ec));
         if (ec) write_failed = true;
     }
-    co_return !write_failed;
+    co_return !write_failed && chunked; // an HTTP/1.0 stream ends with the connection
 }
 
 } // namespace tandem::daemon

@@ -1,4 +1,4 @@
-// One client connection: reads HTTP/1.1 requests, answers them, streams generations.
+// One client connection: reads HTTP/1.1 (and 1.0) requests, answers them, streams generations.
 #pragma once
 
 #include "runtime/prelude.hpp"
@@ -52,6 +52,8 @@ private:
     bool busy_ = false;
     bool stop_after_reply_ = false;
     bool closed_ = false;
+    unsigned version_ = 11;     // the current request's HTTP version (10 or 11), echoed in replies
+    bool head_ = false;         // the current request is a HEAD: replies carry no body
     std::shared_ptr<generation_channel> current_; // the running generation, if any
 };
 
