@@ -39,17 +39,13 @@ uint16_t load_u16(const uint8_t* p) {
 } // namespace
 
 bool is_block_format(dtype t) {
-    switch (t) {
-    case dtype::q4_0:
-    case dtype::q4_1:
-    case dtype::q5_0:
-    case dtype::q5_1:
-    case dtype::q8_0:
-    case dtype::q4_k:
-    case dtype::q5_k:
-    case dtype::q6_k: return true;
-    default: return false;
-    }
+    const auto tr = traits_of(uint32_t(t));
+    return tr && tr->block > 1; // every other known type is one value an element
+}
+
+size_t block_bytes_of(dtype t, int64_t n) {
+    const dtype_traits tr = *traits_of(uint32_t(t));
+    return size_t(n / tr.block) * tr.block_bytes;
 }
 
 void dequantize_blocks_ref(dtype t, const uint8_t* blocks, float* out, int64_t n) {

@@ -4,6 +4,7 @@
 
 #include "runtime/dtype.hpp"
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tandem {
@@ -16,6 +17,8 @@ namespace tandem {
 //   Q5_1 {d, m; qh[4]; qs[16]} 24 bytes, x = d * q + m
 // n is a multiple of the type's block (traits_of).
 bool is_block_format(dtype t); // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+// Bytes of the blocks that hold n values of type t (n a multiple of its block).
+size_t block_bytes_of(dtype t, int64_t n);
 
 // Expands the blocks of n values of type t into n floats.
 void dequantize_blocks_ref(dtype t, const uint8_t* blocks, float* out, int64_t n);

@@ -50,6 +50,10 @@ void generate(std::span<uint8_t> out, dtype type, int64_t n, uint64_t seed, floa
     for (int64_t i0 = 0; i0 < n; i0 += chunk) {
         const int64_t m = std::min(chunk, n - i0);
         for (int64_t i = 0; i < m; ++i) buf[i] = mean + std * r.normal();
+        if (is_block_format(type)) {
+            quantize_blocks_ref(type, buf, out.data() + block_bytes_of(type, i0), m);
+            continue;
+        }
         switch (type) {
         case dtype::f32: std::memcpy(out.data() + i0 * 4, buf, size_t(m) * 4); break;
         case dtype::f16:
@@ -59,19 +63,7 @@ void generate(std::span<uint8_t> out, dtype type, int64_t n, uint64_t seed, floa
                 std::memcpy(out.data() + (i0 + i) * 2, &h, 2);
             }
             break;
-        case dtype::q4_0:
-        case dtype::q4_1:
-        case dtype::q5_0:
-        case dtype::q5_1:
-        case dtype::q8_0:
-        case dtype::q4_k:
-        case dtype::q5_k:
-        case dtype::q6_k: {
-            const dtype_traits tr = *traits_of(uint32_t(type));
-            quantize_blocks_ref(type, buf, out.data() + i0 / tr.block * int64_t(tr.block_bytes), m);
-            break;
-        }
-        case dtype::i8: TANDEM_ASSERT(false, "synth does not write I8");
+        default: TANDEM_ASSERT(false, "synth does not write {}", name_of(type));
         }
     }
 }

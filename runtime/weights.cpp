@@ -28,6 +28,10 @@ std::string shape_str(const std::vector<int64_t>& ne) {
 
 // Row r (of n_in elements) of a 2-D tensor, or the whole of a 1-D one (r = 0), as F32.
 void row_to_f32(const gguf::tensor_info& t, int64_t r, int64_t n_in, float* out) {
+    if (is_block_format(t.type)) {
+        dequantize_blocks_ref(t.type, t.data + r * int64_t(block_bytes_of(t.type, n_in)), out, n_in);
+        return;
+    }
     switch (t.type) {
     case dtype::f32: std::memcpy(out, t.data + r * n_in * 4, size_t(n_in) * sizeof(float)); return;
     case dtype::f16:
@@ -41,19 +45,7 @@ void row_to_f32(const gguf::tensor_info& t, int64_t r, int64_t n_in, float* out)
         }
         return;
     }
-    case dtype::q4_0:
-    case dtype::q4_1:
-    case dtype::q5_0:
-    case dtype::q5_1:
-    case dtype::q8_0:
-    case dtype::q4_k:
-    case dtype::q5_k:
-    case dtype::q6_k: {
-        const dtype_traits tr = *traits_of(uint32_t(t.type));
-        dequantize_blocks_ref(t.type, t.data + r * (n_in / tr.block) * int64_t(tr.block_bytes), out, n_in);
-        return;
-    }
-    case dtype::i8: break;
+    default: break; // I8 (mapped in place, not converted)
     }
     fail("tensor {} has type {}, which the loader does not convert", t.name, name_of(t.type));
 }
