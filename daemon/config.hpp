@@ -36,6 +36,7 @@ struct config {
     int32_t max_waiting = 64;
     int32_t max_connections = 256;
     int32_t step_tokens = 512;
+    int32_t draft_tokens = 0;          // speculative decoding by prompt lookup: drafts per step (0: off)
     int64_t max_body_bytes = 1 << 20;
     int32_t max_prompt_tokens = 0;     // 0 = the context less one
     int32_t max_tokens_limit = 0;      // 0 = the context

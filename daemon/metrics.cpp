@@ -122,10 +122,14 @@ std::string metrics::render(const engine_stats* e) const {
             "# HELP tandem_kv_device_upload_bytes_total Past K/V bytes GPU workers copied from the pool to the device.\n"
             "# TYPE tandem_kv_device_upload_bytes_total counter\ntandem_kv_device_upload_bytes_total {}\n"
             "# HELP tandem_kv_device_kept_bytes_total Past K/V bytes GPU workers read from device pages they kept.\n"
-            "# TYPE tandem_kv_device_kept_bytes_total counter\ntandem_kv_device_kept_bytes_total {}\n",
+            "# TYPE tandem_kv_device_kept_bytes_total counter\ntandem_kv_device_kept_bytes_total {}\n"
+            "# HELP tandem_speculative_draft_tokens_total Prompt-lookup draft tokens computed for verification.\n"
+            "# TYPE tandem_speculative_draft_tokens_total counter\ntandem_speculative_draft_tokens_total {}\n"
+            "# HELP tandem_speculative_accepted_tokens_total Draft tokens the verification kept.\n"
+            "# TYPE tandem_speculative_accepted_tokens_total counter\ntandem_speculative_accepted_tokens_total {}\n",
             e->n_running, e->n_waiting, e->n_pages_used, e->n_pages_total, e->n_steps, e->n_prompt_tokens,
             e->n_generated_tokens, e->n_prefix_hits, e->n_kv_tokens, e->n_pages_cached, e->n_preemptions,
-            e->n_worker_restarts, e->n_kv_upload_bytes, e->n_kv_kept_bytes);
+            e->n_worker_restarts, e->n_kv_upload_bytes, e->n_kv_kept_bytes, e->n_draft_tokens, e->n_accepted_tokens);
     }
     return out;
 }

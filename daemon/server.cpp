@@ -139,7 +139,10 @@ void server::load_engine(const config& cfg, model_state& ms) {
     eo.max_running = cfg.max_running;
     eo.max_waiting = cfg.max_waiting;
     eo.step_tokens = cfg.step_tokens;
-    eo.max_logits = std::max(1, cfg.max_running); // one row per decoding sequence: the channel's logits area
+    eo.max_draft_tokens = cfg.draft_tokens;
+    // The channel's logits area: one row per decoding sequence, and the drafts' rows of the
+    // sequences that may draft at once.
+    eo.max_logits = std::max(1, cfg.max_running) + std::min(cfg.max_running, eo.max_draft_batch) * cfg.draft_tokens;
     eo.prefix_cache = cfg.prefix_cache;
     eo.priority_aging_s = cfg.priority_aging_s;
     // Default pool: max_running full contexts but at most 2 GiB, and never less than one

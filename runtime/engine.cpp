@@ -140,6 +140,7 @@ public:
         TANDEM_ASSERT(req.n >= 1 && req.n < (1 << seq_bits), "n = {}", req.n);
         if (n_prompt == 0 || n_prompt >= opts_.n_ctx) return {submit_status::too_long, 0};
         const int32_t max_tokens = std::clamp(req.max_tokens, 1, opts_.n_ctx - n_prompt);
+        req.draft_tokens = req.draft_tokens < 0 ? opts_.max_draft_tokens : std::min(req.draft_tokens, opts_.max_draft_tokens);
         // it must fit in the pool on its own (everything else preempted): the prompt's full
         // pages once, each sequence's own pages from there
         const int64_t own = sched_->pages_for(n_prompt + max_tokens) - n_prompt / opts_.page_size;

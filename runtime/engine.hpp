@@ -60,9 +60,10 @@ struct engine_request {
     // Speculative decoding by prompt lookup (runtime/draft.hpp): after each sampled token, up
     // to this many drafts from the sequence's own tokens are computed with it in one step and
     // verified by sampling each row in turn, so the output is what plain decoding gives. 0:
-    // off; cut to engine_options::max_draft_tokens. How many are proposed adapts to how many
-    // were accepted (fewer while they fail, a pause when none are).
-    int32_t draft_tokens = 0;
+    // off; -1: engine_options::max_draft_tokens (the daemon's draft_tokens); cut to that. How
+    // many are proposed adapts to how many were accepted (fewer while they fail, a pause when
+    // none are).
+    int32_t draft_tokens = -1;
 };
 
 // What the engine reports about one request, per sequence (index) in order: zero or more

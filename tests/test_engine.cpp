@@ -444,6 +444,14 @@ TEST_CASE("engine: prompt-lookup speculation gives plain decoding's tokens, gree
         CHECK(st.n_draft_tokens > 0);
         CHECK(st.n_accepted_tokens <= st.n_draft_tokens);
     }
+    // A request that says nothing takes the engine's setting (the daemon's draft_tokens); 0 is off.
+    engine_request unset = greedy(prompts[0], 20), off = unset;
+    off.draft_tokens = 0;
+    const auto [by_default, default_st] = run_all(spec_opts, {unset});
+    CHECK(default_st.n_draft_tokens > 0);
+    const auto [switched_off, off_st] = run_all(spec_opts, {off});
+    CHECK(off_st.n_draft_tokens == 0);
+    CHECK(by_default == switched_off);
 }
 
 namespace {

@@ -480,3 +480,31 @@ TEST_CASE("workers: GPU prefill + CPU or GPU decode gives the cpu/cpu tokens, or
         CHECK(d.stop() == 0);
     }
 }
+
+TEST_CASE("workers: draft_tokens = 4 verifies prompt-lookup drafts in the decode worker; outputs equal the offline loop") {
+    daemon_process d;
+    d.start(scratch().file("spec.sock"), {"--set", "draft_tokens=4"});
+    REQUIRE(d.wait_ready());
+    auto spec_metric = [&](const char* name) { return metric(request(d.sock, "GET", "/metrics").body, name); };
+    // A passage the continuation may copy, and the usual prompts, alone and at once.
+    const std::string copy = "Lily saw a big red ball. She wanted to play with the ball. Lily saw a big red ball. She";
+    const json one = completion(d.sock, copy, 40);
+    REQUIRE(one.contains("choices"));
+    CHECK(one["choices"][0]["text"] == offline_text(copy, 40));
+    std::vector<std::future<streamed>> fs;
+    for (size_t i = 0; i < 4; ++i)
+        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 24 + int(i) * 5); }));
+    for (size_t i = 0; i < 4; ++i) {
+        const streamed s = fs[i].get();
+        CHECK(s.done);
+        CHECK_MESSAGE(s.text == offline_text(prompts[i], 24 + int(i) * 5), "prompt ", i);
+    }
+    const double drafted = spec_metric("tandem_speculative_draft_tokens_total"),
+                 accepted = spec_metric("tandem_speculative_accepted_tokens_total");
+    MESSAGE(accepted, " of ", drafted, " drafts accepted");
+    CHECK(drafted > 0);
+    CHECK(accepted > 0);
+    CHECK(accepted <= drafted);
+    CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+    CHECK(d.stop() == 0);
+}
