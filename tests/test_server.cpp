@@ -86,7 +86,8 @@ TEST_CASE("health, models, metrics, status") {
                              "tandem_inter_token_latency_seconds_count", "tandem_queue_time_seconds_count",
                              "tandem_kv_tokens_stored", "tandem_kv_pages_cached", "tandem_preemptions_total",
                              "tandem_worker_restarts_total", "tandem_kv_device_upload_bytes_total",
-                             "tandem_kv_device_kept_bytes_total"})
+                             "tandem_kv_device_kept_bytes_total", "tandem_speculative_draft_tokens_total",
+                             "tandem_speculative_accepted_tokens_total"})
         CHECK_MESSAGE(metric(met.body, name) >= 0, name);
     CHECK(metric(met.body, "tandem_prefix_cache_hits_total") == 0);
 }
