@@ -59,7 +59,7 @@ struct run_opts {
     int32_t n_predict = 256;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
     float presence_penalty = 0.0f, frequency_penalty = 0.0f;
-    int32_t top_k = 40, repeat_last_n = 64, ctx = 0;
+    int32_t top_k = 40, repeat_last_n = 64, ctx = 0, draft_tokens = 0;
     std::optional<uint64_t> seed;
     std::vector<std::string> stop;
     int threads = default_threads();
@@ -86,6 +86,7 @@ int cmd_run(const run_opts& o) {
     p.sampling.presence_penalty = o.presence_penalty;
     p.sampling.frequency_penalty = o.frequency_penalty;
     p.sampling.seed = o.seed;
+    p.draft_tokens = o.draft_tokens;
 
     cpu::thread_pool pool(o.threads);
     exec_ctx ctx{backend::cpu, &pool};
@@ -154,6 +155,9 @@ void register_offline(CLI::App& app, registry& reg) {
     run->add_option("--stop", ro->stop, "stop string (repeatable)");
     run->add_option("-c,--ctx", ro->ctx, "context size (default: the model's)")->check(CLI::NonNegativeNumber);
     run->add_option("-t,--threads", ro->threads, "CPU threads")->check(CLI::PositiveNumber);
+    run->add_option("--draft-tokens", ro->draft_tokens,
+                    "speculative decoding by prompt lookup: up to this many drafts a step, verified (same output)")
+        ->check(CLI::Range(0, 16));
     run->add_flag("--parse-special", ro->parse_special, "parse special-token text in the prompt");
     run->add_flag("--ignore-eos", ro->ignore_eos, "keep generating past EOS");
     run->add_flag("--json", ro->json, "print one JSON object instead of streaming text");

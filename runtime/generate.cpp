@@ -124,6 +124,7 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     eo.max_waiting = 1;
     eo.step_tokens = p.prefill_chunk;
     eo.prefix_cache = false;
+    eo.max_draft_tokens = p.draft_tokens;
     auto eng = make_local_engine(mdl, tok, eo, make_runner(mdl, ctx));
     engine_request req;
     req.prompt = r.prompt_tokens;
@@ -131,6 +132,7 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     req.sampling = p.sampling;
     req.stop = p.stop;
     req.ignore_eos = p.ignore_eos;
+    req.draft_tokens = p.draft_tokens;
 
     // Events come on the engine thread; the caller's thread takes them (on_text runs here).
     std::mutex mu;

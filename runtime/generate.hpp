@@ -64,6 +64,7 @@ struct generate_params {
     int32_t n_ctx = 0;                // 0: the model's training context
     int32_t prefill_chunk = 512;      // tokens per prefill step
     int32_t page_size = 16;
+    int32_t draft_tokens = 0;         // speculative decoding by prompt lookup (0: off; engine_request::draft_tokens)
 };
 
 struct generate_result {

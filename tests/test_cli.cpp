@@ -96,6 +96,23 @@ TEST_CASE("tandem run: stop strings and token limit") {
     CHECK(json::parse(n.out)["finish_reason"] == "length");
 }
 
+TEST_CASE("tandem run --draft-tokens: prompt-lookup speculation gives the same tokens, greedy and seeded") {
+    const std::string copy = "Lily saw a big red ball. She wanted to play with the ball. Lily saw a big red ball. She";
+    for (const std::vector<std::string>& sampling : {std::vector<std::string>{"--temp", "0"},
+                                                     std::vector<std::string>{"--temp", "1", "--seed", "5"}}) {
+        std::vector<std::string> args{"run", "-m", stories, "-p", copy, "-n", "48", "--json"};
+        args.insert(args.end(), sampling.begin(), sampling.end());
+        auto plain = run_tandem(args);
+        args.insert(args.end(), {"--draft-tokens", "4"});
+        auto spec = run_tandem(args);
+        INFO(spec.err);
+        REQUIRE(plain.rc == 0);
+        REQUIRE(spec.rc == 0);
+        CHECK(json::parse(spec.out)["tokens"] == json::parse(plain.out)["tokens"]);
+    }
+    CHECK(run_tandem({"run", "-m", stories, "-p", "x", "--draft-tokens", "17"}).rc != 0); // 0..16
+}
+
 TEST_CASE("tandem tokenize / detokenize") {
     auto t = run_tandem({"tokenize", "-m", stories, "Once upon a time"});
     REQUIRE(t.rc == 0);
