@@ -31,14 +31,24 @@ std::optional<api_error> read_number(const json& j, const char* key, double lo, 
     return std::nullopt;
 }
 
+// An integer, or a number with an integral value (4.0, as JSON encoders of floats write it).
 std::optional<api_error> read_int(const json& j, const char* key, int64_t lo, int64_t hi, int64_t& out) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return std::nullopt;
-    if (!it->is_number_integer()) return bad(fmt::format("'{}' must be an integer", key), key);
-    if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(hi))
-        return bad(fmt::format("'{}' must be between {} and {}", key, lo, hi), key);
-    const int64_t v = it->get<int64_t>();
-    if (v < lo || v > hi) return bad(fmt::format("'{}' must be between {} and {}", key, lo, hi), key);
+    const auto out_of_range = [&] { return bad(fmt::format("'{}' must be between {} and {}", key, lo, hi), key); };
+    int64_t v = 0;
+    if (it->is_number_float()) {
+        const double d = it->get<double>();
+        if (d != std::floor(d)) return bad(fmt::format("'{}' must be an integer", key), key);
+        if (!(d >= -0x1p63 && d < 0x1p63)) return out_of_range();
+        v = int64_t(d);
+    } else if (it->is_number_integer()) {
+        if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(hi)) return out_of_range();
+        v = it->get<int64_t>();
+    } else {
+        return bad(fmt::format("'{}' must be an integer", key), key);
+    }
+    if (v < lo || v > hi) return out_of_range();
     out = v;
     return std::nullopt;
 }
@@ -106,8 +116,14 @@ std::optional<api_error> read_messages(const json& body, std::vector<chat_messag
         auto r = m.find("role");
         if (r == m.end() || !r->is_string()) return bad(p + ".role must be a string", p + ".role");
         const std::string role = r->get<std::string>();
+        if (role == "tool")
+            return bad(fmt::format("{}.role 'tool' is not supported: this daemon has no tool calling yet "
+                                   "(roles: system, developer, user, assistant)",
+                                   p),
+                       p + ".role");
         if (role != "system" && role != "user" && role != "assistant" && role != "developer")
-            return bad(fmt::format("{}.role '{}' is not supported (system, user, assistant)", p, role), p + ".role");
+            return bad(fmt::format("{}.role '{}' is not supported (system, developer, user, assistant)", p, role),
+                       p + ".role");
         chat_message cm{role == "developer" ? "system" : role, {}};
         auto c = m.find("content");
         if (c == m.end() || c->is_null()) {
@@ -322,15 +338,16 @@ json add_logprobs(choice_state& c, const engine_event& ev, bool chat, const toke
     c.lp_tokens.push_back(piece);
     c.lp_token_logprobs.push_back(ev.logprob);
     c.lp_top.push_back(ev.top.empty() ? json(nullptr) : top);
-    c.lp_offsets.push_back(c.text.size());
+    c.lp_offsets.push_back(c.n_chars());
     return json{{"tokens", json::array({piece})},
                 {"token_logprobs", json::array({ev.logprob})},
                 {"top_logprobs", json::array({c.lp_top.back()})},
-                {"text_offset", json::array({c.text.size()})}};
+                {"text_offset", json::array({c.lp_offsets.back()})}};
 }
 
 json stream_chunk(const std::string& id, const std::string& model, bool chat, int index, choice_state& c,
-                  const std::string& text, const json& logprobs, const std::string& finish_reason) {
+                  const std::string& text, const json& logprobs, const std::string& finish_reason,
+                  bool usage_null) {
     json choice = {{"index", index},
                    {"logprobs", logprobs},
                    {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
@@ -345,11 +362,19 @@ json stream_chunk(const std::string& id, const std::string& model, bool chat, in
     } else {
         choice["text"] = text;
     }
-    return json{{"id", id},
-                {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                {"created", int64_t(std::time(nullptr))},
-                {"model", model},
-                {"choices", json::array({choice})}};
+    json chunk = {{"id", id},
+                  {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                  {"created", int64_t(std::time(nullptr))},
+                  {"model", model},
+                  {"choices", json::array({choice})}};
+    if (usage_null) chunk["usage"] = nullptr; // OpenAI: with include_usage, every chunk but the last
+    return chunk;
+}
+
+int64_t choice_state::n_chars() {
+    for (; n_bytes_counted_ < text.size(); ++n_bytes_counted_)
+        if ((static_cast<unsigned char>(text[n_bytes_counted_]) & 0xC0) != 0x80) ++n_chars_; // not a continuation byte
+    return n_chars_;
 }
 
 json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan) {
@@ -417,10 +442,7 @@ json model_card(const model_state& ms, const daemon_state& st) {
     const auto& c = ms.bundle.cfg;
     return json{{"id", ms.id},
                 {"object", "model"},
-                {"created", int64_t(std::time(nullptr)) -
-                                int64_t(std::chrono::duration_cast<std::chrono::seconds>(
-                                            std::chrono::steady_clock::now() - st.started)
-                                            .count())},
+                {"created", int64_t(st.started_unix)},
                 {"owned_by", "tandem"},
                 {"meta",
                  {{"path", ms.path},

@@ -69,15 +69,24 @@ struct choice_state {
     json logprobs_content = json::array();                // chat format
     json lp_tokens = json::array(), lp_token_logprobs = json::array(), lp_top = json::array(),
          lp_offsets = json::array();                       // completions format
+    // Characters (code points) in `text`, counted on from where the last call stopped:
+    // text_offset counts characters, as OpenAI and vLLM do, not bytes.
+    int64_t n_chars();
+
+private:
+    size_t n_bytes_counted_ = 0;
+    int64_t n_chars_ = 0;
 };
 
 // Adds one token event's logprobs to `c` and returns them in the request's format (for a
 // streaming chunk).
 json add_logprobs(choice_state& c, const engine_event& ev, bool chat, const tokenizer& tok);
 
-// A streaming chunk for choice `index` with `text` (and `logprobs`, or null).
+// A streaming chunk for choice `index` with `text` (and `logprobs`, or null); `usage_null`
+// (include_usage) adds "usage": null, which only the last chunk fills.
 json stream_chunk(const std::string& id, const std::string& model, bool chat, int index, choice_state& c,
-                  const std::string& text, const json& logprobs, const std::string& finish_reason);
+                  const std::string& text, const json& logprobs, const std::string& finish_reason,
+                  bool usage_null = false);
 json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan);
 json final_response(const std::string& id, const std::string& model, const generation_plan& plan,
                     const std::vector<choice_state>& cs);

@@ -385,7 +385,7 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
                 if (plan.logprobs) lp = add_logprobs(c, ev, chat, *ms.bundle.tok);
                 c.text += ev.text;
                 if (plan.stream && (!ev.text.empty() || plan.logprobs))
-                    co_await send(sse(stream_chunk(id, ms.id, chat, i, c, ev.text, lp, "")));
+                    co_await send(sse(stream_chunk(id, ms.id, chat, i, c, ev.text, lp, "", plan.include_usage)));
                 continue;
             }
             c.text += ev.text;
@@ -396,7 +396,9 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
             ++n_done;
             if (ev.t_admitted != clock_type::time_point{}) st_.met.queue_time(secs(ev.t_admitted - t_received));
             st_.met.finished(ev.finish_reason);
-            if (plan.stream) co_await send(sse(stream_chunk(id, ms.id, chat, i, c, ev.text, nullptr, ev.finish_reason)));
+            if (plan.stream)
+                co_await send(
+                    sse(stream_chunk(id, ms.id, chat, i, c, ev.text, nullptr, ev.finish_reason, plan.include_usage)));
         }
     }
     ch->finished = true;

@@ -9,6 +9,7 @@
 #include "runtime/generate.hpp"
 
 #include <chrono>
+#include <ctime>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,7 @@ struct daemon_state {
     std::unique_ptr<model_state> ms; // null while loading
     bool stopping = false;
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    std::time_t started_unix = std::time(nullptr); // /v1/models "created": the same on every call
 };
 
 } // namespace tandem::daemon

@@ -1,7 +1,13 @@
-// tandemd's HTTP and API details over its socket: HTTP/1.0, HEAD, 405 with Allow, half-close.
+// tandemd's HTTP and API details over its socket (HTTP/1.0, HEAD, 405 with Allow, half-close,
+// OpenAI's field conventions), and the API's response helpers on their own.
+#include "daemon/api.hpp"
 #include "daemon_client.hpp"
+#include "runtime/gguf.hpp"
+#include "runtime/tokenizer.hpp"
 
 #include <doctest/doctest.h>
+
+#include <set>
 
 using namespace tandem;
 using namespace tandem::test;
@@ -128,4 +134,56 @@ TEST_CASE("a client that half-closes after a complete request still gets the who
     // and the daemon counted no cancellation for them
     const auto m = request(s, "GET", "/metrics").body;
     CHECK(metric(m, "tandem_generations_finished_total{reason=\"cancelled\"}") <= 0);
+}
+
+TEST_CASE("completions logprobs: text_offset counts characters, not bytes") {
+    const tokenizer tok = tokenizer::from_gguf(gguf::file::open(model_path("stories260K.gguf")));
+    daemon::choice_state c;
+    c.text = "Caf\xC3\xA9 au "; // 9 bytes, 8 characters
+    engine_event ev;
+    ev.id = tok.encode("lait", false, false).at(0);
+    const json first = daemon::add_logprobs(c, ev, false, tok);
+    CHECK(first["text_offset"] == json::array({8}));
+    c.text += "lait \xE2\x80\x94 "; // 4 + 1 + 3 + 1 bytes, 7 characters
+    daemon::add_logprobs(c, ev, false, tok);
+    CHECK(c.lp_offsets == json::array({8, 15}));
+}
+
+TEST_CASE("OpenAI's conventions: stable created, usage null before the last chunk, integral floats, the tool role") {
+    const auto& s = daemon_socket();
+    // /v1/models "created" is the same on every call (it drifted by a second with the clock)
+    std::set<int64_t> created;
+    for (int i = 0; i < 24; ++i) {
+        created.insert(request(s, "GET", "/v1/models").j()["data"][0]["created"].get<int64_t>());
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(created.size() == 1);
+
+    // include_usage: every chunk but the last has "usage": null, the last has the counts
+    auto r = post(s, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                              {"max_tokens", 6}, {"temperature", 0}, {"stream", true},
+                                              {"stream_options", {{"include_usage", true}}}});
+    REQUIRE(r.status == 200);
+    const auto ev = sse_events(r.body);
+    REQUIRE(ev.size() >= 2);
+    for (size_t i = 0; i + 1 < ev.size(); ++i) CHECK((ev[i].contains("usage") && ev[i]["usage"].is_null()));
+    CHECK(ev.back()["usage"]["completion_tokens"].get<int>() > 0);
+    // without include_usage no chunk has the field
+    auto plain = post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 3}, {"stream", true}});
+    for (const auto& e : sse_events(plain.body)) CHECK(!e.contains("usage"));
+
+    // integer fields take numbers with integral values
+    auto four = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 4.0}, {"temperature", 0},
+                                            {"ignore_eos", true}, {"n", 1.0}, {"seed", 7.0}});
+    CHECK(four.status == 200);
+    CHECK(four.j()["usage"]["completion_tokens"] == 4);
+    CHECK(post(s, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 4.5}}).status == 400);
+    CHECK(post(s, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 1e30}}).status == 400);
+
+    // the tool role is refused, and the message says why (docs/chat_templates.md says the same)
+    auto tool = post(s, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}},
+                                                               {{"role", "tool"}, {"content", "42"}}}}});
+    CHECK(tool.status == 400);
+    CHECK(tool.j()["error"]["param"] == "messages[1].role");
+    CHECK(tool.j()["error"]["message"].get<std::string>().find("no tool calling") != std::string::npos);
 }
