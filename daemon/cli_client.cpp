@@ -559,7 +559,9 @@ void add_request(CLI::App& a, client_opts& o) {
     a.add_option("--top-k", o.top_k, "top-k (0: off)")->check(CLI::NonNegativeNumber);
     a.add_option("--seed", o.seed, "sampling seed");
     a.add_option("-n,--max-tokens", o.max_tokens, "most tokens to generate")->check(CLI::PositiveNumber);
-    a.add_option("--stop", o.stop, "stop string (repeatable)")->allow_extra_args(false);
+    a.add_option("--stop", o.stop, "stop string (repeatable; \\n, \\t, \\r, \\\\ are escapes)")
+        ->allow_extra_args(false)
+        ->transform(unescape);
     a.add_flag("--json", o.json, "print the daemon's response JSON instead of streaming text");
 }
 

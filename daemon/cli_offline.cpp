@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <iostream>
 #include <iterator>
@@ -50,6 +51,23 @@ std::string read_stdin() {
 void write_out(std::string_view s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);
+}
+
+std::string unescape(std::string s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        const char next = i + 1 < s.size() ? s[i + 1] : '\0';
+        const char* const from = "ntr\\";
+        const char* const to = "\n\t\r\\";
+        const char* hit = s[i] == '\\' && next ? std::strchr(from, next) : nullptr;
+        if (hit) {
+            out += to[hit - from];
+            ++i;
+        } else {
+            out += s[i];
+        }
+    }
+    return out;
 }
 
 namespace {
@@ -152,7 +170,7 @@ void register_offline(CLI::App& app, registry& reg) {
     run->add_option("--presence-penalty", ro->presence_penalty, "presence penalty")->check(CLI::Range(-2.0f, 2.0f));
     run->add_option("--frequency-penalty", ro->frequency_penalty, "frequency penalty")->check(CLI::Range(-2.0f, 2.0f));
     run->add_option("--seed", ro->seed, "sampling seed (same seed and request, same output)");
-    run->add_option("--stop", ro->stop, "stop string (repeatable)");
+    run->add_option("--stop", ro->stop, "stop string (repeatable; \\n, \\t, \\r, \\\\ are escapes)")->transform(unescape);
     run->add_option("-c,--ctx", ro->ctx, "context size (default: the model's)")->check(CLI::NonNegativeNumber);
     run->add_option("-t,--threads", ro->threads, "CPU threads")->check(CLI::PositiveNumber);
     run->add_option("--draft-tokens", ro->draft_tokens,

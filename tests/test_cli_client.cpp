@@ -67,7 +67,8 @@ TEST_CASE("tandem \"prompt\": a streamed chat turn; the request carries the flag
     fake_daemon d(dir.file("d.sock"));
     serve_story(d);
     auto r = run_tandem({"--socket", d.path(), "--temp", "0.5", "--top-p", "0.9", "--top-k", "20", "--seed", "3",
-                         "-n", "7", "--stop", "END", "--system", "Be brief.", "Tell", "me", "a", "story"});
+                         "-n", "7", "--stop", "END", "--stop", "\\n\\n", "--stop", "a\\tb\\\\n\\q", "--system",
+                         "Be brief.", "Tell", "me", "a", "story"});
     INFO(r.err);
     CHECK(r.rc == 0);
     CHECK(r.out == "Once upon a time.\n");
@@ -86,7 +87,7 @@ TEST_CASE("tandem \"prompt\": a streamed chat turn; the request carries the flag
     CHECK(j["top_k"] == 20);
     CHECK(j["seed"] == 3);
     CHECK(j["max_tokens"] == 7);
-    CHECK(j["stop"] == json::array({"END"}));
+    CHECK(j["stop"] == json::array({"END", "\n\n", "a\tb\\n\\q"})); // --stop's escapes, others kept
     CHECK_FALSE(j.contains("model")); // the daemon's own model unless --model
 }
 
