@@ -378,12 +378,18 @@ int64_t choice_state::n_chars() {
 }
 
 json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan) {
-    int64_t prompt = 0, completion = 0;
+    int64_t prompt = 0, cached = 0, completion = 0;
     for (size_t i = 0; i < cs.size(); ++i) {
-        if (i % size_t(plan.n) == 0) prompt += cs[i].n_prompt; // each prompt once
+        if (i % size_t(plan.n) == 0) { // each prompt once
+            prompt += cs[i].n_prompt;
+            cached += cs[i].n_cached;
+        }
         completion += cs[i].n_generated;
     }
-    return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+    return json{{"prompt_tokens", prompt},
+                {"completion_tokens", completion},
+                {"total_tokens", prompt + completion},
+                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 json final_response(const std::string& id, const std::string& model, const generation_plan& plan,

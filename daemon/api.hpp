@@ -63,6 +63,7 @@ struct choice_state {
     std::string text;
     std::string finish_reason;
     int32_t n_prompt = 0;
+    int32_t n_cached = 0;             // of n_prompt, from the prefix cache
     int32_t n_generated = 0;
     bool done = false;
     bool sent_role = false;           // chat streaming: the first delta carries the role

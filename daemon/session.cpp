@@ -391,6 +391,7 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
             c.text += ev.text;
             c.finish_reason = ev.finish_reason;
             c.n_prompt = ev.n_prompt;
+            c.n_cached = ev.n_cached;
             c.n_generated = ev.n_generated;
             c.done = true;
             ++n_done;

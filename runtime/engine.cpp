@@ -77,6 +77,7 @@ struct request_state {
     engine_request req;
     engine_sink sink;
     int32_t n_prompt = 0;
+    int32_t n_cached = 0;             // prompt tokens the prefix cache gave it at admission
     int32_t max_tokens = 0;           // after cutting to the context
     int32_t n_failures = 0;           // batches lost with it to a crashed worker
     int32_t n_live = 0;               // sequences not done
@@ -230,6 +231,7 @@ private:
                 if (auto it = reqs_.find(request_of(sid)); it != reqs_.end() && it->second->t_admitted == steady_time{}) {
                     request_state& r = *it->second;
                     r.t_admitted = clock_type::now();
+                    r.n_cached = sched_->reused_tokens(sid);
                     --n_pending_;
                     log_->debug("request {} joins: {} prompt tokens ({} from the prefix cache), up to {} more{}", r.id,
                                 r.n_prompt, sched_->reused_tokens(sid), r.max_tokens,
@@ -505,6 +507,7 @@ private:
         ev.finish_reason = reason;
         ev.error = error;
         ev.n_prompt = r.n_prompt;
+        ev.n_cached = r.n_cached;
         ev.n_generated = q.n_generated;
         ev.final_token = q.final_token;
         ev.t = clock_type::now();

@@ -81,6 +81,7 @@ struct engine_event {
     std::string finish_reason;        // "stop", "length", "cancelled", "error"
     std::string error;                // with "error": what went wrong, one line
     int32_t n_prompt = 0;
+    int32_t n_cached = 0;             // of n_prompt, tokens reused from the prefix cache (not computed)
     int32_t n_generated = 0;          // sampled tokens, a final EOS included
     token_id final_token = -1;        // the end-of-generation token that ended it (sent as no token event)
     steady_time t_admitted{};         // when the request joined the batch (zero if it never did)

@@ -257,6 +257,23 @@ TEST_CASE("workers: two worker processes share the pool; outputs equal the offli
     const int n_prompt = gj["usage"]["prompt_tokens"].get<int>();
     CHECK(engine_metric("tandem_engine_prompt_tokens_total") - prompt0 == n_prompt); // once, not four times
     CHECK(engine_metric("tandem_prefix_cache_hits_total") - hits0 == 0);
+    CHECK(gj["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+    CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+    // The same long prompt again: its full pages come from the prefix cache, and usage says how many.
+    const std::string long_prompt = "The old lighthouse keeper climbed the stairs every night to light the lamp, and "
+                                    "every morning he wrote in his book what ships he had seen pass by the rocks.";
+    auto ask = [&] {
+        return post(d.sock, "/v1/completions", {{"prompt", long_prompt}, {"max_tokens", 3}, {"temperature", 0}}).j();
+    };
+    const json cold = ask();
+    const double hits1 = engine_metric("tandem_prefix_cache_hits_total");
+    const json warm = ask();
+    CHECK(cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+    const int cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+    CHECK(cached > 0);
+    CHECK(cached < warm["usage"]["prompt_tokens"].get<int>());
+    CHECK(cached == engine_metric("tandem_prefix_cache_hits_total") - hits1);
+    CHECK(warm["choices"][0]["text"] == cold["choices"][0]["text"]);
     CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
     CHECK(d.stop() == 0);
     CHECK_FALSE(alive(pre));
