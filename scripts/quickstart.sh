@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-model="${TANDEM_MODEL:-$(pwd)/../shared/models/stories260K.gguf}"
+model="${TANDEM_MODEL:-$(pwd)/models/stories260K.gguf}" # the bundled demo model (models/README.md)
 prompt="${1:-Once upon a time}"
 run_dir="$(mktemp -d /tmp/tandem-quickstart.XXXXXX)"
 export TANDEM_SOCKET="$run_dir/tandem.sock"
