@@ -198,6 +198,37 @@ std::string error_body(const api_error& e) {
 reply reply::of(const api_error& e) { return {e.status, "application/json", error_body(e), e.retry_after_s}; }
 reply reply::of_json(const json& j, int status) { return {status, "application/json", dump(j), 0}; }
 
+// The extension `speculative: {"method": "ngram" | "off", "num_tokens": k}`: prompt-lookup
+// drafts for this request, at most the daemon's draft_tokens (which sizes the decode steps).
+std::optional<api_error> read_speculative(const json& body, const config& cfg, int32_t& draft_tokens) {
+    auto it = body.find("speculative");
+    if (it == body.end() || it->is_null()) return std::nullopt; // the daemon's draft_tokens
+    if (!it->is_object()) return bad("'speculative' must be an object", "speculative");
+    for (const auto& [key, value] : it->items())
+        if (key != "method" && key != "num_tokens")
+            return bad(fmt::format("'speculative.{}' is not supported (method, num_tokens)", key), "speculative");
+    std::string method = "ngram";
+    if (auto m = it->find("method"); m != it->end() && !m->is_null()) {
+        if (!m->is_string()) return bad("'speculative.method' must be a string", "speculative.method");
+        method = m->get<std::string>();
+    }
+    if (method == "off") {
+        draft_tokens = 0;
+        return std::nullopt;
+    }
+    if (method == "draft")
+        return bad("'speculative.method' \"draft\" is not supported: no draft model is loaded", "speculative.method");
+    if (method != "ngram")
+        return bad(fmt::format("'speculative.method' must be \"ngram\" or \"off\", not \"{}\"", method),
+                   "speculative.method");
+    if (cfg.draft_tokens == 0)
+        return bad("speculative decoding is off in this daemon (draft_tokens = 0 in tandemd.conf)", "speculative");
+    int64_t k = cfg.draft_tokens;
+    TRY(read_int(*it, "num_tokens", 1, cfg.draft_tokens, k));
+    draft_tokens = int32_t(k);
+    return std::nullopt;
+}
+
 std::variant<generation_plan, api_error> parse_generation(const json& body, bool chat, const model_state& ms,
                                                           const config& cfg) {
     if (!body.is_object()) return bad("the request body must be a JSON object");
@@ -274,6 +305,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     int64_t priority = 0;
     TRY(read_int(body, "priority", -1000, 1000, priority));
     base.priority = int32_t(priority);
+    TRY(read_speculative(body, cfg, base.draft_tokens));
     TRY(read_stop(body, base.stop));
     TRY(read_logit_bias(body, tok.n_vocab(), base.sampling.logit_bias));
     if (auto it = body.find("best_of"); it != body.end() && !it->is_null() && *it != json(n))

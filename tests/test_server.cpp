@@ -115,6 +115,14 @@ TEST_CASE("completions at temperature 0 equal the offline loop; usage counts tok
     CHECK(st.j()["choices"][0]["text"] == full.substr(0, full.find("Lily")));
     CHECK(st.j()["choices"][1]["text"] == full.substr(0, full.find("Lily")));
     CHECK(st.j()["choices"][0]["finish_reason"] == "stop");
+
+    // This daemon has speculative decoding off (draft_tokens 0): asking for it is a 400 that says
+    // so; "off" is what it does anyway.
+    auto spec = post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}, {"speculative", {{"method", "ngram"}}}});
+    CHECK(spec.status == 400);
+    CHECK(spec.body.find("draft_tokens") != std::string::npos);
+    CHECK(post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}, {"speculative", {{"method", "off"}}}})
+              .status == 200);
 }
 
 TEST_CASE("seeded sampling is reproducible; choice i of n uses seed + i") {

@@ -522,6 +522,25 @@ TEST_CASE("workers: draft_tokens = 4 verifies prompt-lookup drafts in the decode
     CHECK(drafted > 0);
     CHECK(accepted > 0);
     CHECK(accepted <= drafted);
+    // Per request: "off" drafts nothing, fewer drafts give the same text, the rest is a 400.
+    auto with = [&](const json& spec) {
+        return post(d.sock, "/v1/completions", {{"prompt", copy}, {"max_tokens", 40}, {"temperature", 0},
+                                                {"ignore_eos", true}, {"speculative", spec}});
+    };
+    const auto off = with({{"method", "off"}});
+    REQUIRE(off.status == 200);
+    CHECK(off.j()["choices"][0]["text"] == offline_text(copy, 40));
+    CHECK(spec_metric("tandem_speculative_draft_tokens_total") == drafted);
+    const auto two = with({{"method", "ngram"}, {"num_tokens", 2}});
+    REQUIRE(two.status == 200);
+    CHECK(two.j()["choices"][0]["text"] == offline_text(copy, 40));
+    CHECK(spec_metric("tandem_speculative_draft_tokens_total") > drafted);
+    for (const json& bad : {json{{"method", "draft"}}, json{{"method", "medusa"}}, json{{"num_tokens", 5}},
+                            json{{"num_tokens", 0}}, json{{"method", "ngram"}, {"window", 3}}, json("ngram")}) {
+        const auto r = with(bad);
+        INFO(bad.dump(), " -> ", r.body);
+        CHECK(r.status == 400);
+    }
     CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
     CHECK(d.stop() == 0);
 }
