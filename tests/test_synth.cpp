@@ -192,8 +192,9 @@ TEST_CASE("K-quant super-blocks decode as their layouts say, and the reference q
     const int64_t n = 256 * 64;
     std::vector<float> in(n), out(n);
     for (int64_t i = 0; i < n; ++i) in[size_t(i)] = normal(rng) * std::pow(10.0f, float(i / 256 % 4) - 2.0f);
-    for (const auto& [t, bound] : {std::pair{dtype::q4_k, 0.012}, std::pair{dtype::q5_k, 0.003},
-                                   std::pair{dtype::q6_k, 0.001}}) {
+    for (const auto& tb : {std::pair{dtype::q4_k, 0.012}, std::pair{dtype::q5_k, 0.003}, std::pair{dtype::q6_k, 0.001}}) {
+        const dtype t = tb.first; // not a structured binding: clang 14 cannot capture those
+        const double bound = tb.second;
         CAPTURE(name_of(t));
         std::vector<uint8_t> q(size_t(n / 256) * traits_of(uint32_t(t))->block_bytes);
         quantize_blocks_ref(t, in.data(), q.data(), n);
