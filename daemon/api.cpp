@@ -2,6 +2,7 @@
 // client mistake is an api_error value).
 #include "daemon/api.hpp"
 
+#include "runtime/grammar/guide.hpp"
 #include "runtime/tokenizer.hpp"
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <ctime>
 #include <limits>
+#include <set>
 
 namespace tandem::daemon {
 namespace {
@@ -229,9 +231,130 @@ std::optional<api_error> read_speculative(const json& body, const config& cfg, i
     return std::nullopt;
 }
 
+// Guided generation: at most one output constraint, from OpenAI's `response_format`, vLLM's
+// `structured_outputs` (or its older `guided_*` fields), or llama.cpp's `json_schema` and
+// `grammar`. Each found is (the field that gave it, the constraint).
+using found_constraint = std::pair<std::string, grammar::constraint>;
+
+// A schema given as an object (or true/false), or as JSON text.
+std::optional<api_error> schema_text(const json& v, const std::string& field, std::string& out) {
+    if (v.is_object() || v.is_boolean()) {
+        out = v.dump();
+        return std::nullopt;
+    }
+    if (v.is_string()) {
+        const json parsed = json::parse(v.get<std::string>(), nullptr, false);
+        if (!parsed.is_discarded() && (parsed.is_object() || parsed.is_boolean())) {
+            out = parsed.dump();
+            return std::nullopt;
+        }
+    }
+    return bad(fmt::format("'{}' must be a JSON Schema (an object)", field), field);
+}
+
+std::optional<api_error> read_response_format(const json& rf, std::vector<found_constraint>& found) {
+    if (!rf.is_object()) return bad("'response_format' must be an object", "response_format");
+    const auto type = rf.find("type");
+    if (type == rf.end() || !type->is_string())
+        return bad("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", "response_format.type");
+    for (const auto& [key, value] : rf.items())
+        if (key != "type" && !(key == "json_schema" && *type == "json_schema"))
+            return bad(fmt::format("'response_format.{}' is not supported", key), "response_format");
+    if (*type == "text") return std::nullopt;
+    if (*type == "json_object") {
+        found.push_back({"response_format", {grammar::constraint::kind::json_object, ""}});
+        return std::nullopt;
+    }
+    if (*type != "json_schema")
+        return bad(fmt::format("'response_format.type' \"{}\" is not supported (text, json_object, json_schema)",
+                               type->get<std::string>()),
+                   "response_format.type");
+    const auto js = rf.find("json_schema");
+    if (js == rf.end() || !js->is_object() || !js->contains("schema"))
+        return bad("'response_format.json_schema' must be an object with a 'schema'", "response_format.json_schema");
+    for (const auto& [key, value] : js->items())
+        if (key != "name" && key != "schema" && key != "strict" && key != "description")
+            return bad(fmt::format("'response_format.json_schema.{}' is not supported", key), "response_format.json_schema");
+    grammar::constraint c{grammar::constraint::kind::json_schema, ""};
+    TRY(schema_text((*js)["schema"], "response_format.json_schema.schema", c.text));
+    found.push_back({"response_format", std::move(c)});
+    return std::nullopt;
+}
+
+// One structured-outputs form, `key` of `field` (json, regex, choice, grammar, json_object).
+std::optional<api_error> read_structured(const std::string& field, const std::string& key, const json& v,
+                                         std::vector<found_constraint>& found) {
+    using kind = grammar::constraint::kind;
+    grammar::constraint c;
+    if (key == "json") {
+        c.k = kind::json_schema;
+        TRY(schema_text(v, field, c.text));
+    } else if (key == "regex" || key == "grammar") {
+        if (!v.is_string()) return bad(fmt::format("'{}' must be a string", field), field);
+        c.k = key == "regex" ? kind::regex : kind::gbnf;
+        c.text = v.get<std::string>();
+    } else if (key == "choice") {
+        if (!v.is_array() || v.empty() || !std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_string(); }))
+            return bad(fmt::format("'{}' must be a non-empty array of strings", field), field);
+        c.k = kind::choice;
+        c.text = v.dump();
+    } else if (key == "json_object") {
+        if (!v.is_boolean()) return bad(fmt::format("'{}' must be a boolean", field), field);
+        if (!v.get<bool>()) return std::nullopt;
+        c.k = kind::json_object;
+    } else {
+        return bad(fmt::format("'{}' is not supported (json, regex, choice, grammar, json_object)", field), field);
+    }
+    found.push_back({field, std::move(c)});
+    return std::nullopt;
+}
+
+std::optional<api_error> read_constraint(const json& body, std::optional<found_constraint>& out) {
+    std::vector<found_constraint> found;
+    const auto given = [&](const char* key) {
+        const auto it = body.find(key);
+        return it != body.end() && !it->is_null() ? &*it : nullptr;
+    };
+    if (const json* rf = given("response_format")) TRY(read_response_format(*rf, found));
+    if (const json* so = given("structured_outputs")) {
+        if (!so->is_object()) return bad("'structured_outputs' must be an object", "structured_outputs");
+        for (const auto& [key, value] : so->items())
+            if (!value.is_null()) TRY(read_structured("structured_outputs." + key, key, value, found));
+    }
+    for (const char* key : {"json", "regex", "choice", "grammar"})
+        if (const json* v = given(fmt::format("guided_{}", key).c_str()))
+            TRY(read_structured(fmt::format("guided_{}", key), key, *v, found));
+    if (const json* v = given("json_schema")) TRY(read_structured("json_schema", "json", *v, found));
+    if (const json* v = given("grammar")) TRY(read_structured("grammar", "grammar", *v, found));
+    if (found.size() > 1)
+        return bad(fmt::format("one output constraint per request: '{}' and '{}' are both given", found[0].first,
+                               found[1].first),
+                   found[1].first);
+    if (!found.empty()) out = std::move(found[0]);
+    return std::nullopt;
+}
+
+// Every field a generation request may carry; any other is a 400 that names it, so nothing a
+// client asks for is silently ignored.
+std::optional<api_error> check_fields(const json& body, bool chat) {
+    static const std::set<std::string, std::less<>> common{
+        "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop",
+        "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "user",
+        "ignore_eos", "priority", "speculative", "best_of", "response_format", "structured_outputs", "guided_json",
+        "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", "tools", "functions"};
+    static const std::set<std::string, std::less<>> chat_only{"messages", "max_completion_tokens", "top_logprobs",
+                                                             "tool_choice", "parallel_tool_calls", "function_call"};
+    static const std::set<std::string, std::less<>> completion_only{"prompt", "echo", "suffix"};
+    for (const auto& [key, value] : body.items())
+        if (!common.contains(key) && !(chat ? chat_only : completion_only).contains(key))
+            return bad(fmt::format("'{}' is not supported", key), key);
+    return std::nullopt;
+}
+
 std::variant<generation_plan, api_error> parse_generation(const json& body, bool chat, const model_state& ms,
                                                           const config& cfg) {
     if (!body.is_object()) return bad("the request body must be a JSON object");
+    TRY(check_fields(body, chat));
     const tokenizer& tok = *ms.bundle.tok;
     generation_plan plan;
     plan.chat = chat;
@@ -334,6 +457,20 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     base.sampling.presence_penalty = float(presence);
     base.sampling.frequency_penalty = float(frequency);
     for (const auto& s : stops) base.stop.push_back(s);
+
+    std::optional<found_constraint> constraint;
+    TRY(read_constraint(body, constraint));
+    if (constraint) {
+        try {
+            base.make_processor = [guides = ms.guides.get(), cache = ms.guides->get(constraint->second)] {
+                return guides->make_processor(cache);
+            };
+        } catch (const grammar::grammar_error& e) {
+            api_error err = bad(fmt::format("'{}' cannot be used: {}", constraint->first, e.what()), constraint->first);
+            err.code = "invalid_constraint";
+            return err;
+        }
+    }
 
     base.n = int32_t(n);
     plan.n = int32_t(n);
@@ -526,7 +663,9 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
         if (auto r = only("GET")) return r;
         engine_stats es;
         if (ms) es = ms->eng->stats();
-        return reply{200, "text/plain; version=0.0.4; charset=utf-8", st.met.render(ms ? &es : nullptr), 0};
+        std::string text = st.met.render(ms ? &es : nullptr);
+        if (ms && ms->guides) render_guide_metrics(text, ms->guides->stats());
+        return reply{200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), 0};
     }
     if (path == "/v1/models" || path.starts_with("/v1/models/")) {
         if (auto r = only("GET")) return r;

@@ -27,13 +27,17 @@ void register_offline(CLI::App& app, registry& reg);
 // quantize, perplexity, eval-drift, bench: INT8 and measurement (cli_bench.cpp).
 void register_bench(CLI::App& app, registry& reg);
 
-// `tandem bench --serve` (cli_bench_serve.cpp): adds its flags to the `bench` subcommand;
-// `flag` is --serve, `run` measures the daemon (printing JSON when `json` is set by then).
-struct serve_bench {
+// A mode of `tandem bench` that adds its flags to the subcommand: `flag` selects it, `run`
+// measures (printing JSON when `json` is set by then).
+struct bench_mode {
     CLI::Option* flag;
     std::function<int()> run;
 };
-serve_bench add_bench_serve(CLI::App* bench, const bool& json);
+// --serve (cli_bench_serve.cpp): a running daemon under load.
+bench_mode add_bench_serve(CLI::App* bench, const bool& json);
+// --grammar (cli_bench_grammar.cpp): guided generation's compile and mask times on `model`'s
+// vocabulary (the -m flag, read when it runs).
+bench_mode add_bench_grammar(CLI::App* bench, const std::string& model, const bool& json);
 
 // The daemon's client: bare `tandem "prompt"` (the main app's positional prompt; its entry
 // has sub == &app and runs when no subcommand was given), `chat` and `status`.

@@ -589,10 +589,12 @@ void register_bench(CLI::App& app, registry& reg) {
                       "speculative decoding instead: the cost of verifying k = 1..K drafts in one step, and prompt "
                       "lookup with K drafts on the engine (-n tokens, greedy)")
         ->check(CLI::Range(1, 16));
-    const serve_bench serve = add_bench_serve(bench, bo->json);
-    reg.push_back({bench, [bo, serve] {
-                       return serve.flag->count() ? serve.run() : bo->speculative > 0 ? cmd_bench_speculative(*bo)
-                                                                                       : cmd_bench(*bo);
+    const bench_mode serve = add_bench_serve(bench, bo->json);
+    const bench_mode guided = add_bench_grammar(bench, bo->model, bo->json);
+    reg.push_back({bench, [bo, serve, guided] {
+                       if (serve.flag->count()) return serve.run();
+                       if (guided.flag->count()) return guided.run();
+                       return bo->speculative > 0 ? cmd_bench_speculative(*bo) : cmd_bench(*bo);
                    }});
 }
 

@@ -455,7 +455,7 @@ int run(const serve_opts& o, bool as_json) {
 
 } // namespace
 
-serve_bench add_bench_serve(CLI::App* bench, const bool& json) {
+bench_mode add_bench_serve(CLI::App* bench, const bool& json) {
     auto o = std::make_shared<serve_opts>();
     auto* serve = bench->add_flag("--serve", o->serve, "measure a running tandemd over its socket instead of loading a model: "
                                              "throughput, TTFT, inter-token latency and KV waste per concurrency "

@@ -5,6 +5,7 @@
 #include "runtime/error.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/grammar/guide.hpp"
 #include "runtime/log.hpp"
 #include "runtime/synth.hpp"
 
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <map>
@@ -83,7 +85,25 @@ struct run_opts {
     int threads = default_threads();
     bool json = false, parse_special = false, ignore_eos = false;
     load_options load;
+    // Guided generation (at most one): a JSON Schema file, a regex, a GBNF file, choices.
+    std::string json_schema, regex, grammar;
+    std::vector<std::string> choices;
 };
+
+// The constraint the flags ask for, if any (CLI11 keeps them exclusive).
+std::optional<grammar::constraint> run_constraint(const run_opts& o) {
+    using kind = grammar::constraint::kind;
+    const auto file = [](const std::string& path) {
+        std::ifstream in(path, std::ios::binary);
+        if (!in) throw error(fmt::format("cannot read {}", path));
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    if (!o.json_schema.empty()) return grammar::constraint{kind::json_schema, file(o.json_schema)};
+    if (!o.regex.empty()) return grammar::constraint{kind::regex, o.regex};
+    if (!o.grammar.empty()) return grammar::constraint{kind::gbnf, file(o.grammar)};
+    if (!o.choices.empty()) return grammar::constraint{kind::choice, nlohmann::json(o.choices).dump()};
+    return std::nullopt;
+}
 
 int cmd_run(const run_opts& o) {
     model_bundle b = load_model(resolve_model(o.model), o.load);
@@ -105,6 +125,10 @@ int cmd_run(const run_opts& o) {
     p.sampling.frequency_penalty = o.frequency_penalty;
     p.sampling.seed = o.seed;
     p.draft_tokens = o.draft_tokens;
+    if (const auto c = run_constraint(o)) {
+        auto cache = std::make_shared<grammar::mask_cache>(grammar::compile(*c), grammar::vocab_trie::of(*b.tok));
+        p.make_processor = [cache] { return grammar::make_grammar_processor(cache); };
+    }
 
     cpu::thread_pool pool(o.threads);
     exec_ctx ctx{backend::cpu, &pool};
@@ -176,6 +200,13 @@ void register_offline(CLI::App& app, registry& reg) {
     run->add_option("--draft-tokens", ro->draft_tokens,
                     "speculative decoding by prompt lookup: up to this many drafts a step, verified (same output)")
         ->check(CLI::Range(0, 16));
+    auto* js = run->add_option("--json-schema", ro->json_schema, "constrain the output to JSON valid under this schema file");
+    auto* rx = run->add_option("--regex", ro->regex, "constrain the output to match this regular expression");
+    auto* gr = run->add_option("--grammar", ro->grammar, "constrain the output to this GBNF grammar file");
+    auto* ch = run->add_option("--choice", ro->choices, "constrain the output to one of these texts (A,B,...)")->delimiter(',');
+    for (auto* a : {js, rx, gr, ch})
+        for (auto* b : {js, rx, gr, ch})
+            if (a != b) a->excludes(b);
     run->add_flag("--parse-special", ro->parse_special, "parse special-token text in the prompt");
     run->add_flag("--ignore-eos", ro->ignore_eos, "keep generating past EOS");
     run->add_flag("--json", ro->json, "print one JSON object instead of streaming text");

@@ -1,6 +1,8 @@
 // Prometheus text exposition (format 0.0.4) of the daemon's metrics.
 #include "daemon/metrics.hpp"
 
+#include <span>
+
 #include <fmt/format.h>
 
 namespace tandem::daemon {
@@ -15,13 +17,42 @@ void histogram::observe(double s) {
     ++n_;
 }
 
-void histogram::render(std::string& out, const std::string& name) const {
+namespace {
+
+// Prometheus histogram lines from per-bucket counts (not cumulative; one past the bounds: +Inf).
+void render_buckets(std::string& out, const std::string& name, std::span<const double> bounds,
+                    std::span<const uint64_t> counts, double sum, uint64_t n) {
     uint64_t cum = 0;
-    for (size_t i = 0; i < bounds_.size(); ++i) {
-        cum += counts_[i];
-        out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
+    for (size_t i = 0; i < bounds.size(); ++i) {
+        cum += counts[i];
+        out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds[i], cum);
     }
-    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, n_, name, sum_, name, n_);
+    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, n, name, sum, name, n);
+}
+
+void render_guide_hist(std::string& out, const std::string& name, const char* help, const grammar::guide_stats::hist& h) {
+    std::vector<double> bounds;
+    for (const double us : grammar::guide_stats::bounds_us) bounds.push_back(us / 1e6);
+    std::vector<uint64_t> counts;
+    for (const auto& c : h.counts) counts.push_back(c.load(std::memory_order_relaxed));
+    out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+    render_buckets(out, name, bounds, counts, double(h.sum_us.load(std::memory_order_relaxed)) / 1e6,
+                   h.n.load(std::memory_order_relaxed));
+}
+
+} // namespace
+
+void histogram::render(std::string& out, const std::string& name) const {
+    render_buckets(out, name, bounds_, counts_, sum_, n_);
+}
+
+void render_guide_metrics(std::string& out, const grammar::guide_stats& gs) {
+    render_guide_hist(out, "tandem_grammar_compile_seconds", "Time to compile a new output constraint.",
+                      gs.compile_us);
+    render_guide_hist(out, "tandem_grammar_mask_seconds", "Time to compute one token's grammar mask.", gs.mask_us);
+    out += fmt::format("# HELP tandem_grammar_cache_hits_total Constraints found compiled in the cache.\n"
+                       "# TYPE tandem_grammar_cache_hits_total counter\ntandem_grammar_cache_hits_total {}\n",
+                       gs.n_compile_cache_hits.load(std::memory_order_relaxed));
 }
 
 metrics::metrics()

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "runtime/engine.hpp"
+#include "runtime/grammar/guide.hpp"
 
 #include <array>
 #include <cstdint>
@@ -55,5 +56,8 @@ private:
     uint64_t n_prompt_ = 0, n_completion_ = 0;
     histogram ttft_, itl_, queue_;
 };
+
+// Guided generation's histograms (compile and mask times) and cache hits, appended to /metrics.
+void render_guide_metrics(std::string& out, const grammar::guide_stats& gs);
 
 } // namespace tandem::daemon

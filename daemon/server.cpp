@@ -160,6 +160,7 @@ void server::load_engine(const config& cfg, model_state& ms) {
     ms.threads = n_threads;
     ms.max_prompt_tokens = cfg.max_prompt_tokens > 0 ? std::min(cfg.max_prompt_tokens, eo.n_ctx - 1) : eo.n_ctx - 1;
     ms.max_tokens_limit = cfg.max_tokens_limit > 0 ? std::min(cfg.max_tokens_limit, eo.n_ctx) : eo.n_ctx;
+    ms.guides = std::make_unique<grammar::guide_registry>(grammar::vocab_trie::of(*ms.bundle.tok));
     if (!cfg.workers) {
         ms.prefill_device = ms.decode_device = "cpu (in-process)";
         ms.eng = make_local_engine(*ms.bundle.mdl, *ms.bundle.tok, eo);

@@ -5,6 +5,7 @@
 #include "daemon/metrics.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/grammar/guide.hpp"
 #include "ipc/kv_pool.hpp"
 #include "runtime/generate.hpp"
 
@@ -22,6 +23,7 @@ struct model_state {
     std::unique_ptr<ipc::kv_pool> pool;   // the shared KV pool (workers only)
     std::unique_ptr<page_store> store;    // its prefix-cache page table
     bool unlink_pool = false;             // remove the pool's file at exit (kv_pool_persist = false)
+    std::unique_ptr<grammar::guide_registry> guides; // compiled constraints over the vocabulary
     std::unique_ptr<engine> eng;          // declared last: stopped before the pool goes
     std::string prefill_device, decode_device;
     std::string id;                  // what /v1/models reports

@@ -133,6 +133,7 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     req.stop = p.stop;
     req.ignore_eos = p.ignore_eos;
     req.draft_tokens = p.draft_tokens;
+    req.make_processor = p.make_processor;
 
     // Events come on the engine thread; the caller's thread takes them (on_text runs here).
     std::mutex mu;

@@ -65,6 +65,8 @@ struct generate_params {
     int32_t prefill_chunk = 512;      // tokens per prefill step
     int32_t page_size = 16;
     int32_t draft_tokens = 0;         // speculative decoding by prompt lookup (0: off; engine_request::draft_tokens)
+    // Guided generation: the processor that masks each next token (engine_request::make_processor).
+    std::function<std::unique_ptr<logits_processor>()> make_processor;
 };
 
 struct generate_result {

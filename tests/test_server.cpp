@@ -95,7 +95,7 @@ TEST_CASE("health, models, metrics, status") {
 TEST_CASE("completions at temperature 0 equal the offline loop; usage counts tokens") {
     const auto& s = shared_socket();
     auto r = post(s, "/v1/completions", {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 40},
-                                         {"temperature", 0}, {"unknown_field", {1, 2}}});
+                                         {"temperature", 0}});
     REQUIRE(r.status == 200);
     const json j = r.j();
     CHECK(j["object"] == "text_completion");
@@ -123,6 +123,72 @@ TEST_CASE("completions at temperature 0 equal the offline loop; usage counts tok
     CHECK(spec.body.find("draft_tokens") != std::string::npos);
     CHECK(post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}, {"speculative", {{"method", "off"}}}})
               .status == 200);
+}
+
+TEST_CASE("a field the daemon does not honour is a 400 that names it") {
+    const auto& s = shared_socket();
+    auto r = post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}, {"unknown_field", {1, 2}}});
+    CHECK(r.status == 400);
+    CHECK(r.j()["error"]["param"] == "unknown_field");
+    auto c = post(s, "/v1/chat/completions",
+                  {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}, {"echo", true}});
+    CHECK(c.status == 400); // a completions field, not a chat one
+    CHECK(c.j()["error"]["param"] == "echo");
+}
+
+TEST_CASE("guided generation: response_format, structured_outputs, llama.cpp's fields; errors name what") {
+    const auto& s = shared_socket();
+    const json schema = {{"type", "object"},
+                         {"properties", {{"name", {{"type", "string"}, {"maxLength", 10}}},
+                                         {"n", {{"type", "integer"}, {"minimum", 1}, {"maximum", 9}}}}},
+                         {"required", {"name", "n"}}};
+    const json rf = {{"type", "json_schema"}, {"json_schema", {{"name", "t"}, {"schema", schema}, {"strict", true}}}};
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+        auto r = post(s, "/v1/chat/completions",
+                      {{"messages", {{{"role", "user"}, {"content", "Give me a record"}}}}, {"max_tokens", 200},
+                       {"temperature", 1}, {"seed", seed}, {"response_format", rf}});
+        REQUIRE(r.status == 200);
+        const json out = json::parse(r.j()["choices"][0]["message"]["content"].get<std::string>());
+        CHECK(out["name"].is_string());
+        CHECK(out["name"].get<std::string>().size() <= 40); // 10 code points, at most 4 bytes each
+        CHECK(out["n"].get<int>() >= 1);
+        CHECK(out["n"].get<int>() <= 9);
+        CHECK(r.j()["choices"][0]["finish_reason"] == "stop");
+    }
+    // Streamed: the deltas add up to the same kind of object.
+    auto st = post(s, "/v1/completions",
+                   {{"prompt", "Once"}, {"max_tokens", 100}, {"seed", 3}, {"stream", true},
+                    {"structured_outputs", {{"choice", {"yes", "no", "maybe"}}}}});
+    REQUIRE(st.status == 200);
+    const std::string text = stream_text(sse_events(st.body), false);
+    CHECK((text == "yes" || text == "no" || text == "maybe"));
+    auto rx = post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 30}, {"seed", 2}, {"grammar", "root ::= [0-9]{2} \"-\" [a-z]{3}"}});
+    REQUIRE(rx.status == 200);
+    const std::string g = rx.j()["choices"][0]["text"];
+    CHECK(g.size() == 6);
+    CHECK(g[2] == '-');
+    auto obj = post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 200}, {"seed", 5},
+                                           {"response_format", {{"type", "json_object"}}}});
+    REQUIRE(obj.status == 200);
+    if (obj.j()["choices"][0]["finish_reason"] == "stop")
+        CHECK(json::parse(obj.j()["choices"][0]["text"].get<std::string>()).is_object());
+
+    const auto refused = [&](const json& body, const std::string& param, const std::string& says) {
+        json b = body;
+        b["prompt"] = "Once";
+        auto r = post(s, "/v1/completions", b);
+        CAPTURE(body.dump());
+        CHECK(r.status == 400);
+        CHECK(r.j()["error"]["param"] == param);
+        CHECK(r.j()["error"]["message"].get<std::string>().find(says) != std::string::npos);
+    };
+    refused({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "array"}, {"uniqueItems", true}}}}}}}},
+            "response_format", "uniqueItems");
+    refused({{"response_format", {{"type", "json_object"}}}, {"grammar", "root ::= \"x\""}}, "grammar", "one output constraint");
+    refused({{"structured_outputs", {{"regex", "(a)\\1"}}}}, "structured_outputs.regex", "backreference");
+    refused({{"structured_outputs", {{"structural_tag", "x"}}}}, "structured_outputs.structural_tag", "not supported");
+    refused({{"response_format", {{"type", "xml"}}}}, "response_format.type", "xml");
+    refused({{"json_schema", "not a schema"}}, "json_schema", "JSON Schema");
 }
 
 TEST_CASE("seeded sampling is reproducible; choice i of n uses seed + i") {

@@ -1,0 +1,74 @@
+// Guided generation's seam to the engine: a request's constraint, compiled once per distinct
+// constraint (a cache shared by the requests), and the logits processor that masks each
+// sequence's next token with it.
+#pragma once
+
+#include "runtime/grammar/token_mask.hpp"
+#include "runtime/logits_processor.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tandem::grammar {
+
+// What a request constrains its output to. `text` is the schema (JSON text), the regular
+// expression, the GBNF grammar, or the choices (a JSON array of strings).
+struct constraint {
+    enum class kind : uint8_t { json_object, json_schema, regex, gbnf, choice };
+    kind k = kind::json_object;
+    std::string text;
+    bool operator<(const constraint& o) const { return std::tie(k, text) < std::tie(o.k, o.text); }
+};
+
+std::string_view kind_name(constraint::kind k);
+
+// The compiled grammar of a constraint (grammar_error when it cannot be honoured, or its
+// compilation goes past `budget`).
+std::shared_ptr<const compiled> compile(const constraint& c,
+                                        std::chrono::milliseconds budget = std::chrono::milliseconds(2000));
+
+// Counters for the metrics: compile and mask times in microseconds, bucketed.
+struct guide_stats {
+    static constexpr std::array<double, 10> bounds_us{10, 25, 50, 100, 250, 500, 1000, 10000, 100000, 1000000};
+    struct hist {
+        std::array<std::atomic<uint64_t>, bounds_us.size() + 1> counts{};
+        std::atomic<uint64_t> n{0}, sum_us{0};
+        void observe(double us);
+    };
+    hist compile_us, mask_us;
+    std::atomic<uint64_t> n_compile_cache_hits{0};
+};
+
+// Compiled constraints and their mask caches for one vocabulary, the most recently used kept.
+class guide_registry {
+public:
+    explicit guide_registry(std::shared_ptr<const vocab_trie> vocab, size_t capacity = 32);
+
+    // The mask cache for c, compiled on first use; throws grammar_error.
+    std::shared_ptr<mask_cache> get(const constraint& c);
+    // A processor for one sequence, at the grammar's start.
+    std::unique_ptr<logits_processor> make_processor(const std::shared_ptr<mask_cache>& cache);
+
+    const vocab_trie& vocab() const { return *vocab_; }
+    guide_stats& stats() { return stats_; }
+
+private:
+    std::shared_ptr<const vocab_trie> vocab_;
+    size_t capacity_;
+    std::mutex mu_;
+    std::list<constraint> lru_; // most recent first
+    std::map<constraint, std::pair<std::shared_ptr<mask_cache>, std::list<constraint>::iterator>> map_;
+    guide_stats stats_;
+};
+
+// The processor alone (tests and the offline CLI build it without a registry).
+std::unique_ptr<logits_processor> make_grammar_processor(std::shared_ptr<mask_cache> cache,
+                                                         guide_stats* stats = nullptr);
+
+} // namespace tandem::grammar
