@@ -504,7 +504,9 @@ TEST_CASE("regex: what a generator cannot honour is refused, naming it and its o
         {"a\xff", "malformed UTF-8"},
         {std::string(300, '(') + std::string(300, ')'), "nested deeper than 256"},
     };
-    for (const auto& [pattern, what] : rows) {
+    for (const auto& entry : rows) { // no structured binding: clang 14 cannot capture one in INFO
+        const std::string& pattern = entry.first;
+        const std::string& what = entry.second;
         INFO("pattern: ", pattern);
         builder b;
         CHECK_THROWS_WITH_AS(regex_expr(b, pattern), doctest::Contains(what.c_str()), grammar_error);
@@ -663,7 +665,9 @@ TEST_CASE("gbnf: errors name the rule and the line") {
         {"root ::= <think>", "token references <...> are not supported"},
         {"root ::= " + std::string(300, '(') + std::string(300, ')'), "groups nested deeper than 256"},
     };
-    for (const auto& [text, what] : rows) {
+    for (const auto& entry : rows) { // no structured binding: clang 14 cannot capture one in INFO
+        const std::string& text = entry.first;
+        const std::string& what = entry.second;
         INFO("grammar: ", text);
         builder b;
         CHECK_THROWS_WITH_AS(add_gbnf(b, text), doctest::Contains(what.c_str()), grammar_error);
