@@ -342,8 +342,7 @@ std::optional<api_error> check_fields(const json& body, bool chat) {
         "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "user",
         "ignore_eos", "priority", "speculative", "best_of", "response_format", "structured_outputs", "guided_json",
         "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", "tools", "functions"};
-    static const std::set<std::string, std::less<>> chat_only{"messages", "max_completion_tokens", "top_logprobs",
-                                                             "tool_choice", "parallel_tool_calls", "function_call"};
+    static const std::set<std::string, std::less<>> chat_only{"messages", "max_completion_tokens", "top_logprobs"};
     static const std::set<std::string, std::less<>> completion_only{"prompt", "echo", "suffix"};
     for (const auto& [key, value] : body.items())
         if (!common.contains(key) && !(chat ? chat_only : completion_only).contains(key))

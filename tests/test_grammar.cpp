@@ -295,3 +295,13 @@ TEST_CASE("masks on the real 32,000-token vocabulary equal the reference's") {
     CHECK(got.count() == int32_t(vocab->end_tokens().size())); // whole: only the end may follow
     MESSAGE("positions cached: " << cache.n_cached());
 }
+
+TEST_CASE("a grammar whose expansions explode is refused, quickly") {
+    // (x?){0,5000}: every optional level can be skipped, so the first position reaches x in
+    // all 5000 levels, each under a longer chain of returns: quadratic, refused by the limit.
+    builder b;
+    build_limits lim;
+    lim.max_elems = 100000;
+    CHECK_THROWS_WITH_AS(b.build(b.add("root", rep(opt(lit("x")), 0, 5000)), lim), doctest::Contains("too large"),
+                         grammar_error);
+}

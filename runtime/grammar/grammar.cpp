@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace tandem::grammar {
 
@@ -428,6 +429,51 @@ void check_productive(const compiled& g) {
     if (!prod[g.root]) reject("the grammar matches no text (rule \"{}\" can never complete)", g.rule_names[g.root]);
 }
 
+// The closure tables (compiled::reach): from each position, a search over (position, pushes)
+// that follows references into their alternatives (pushing the return position unless the
+// reference ends its alternative: a tail call) and ends back into pushed returns. Left
+// recursion is refused before this runs, so the pushes stay bounded and the search ends.
+void compute_closures(compiled& g, const build_limits& lim) {
+    using state = std::pair<uint32_t, std::vector<uint32_t>>;
+    const auto n = uint32_t(g.elems.size());
+    g.closure_begin.assign(1, 0);
+    g.completes.assign(n, 0);
+    std::vector<state> work;
+    std::set<state> seen;
+    const size_t limit = 4 * lim.max_elems; // reaches and pushes, and the search's own states
+    for (uint32_t p = 0; p < n; ++p) {
+        work.assign(1, {p, {}});
+        seen.clear();
+        size_t searched = 0, n_states = 0;
+        while (!work.empty()) {
+            if ((++n_states & 4095) == 0 && std::chrono::steady_clock::now() > lim.deadline)
+                reject("the grammar took too long to compile (expanding position {} of {})", p, n);
+            state st = std::move(work.back());
+            work.pop_back();
+            if ((searched += 1 + st.second.size()) > limit)
+                reject("the grammar is too large (expanding position {} passes {} entries)", p, limit);
+            if (!seen.insert(st).second) continue;
+            const auto& [x, pushes] = st;
+            const element& el = g.elems[x];
+            if (el.k == element::kind::bytes) {
+                const auto b = uint32_t(g.closure_pushes.size());
+                g.closure_pushes.insert(g.closure_pushes.end(), pushes.begin(), pushes.end());
+                g.closure.push_back({x, b, uint32_t(g.closure_pushes.size())});
+            } else if (el.k == element::kind::end) {
+                if (pushes.empty()) g.completes[p] = 1;
+                else work.push_back({pushes.back(), {pushes.begin(), pushes.end() - 1}});
+            } else {
+                std::vector<uint32_t> inner = pushes;
+                if (g.elems[x + 1].k != element::kind::end) inner.push_back(x + 1);
+                for (const uint32_t a : g.alt_starts[el.arg]) work.push_back({a, inner});
+            }
+        }
+        g.closure_begin.push_back(uint32_t(g.closure.size()));
+        if (g.closure.size() + g.closure_pushes.size() > limit)
+            reject("the grammar is too large (its expansions pass {} entries)", limit);
+    }
+}
+
 } // namespace
 
 compiled builder::build(rule_id root, const build_limits& lim) const {
@@ -437,6 +483,7 @@ compiled builder::build(rule_id root, const build_limits& lim) const {
     compiled g = lowering(names_, defs_, lim).run(root);
     check_left_recursion(g);
     check_productive(g);
+    compute_closures(g, lim);
     return g;
 }
 

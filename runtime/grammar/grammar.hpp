@@ -84,6 +84,18 @@ struct compiled {
     std::vector<std::string> rule_names;           // per rule, for messages and dumps
     rule_id root = 0;
 
+    // Per position p, where expanding it leads without consuming a byte inside its own frame
+    // (build() works it out once, so the matcher's steps need not walk references): the
+    // byte positions it reaches, each with the return positions pushed on the way there
+    // (the one nearest the frame first), and whether it can finish its rule (and return).
+    struct reach {
+        uint32_t pos, push_begin, push_end; // pushes: closure_pushes[push_begin, push_end)
+    };
+    std::vector<uint32_t> closure_begin;  // [elems.size() + 1]: p's reaches are
+    std::vector<reach> closure;           //   closure[closure_begin[p], closure_begin[p + 1])
+    std::vector<uint32_t> closure_pushes;
+    std::vector<uint8_t> completes;       // [elems.size()]
+
     size_t n_rules() const { return alt_starts.size(); }
     // Readable dump (GBNF-like, byte classes in hex) for tests and `tandem grammar --dump`.
     std::string dump() const;

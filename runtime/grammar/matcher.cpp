@@ -6,7 +6,6 @@ namespace tandem::grammar {
 
 matcher::matcher(std::shared_ptr<const compiled> g) : g_(std::move(g)) {
     nodes_ = {{0, root_bottom}, {0, any_bottom}};
-    ++stamp_;
     for (const uint32_t a : g_->alt_starts[g_->root]) expand(a, root_bottom);
 }
 
@@ -19,7 +18,25 @@ matcher::matcher(std::shared_ptr<const compiled> g, uint32_t pos, std::span<cons
     stacks_.push_back({pos, parent});
 }
 
-bool matcher::first_visit(uint32_t pos, uint32_t parent) {
+// Most steps reach a handful of pairs: those are looked up in a small array; a step that
+// reaches more moves them into the hash table.
+bool matcher::first_visit(uint64_t key) {
+    if (!hashed_) {
+        for (size_t i = 0; i < n_small_; ++i)
+            if (small_[i] == key) return false;
+        if (n_small_ < small_.size()) {
+            small_[n_small_++] = key;
+            return true;
+        }
+        hashed_ = true;
+        ++stamp_;
+        n_seen_ = 0;
+        for (const uint64_t k : small_) insert_seen(k);
+    }
+    return insert_seen(key);
+}
+
+bool matcher::insert_seen(uint64_t key) {
     if (2 * (n_seen_ + 1) > seen_key_.size()) { // keep the table at most half full
         std::vector<uint64_t> keys;
         for (size_t i = 0; i < seen_key_.size(); ++i)
@@ -28,9 +45,8 @@ bool matcher::first_visit(uint32_t pos, uint32_t parent) {
         seen_key_.assign(cap, 0);
         seen_stamp_.assign(cap, 0);
         n_seen_ = 0;
-        for (const uint64_t k : keys) first_visit(uint32_t(k >> 32), uint32_t(k));
+        for (const uint64_t k : keys) insert_seen(k);
     }
-    const uint64_t key = uint64_t(pos) << 32 | parent;
     const size_t mask = seen_key_.size() - 1; // a power of two
     for (size_t i = (key * 0x9E3779B97F4A7C15ull) >> 40 & mask;; i = (i + 1) & mask) {
         if (seen_stamp_[i] != stamp_) {
@@ -43,30 +59,27 @@ bool matcher::first_visit(uint32_t pos, uint32_t parent) {
     }
 }
 
-// Every stack (pos, parent) leads to without consuming a byte: references expand to their
-// rule's alternatives, ends return to the node below. Each pair is visited once per step,
-// which also ends cycles of tail calls through nullable rules.
+// Every stack (pos, parent) leads to without consuming a byte: the closure table gives the
+// byte positions within the frame and what they push; where the position can finish its rule,
+// the step goes on from the frame below. Each (start, parent) pair and each stack is visited
+// once per step.
 void matcher::expand(uint32_t pos, uint32_t parent) {
+    constexpr uint64_t ready = uint64_t(1) << 63; // stacks and starts are told apart in seen
     work_.assign(1, {pos, parent});
     while (!work_.empty()) {
         const stack s = work_.back();
         work_.pop_back();
-        if (!first_visit(s.pos, s.parent)) continue;
-        const element& el = g_->elems[s.pos];
-        switch (el.k) {
-        case element::kind::bytes: stacks_.push_back(s); break;
-        case element::kind::end:
-            if (s.parent == root_bottom) at_root_ = true;
-            else if (s.parent == any_bottom) at_any_ = true;
-            else work_.push_back({nodes_[s.parent].pos, nodes_[s.parent].parent});
-            break;
-        case element::kind::ref: {
-            uint32_t ret = s.parent; // a tail call returns where its caller would
-            if (g_->elems[s.pos + 1].k != element::kind::end) ret = node_of(s.pos + 1, s.parent);
-            for (const uint32_t a : g_->alt_starts[el.arg]) work_.push_back({a, ret});
-            break;
+        if (!first_visit(uint64_t(s.pos) << 32 | s.parent)) continue;
+        for (uint32_t i = g_->closure_begin[s.pos]; i < g_->closure_begin[s.pos + 1]; ++i) {
+            const compiled::reach& r = g_->closure[i];
+            uint32_t node = s.parent;
+            for (uint32_t k = r.push_begin; k < r.push_end; ++k) node = node_of(g_->closure_pushes[k], node);
+            if (first_visit(ready | uint64_t(r.pos) << 32 | node)) stacks_.push_back({r.pos, node});
         }
-        }
+        if (!g_->completes[s.pos]) continue;
+        if (s.parent == root_bottom) at_root_ = true;
+        else if (s.parent == any_bottom) at_any_ = true;
+        else work_.push_back({nodes_[s.parent].pos, nodes_[s.parent].parent});
     }
 }
 
@@ -76,8 +89,8 @@ bool matcher::advance(uint8_t byte) {
     stacks_.clear();
     const bool was_root = at_root_, was_any = at_any_;
     at_root_ = at_any_ = false;
-    ++stamp_;
-    n_seen_ = 0;
+    n_small_ = 0; // a new step: nothing reached yet
+    hashed_ = false;
     for (const stack& s : old_)
         if (has_byte(g_->classes[g_->elems[s.pos].arg], byte)) expand(s.pos + 1, s.parent);
     if (stacks_.empty() && !at_root_ && !at_any_) {
@@ -140,14 +153,57 @@ bool matcher::accepts_from(const stack& s, std::string_view bytes) {
     return ok;
 }
 
+namespace {
+
+size_t slot_hash(uint32_t pos, uint32_t parent) {
+    return size_t((uint64_t(pos) << 32 | parent) * 0x9E3779B97F4A7C15ull >> 32);
+}
+
+} // namespace
+
+// The node index: open addressing over node ids (0 empty, tombstone for a removed node, else
+// id + 1). Nodes go in LIFO order (truncate), so removal marks the newest ones' slots.
 uint32_t matcher::node_of(uint32_t pos, uint32_t parent) {
-    const auto [it, fresh] = node_index_.try_emplace(uint64_t(pos) << 32 | parent, uint32_t(nodes_.size()));
-    if (fresh) nodes_.push_back({pos, parent});
-    return it->second;
+    if (2 * (n_slot_used_ + 1) > slots_.size()) rehash_nodes();
+    const size_t mask = slots_.size() - 1;
+    size_t free = SIZE_MAX;
+    for (size_t i = slot_hash(pos, parent) & mask;; i = (i + 1) & mask) {
+        const uint32_t v = slots_[i];
+        if (v == 0) {
+            if (free == SIZE_MAX) free = i;
+            break;
+        }
+        if (v == tombstone) {
+            if (free == SIZE_MAX) free = i;
+        } else if (nodes_[v - 1].pos == pos && nodes_[v - 1].parent == parent) {
+            return v - 1;
+        }
+    }
+    if (slots_[free] == 0) ++n_slot_used_;
+    slots_[free] = uint32_t(nodes_.size()) + 1;
+    nodes_.push_back({pos, parent});
+    return uint32_t(nodes_.size()) - 1;
+}
+
+void matcher::rehash_nodes() {
+    slots_.assign(std::bit_ceil(std::max<size_t>(64, 4 * nodes_.size())), 0);
+    n_slot_used_ = 0;
+    const size_t mask = slots_.size() - 1;
+    for (uint32_t id = 2; id < nodes_.size(); ++id) { // 0 and 1 are the bottoms, not indexed
+        size_t i = slot_hash(nodes_[id].pos, nodes_[id].parent) & mask;
+        while (slots_[i] != 0) i = (i + 1) & mask;
+        slots_[i] = id + 1;
+        ++n_slot_used_;
+    }
 }
 
 void matcher::truncate(size_t n_nodes) {
-    for (size_t i = n_nodes; i < nodes_.size(); ++i) node_index_.erase(uint64_t(nodes_[i].pos) << 32 | nodes_[i].parent);
+    const size_t mask = slots_.size() - 1;
+    for (size_t id = n_nodes; id < nodes_.size(); ++id) {
+        size_t i = slot_hash(nodes_[id].pos, nodes_[id].parent) & mask;
+        while (slots_[i] != id + 1) i = (i + 1) & mask;
+        slots_[i] = tombstone;
+    }
     nodes_.resize(n_nodes);
 }
 

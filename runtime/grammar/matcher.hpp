@@ -10,11 +10,11 @@
 
 #include "runtime/grammar/grammar.hpp"
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace tandem::grammar {
@@ -80,22 +80,29 @@ private:
         bool at_root, at_any;
     };
     void expand(uint32_t pos, uint32_t parent);
-    bool first_visit(uint32_t pos, uint32_t parent);
+    bool first_visit(uint64_t key); // (pos << 32 | parent), and a bit for stacks
+    bool insert_seen(uint64_t key);
     uint32_t node_of(uint32_t pos, uint32_t parent);
+    void rehash_nodes();
     void truncate(size_t n_nodes);
 
     std::shared_ptr<const compiled> g_;
     std::vector<node> nodes_;       // arena: [0] root_bottom, [1] any_bottom
     // Hash-consed: one node per (pos, parent), so equal stacks are equal pairs and an
     // ambiguous grammar's stacks merge instead of multiplying.
-    std::unordered_map<uint64_t, uint32_t> node_index_;
+    static constexpr uint32_t tombstone = UINT32_MAX;
+    std::vector<uint32_t> slots_;  // see node_of()
+    size_t n_slot_used_ = 0;       // slots not empty (tombstones included)
     std::vector<stack> stacks_;     // current, deduplicated
     bool at_root_ = false, at_any_ = false;
     std::vector<state> saved_;      // [0, n_saved_): the states live marks return to
     size_t n_saved_ = 0;            // (entries past it keep their capacity for reuse)
     std::vector<stack> old_, work_; // scratch of advance() and expand()
-    // (pos, parent) pairs expand() reached in this step: open addressing, an entry is live
-    // when its stamp is the step's.
+    // (pos, parent) pairs expand() reached in this step: the first few in small_, more in an
+    // open-addressing table whose entries are live when their stamp is the step's.
+    std::array<uint64_t, 16> small_{};
+    size_t n_small_ = 0;
+    bool hashed_ = false;
     std::vector<uint64_t> seen_key_;
     std::vector<uint32_t> seen_stamp_;
     uint32_t stamp_ = 0;
