@@ -24,13 +24,6 @@ bool is_word_char(char c) {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
-int hex_value(char c) {
-    if (is_digit(c)) return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 class parser {
 public:
     parser(builder& b, std::string_view text) : b_(b), s_(text) {}

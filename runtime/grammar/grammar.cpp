@@ -33,6 +33,13 @@ void utf8_append(std::string& out, char32_t c) {
     for (int i = n - 2; i >= 0; --i) out += char(0x80 | (c >> (6 * i) & 0x3F));
 }
 
+int hex_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
 expr lit(std::string_view utf8) {
     expr e;
     e.k = expr::kind::literal;
@@ -321,23 +328,32 @@ private:
     size_t n_elems_ = 0;
 };
 
-std::vector<bool> nullable_rules(const compiled& g) {
-    std::vector<bool> nul(g.n_rules(), false);
+// The rules some alternative of which has only elements `ok` accepts, as a fixpoint (ok may
+// look at the marks so far: a rule's answer depends on the rules it refers to).
+template <class Ok>
+std::vector<bool> rules_where(const compiled& g, Ok ok) {
+    std::vector<bool> mark(g.n_rules(), false);
     for (bool changed = true; changed;) {
         changed = false;
         for (rule_id r = 0; r < g.n_rules(); ++r) {
-            if (nul[r]) continue;
+            if (mark[r]) continue;
             for (const uint32_t a : g.alt_starts[r]) {
                 uint32_t p = a;
-                while (g.elems[p].k == element::kind::ref && nul[g.elems[p].arg]) ++p;
+                while (g.elems[p].k != element::kind::end && ok(g.elems[p], mark)) ++p;
                 if (g.elems[p].k == element::kind::end) {
-                    nul[r] = changed = true;
+                    mark[r] = changed = true;
                     break;
                 }
             }
         }
     }
-    return nul;
+    return mark;
+}
+
+std::vector<bool> nullable_rules(const compiled& g) {
+    return rules_where(g, [](const element& el, const std::vector<bool>& nul) {
+        return el.k == element::kind::ref && nul[el.arg];
+    });
 }
 
 // Left recursion the matcher cannot run: a rule reaching itself through references with only
@@ -406,26 +422,11 @@ void check_left_recursion(const compiled& g) {
 // Whether the root matches any text at all (a rule is productive when some alternative has
 // only bytes with a non-empty class and productive rules).
 void check_productive(const compiled& g) {
-    std::vector<bool> prod(g.n_rules(), false);
-    const auto ok = [&](const element& el) {
+    const auto prod = rules_where(g, [&](const element& el, const std::vector<bool>& prod) {
         if (el.k == element::kind::ref) return bool(prod[el.arg]);
         const auto& c = g.classes[el.arg];
         return (c[0] | c[1] | c[2] | c[3]) != 0;
-    };
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (rule_id r = 0; r < g.n_rules(); ++r) {
-            if (prod[r]) continue;
-            for (const uint32_t a : g.alt_starts[r]) {
-                uint32_t p = a;
-                while (g.elems[p].k != element::kind::end && ok(g.elems[p])) ++p;
-                if (g.elems[p].k == element::kind::end) {
-                    prod[r] = changed = true;
-                    break;
-                }
-            }
-        }
-    }
+    });
     if (!prod[g.root]) reject("the grammar matches no text (rule \"{}\" can never complete)", g.rule_names[g.root]);
 }
 

@@ -35,6 +35,8 @@ template <class... Args>
 // malformed UTF-8: truncated, overlong, a surrogate, past U+10FFFF); c's encoding appended.
 std::pair<char32_t, size_t> utf8_decode(std::string_view s, size_t pos);
 void utf8_append(std::string& out, char32_t c);
+// A hex digit's value, or -1.
+int hex_value(char c);
 
 using rule_id = uint32_t;
 using cp_range = std::pair<char32_t, char32_t>; // inclusive code point range

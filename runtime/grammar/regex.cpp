@@ -70,13 +70,6 @@ std::optional<std::string> json_escape(char32_t c) {
 bool is_digit(char32_t c) { return c >= '0' && c <= '9'; }
 bool is_alpha(char32_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
-int hex_value(char c) {
-    if (is_digit(c)) return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 // One item of a class: a single code point (which may bound a range) or a set escape.
 struct class_atom {
     ranges set;
