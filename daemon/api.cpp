@@ -3,6 +3,7 @@
 #include "daemon/api.hpp"
 
 #include "runtime/grammar/guide.hpp"
+#include "runtime/grammar/tool_call.hpp"
 #include "runtime/tokenizer.hpp"
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <ctime>
 #include <limits>
+#include <random>
 #include <set>
 
 namespace tandem::daemon {
@@ -107,6 +109,33 @@ std::variant<std::vector<std::vector<token_id>>, api_error> read_prompts(const j
     return out;
 }
 
+#define TRY(expr)                                                                                  \
+    if (auto e_ = (expr)) return *e_
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+std::optional<api_error> read_message_calls(const json& calls, const std::string& p, std::vector<chat_tool_call>& out) {
+    if (!calls.is_array()) return bad(p + " must be an array", p);
+    for (size_t k = 0; k < calls.size(); ++k) {
+        const json& c = calls[k];
+        const std::string q = fmt::format("{}[{}]", p, k);
+        if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
+            return bad(q + " must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}", q);
+        if (c.contains("type") && c["type"] != "function")
+            return bad(q + ".type must be \"function\"", q + ".type");
+        const json& fn = c["function"];
+        if (!fn.contains("name") || !fn["name"].is_string()) return bad(q + ".function.name must be a string", q + ".function.name");
+        chat_tool_call call{c.value("id", ""), fn["name"].get<std::string>(), "{}"};
+        if (c.contains("id") && !c["id"].is_string()) return bad(q + ".id must be a string", q + ".id");
+        if (const auto a = fn.find("arguments"); a != fn.end() && !a->is_null()) {
+            if (a->is_string()) call.arguments = a->get<std::string>();
+            else if (a->is_object()) call.arguments = a->dump();
+            else return bad(q + ".function.arguments must be a JSON string", q + ".function.arguments");
+        }
+        out.push_back(std::move(call));
+    }
+    return std::nullopt;
+}
+
 std::optional<api_error> read_messages(const json& body, std::vector<chat_message>& out) {
     auto it = body.find("messages");
     if (it == body.end() || it->is_null()) return bad("'messages' is required", "messages");
@@ -118,15 +147,21 @@ std::optional<api_error> read_messages(const json& body, std::vector<chat_messag
         auto r = m.find("role");
         if (r == m.end() || !r->is_string()) return bad(p + ".role must be a string", p + ".role");
         const std::string role = r->get<std::string>();
-        if (role == "tool")
-            return bad(fmt::format("{}.role 'tool' is not supported: this daemon has no tool calling yet "
-                                   "(roles: system, developer, user, assistant)",
-                                   p),
+        if (role != "system" && role != "user" && role != "assistant" && role != "developer" && role != "tool")
+            return bad(fmt::format("{}.role '{}' is not supported (system, developer, user, assistant, tool)", p, role),
                        p + ".role");
-        if (role != "system" && role != "user" && role != "assistant" && role != "developer")
-            return bad(fmt::format("{}.role '{}' is not supported (system, developer, user, assistant)", p, role),
-                       p + ".role");
-        chat_message cm{role == "developer" ? "system" : role, {}};
+        chat_message cm{role == "developer" ? "system" : role, {}, {}, {}};
+        if (role == "tool") {
+            const auto id = m.find("tool_call_id");
+            if (id == m.end() || !id->is_string())
+                return bad(p + ".tool_call_id must be a string (the id of the call this is the result of)",
+                           p + ".tool_call_id");
+            cm.tool_call_id = id->get<std::string>();
+        }
+        if (const auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+            if (role != "assistant") return bad(p + ".tool_calls is only for assistant messages", p + ".tool_calls");
+            TRY(read_message_calls(*calls, p + ".tool_calls", cm.tool_calls));
+        }
         auto c = m.find("content");
         if (c == m.end() || c->is_null()) {
             if (role != "assistant") return bad(p + ".content is required", p + ".content");
@@ -181,8 +216,83 @@ std::optional<api_error> read_logit_bias(const json& body, int32_t n_vocab,
     return std::nullopt;
 }
 
-#define TRY(expr)                                                                                  \
-    if (auto e_ = (expr)) return *e_
+// Tool calling's request fields: the functions offered (`tools`), `tool_choice` and
+// `parallel_tool_calls`.
+struct tools_request {
+    std::vector<grammar::tool_function> functions;
+    std::vector<std::string> defs; // each tool object as JSON text, for the chat template
+    std::string choice = "auto";   // none, auto, required, or "function" (the one named)
+    std::string named;
+    bool parallel = true;
+    bool active() const { return !functions.empty() && choice != "none"; }
+};
+
+bool valid_function_name(const std::string& n) {
+    if (n.empty() || n.size() > 64) return false;
+    return std::all_of(n.begin(), n.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+    });
+}
+
+std::optional<api_error> read_tools(const json& body, tools_request& out) {
+    if (const auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+        if (!it->is_array()) return bad("'tools' must be an array of {\"type\": \"function\", \"function\": {...}}", "tools");
+        std::set<std::string> names;
+        for (size_t i = 0; i < it->size(); ++i) {
+            const json& t = (*it)[i];
+            const std::string p = fmt::format("tools[{}]", i);
+            if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") ||
+                !t["function"].is_object())
+                return bad(p + " must be {\"type\": \"function\", \"function\": {\"name\", ...}}", p);
+            for (const auto& [key, v] : t.items())
+                if (key != "type" && key != "function") return bad(fmt::format("'{}.{}' is not supported", p, key), p);
+            const json& fn = t["function"];
+            for (const auto& [key, v] : fn.items())
+                if (key != "name" && key != "description" && key != "parameters" && key != "strict")
+                    return bad(fmt::format("'{}.function.{}' is not supported (name, description, parameters, strict)", p, key),
+                               p + ".function");
+            const std::string name = fn.value("name", json()).is_string() ? fn["name"].get<std::string>() : "";
+            if (!valid_function_name(name))
+                return bad(p + ".function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", p + ".function.name");
+            if (!names.insert(name).second) return bad(fmt::format("two tools are named '{}'", name), p + ".function.name");
+            if (fn.contains("description") && !fn["description"].is_string())
+                return bad(p + ".function.description must be a string", p + ".function.description");
+            if (fn.contains("strict") && !fn["strict"].is_boolean())
+                return bad(p + ".function.strict must be a boolean", p + ".function.strict");
+            std::string params;
+            if (const auto ps = fn.find("parameters"); ps != fn.end() && !ps->is_null()) {
+                if (!ps->is_object()) return bad(p + ".function.parameters must be a JSON Schema object", p + ".function.parameters");
+                params = ps->dump();
+            }
+            out.functions.push_back({name, std::move(params)});
+            out.defs.push_back(t.dump());
+        }
+    }
+    if (const auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
+        if (it->is_string()) {
+            out.choice = it->get<std::string>();
+            if (out.choice != "none" && out.choice != "auto" && out.choice != "required")
+                return bad(fmt::format("'tool_choice' \"{}\" is not supported (none, auto, required, or "
+                                       "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}})",
+                                       out.choice),
+                           "tool_choice");
+        } else if (it->is_object() && it->value("type", json()) == "function" && it->contains("function") &&
+                   (*it)["function"].is_object() && (*it)["function"].value("name", json()).is_string()) {
+            out.choice = "function";
+            out.named = (*it)["function"]["name"].get<std::string>();
+            if (std::none_of(out.functions.begin(), out.functions.end(), [&](const auto& f) { return f.name == out.named; }))
+                return bad(fmt::format("'tool_choice' names '{}', which is not in 'tools'", out.named), "tool_choice");
+        } else {
+            return bad("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                       "\"function\": {\"name\": ...}}",
+                       "tool_choice");
+        }
+        if (out.functions.empty() && out.choice != "none" && out.choice != "auto")
+            return bad(fmt::format("'tool_choice' \"{}\" needs 'tools'", out.choice), "tool_choice");
+    }
+    TRY(read_bool(body, "parallel_tool_calls", out.parallel));
+    return std::nullopt;
+}
 
 } // namespace
 
@@ -341,8 +451,10 @@ std::optional<api_error> check_fields(const json& body, bool chat) {
         "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop",
         "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "user",
         "ignore_eos", "priority", "speculative", "best_of", "response_format", "structured_outputs", "guided_json",
-        "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", "tools", "functions"};
-    static const std::set<std::string, std::less<>> chat_only{"messages", "max_completion_tokens", "top_logprobs"};
+        "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", "functions", "function_call"};
+    static const std::set<std::string, std::less<>> chat_only{"messages",          "max_completion_tokens",
+                                                              "top_logprobs",      "tools",
+                                                              "tool_choice",       "parallel_tool_calls"};
     static const std::set<std::string, std::less<>> completion_only{"prompt", "echo", "suffix"};
     for (const auto& [key, value] : body.items())
         if (!common.contains(key) && !(chat ? chat_only : completion_only).contains(key))
@@ -369,9 +481,11 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
             return e;
         }
     }
-    for (const char* unsupported : {"suffix", "tools", "functions"})
+    for (const char* unsupported : {"suffix", "functions", "function_call"})
         if (auto it = body.find(unsupported); it != body.end() && !it->is_null() && !(it->is_array() && it->empty()))
-            return bad(fmt::format("'{}' is not supported", unsupported), unsupported);
+            return bad(fmt::format("'{}' is not supported{}", unsupported,
+                                   std::string_view(unsupported) == "suffix" ? "" : " (the deprecated form: use 'tools')"),
+                       unsupported);
     bool echo = false;
     TRY(read_bool(body, "echo", echo));
     if (echo) return bad("'echo' is not supported", "echo");
@@ -385,10 +499,14 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     // prompts
     std::vector<std::vector<token_id>> prompts;
     std::vector<std::string> stops;
+    tools_request tools;
     if (chat) {
         std::vector<chat_message> messages;
         TRY(read_messages(body, messages));
-        const std::string text = ms.tmpl.render(messages, true);
+        TRY(read_tools(body, tools));
+        // tool_choice "none": the model is not told of the tools, so it writes a message
+        const std::string text =
+            ms.tmpl.render(messages, true, tools.active() ? std::span(tools.defs) : std::span<const std::string>{});
         prompts.push_back(tok.encode(text, false, true));
         stops = ms.tmpl.stop_strings();
     } else {
@@ -459,11 +577,30 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
 
     std::optional<found_constraint> constraint;
     TRY(read_constraint(body, constraint));
+    std::string trigger; // tool_choice auto: free text until the model opens a call
+    bool anchored = false;
+    if (tools.active()) {
+        if (constraint)
+            return bad(fmt::format("'{}' and 'tools' cannot be used together (with tool_choice \"none\" they can)",
+                                   constraint->first),
+                       constraint->first);
+        const grammar::tool_syntax syntax = ms.tmpl.tool_syntax();
+        std::vector<grammar::tool_function> offered;
+        for (const auto& f : tools.functions)
+            if (tools.choice != "function" || f.name == tools.named) offered.push_back(f);
+        constraint = found_constraint{
+            "tools", {grammar::constraint::kind::tools,
+                      grammar::tools_constraint_text(syntax, offered, tools.parallel && tools.choice != "function")}};
+        if (tools.choice == "auto") {
+            trigger = grammar::layout_of(syntax).trigger;
+            anchored = grammar::layout_of(syntax).anchored;
+        }
+        plan.tools = tool_plan{syntax};
+    }
     if (constraint) {
         try {
-            base.make_processor = [guides = ms.guides.get(), cache = ms.guides->get(constraint->second)] {
-                return guides->make_processor(cache);
-            };
+            base.make_processor = [guides = ms.guides.get(), cache = ms.guides->get(constraint->second), trigger,
+                                   anchored] { return guides->make_processor(cache, trigger, anchored); };
         } catch (const grammar::grammar_error& e) {
             api_error err = bad(fmt::format("'{}' cannot be used: {}", constraint->first, e.what()), constraint->first);
             err.code = "invalid_constraint";
@@ -513,9 +650,64 @@ json add_logprobs(choice_state& c, const engine_event& ev, bool chat, const toke
                 {"text_offset", json::array({c.lp_offsets.back()})}};
 }
 
+namespace {
+
+// "call_" and 24 letters and digits, as OpenAI's; Mistral's templates want exactly 9.
+std::string new_call_id(grammar::tool_syntax syntax) {
+    static constexpr std::string_view alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    const bool mistral = syntax == grammar::tool_syntax::mistral;
+    std::string id = mistral ? "" : "call_";
+    for (int i = 0; i < (mistral ? 9 : 24); ++i) id.push_back(alnum[rng() % alnum.size()]);
+    return id;
+}
+
+} // namespace
+
+reply_delta read_reply(choice_state& c, std::string_view text, bool ended) {
+    reply_delta d;
+    if (!c.parser) {
+        d.content = text;
+        return d;
+    }
+    std::vector<grammar::tool_call_parser::event> events;
+    c.parser->feed(text, events);
+    if (ended) c.parser->finish(events);
+    for (auto& ev : events) {
+        using kind = grammar::tool_call_parser::event::kind;
+        if (ev.k == kind::content) {
+            d.content += ev.text;
+            continue;
+        }
+        if (ev.k == kind::call) {
+            c.calls.push_back({new_call_id(c.parser->syntax()), ev.text, ""});
+            if (d.tool_calls.is_null()) d.tool_calls = json::array();
+            d.tool_calls.push_back({{"index", ev.index},
+                                    {"id", c.calls.back().id},
+                                    {"type", "function"},
+                                    {"function", {{"name", ev.text}, {"arguments", ""}}}});
+            continue;
+        }
+        c.calls[size_t(ev.index)].arguments += ev.text;
+        if (d.tool_calls.is_null()) d.tool_calls = json::array();
+        if (!d.tool_calls.empty() && d.tool_calls.back()["index"] == ev.index)
+            d.tool_calls.back()["function"]["arguments"] =
+                d.tool_calls.back()["function"].value("arguments", "") + ev.text;
+        else
+            d.tool_calls.push_back({{"index", ev.index}, {"function", {{"arguments", ev.text}}}});
+    }
+    c.content += d.content;
+    return d;
+}
+
+std::string client_finish_reason(const choice_state& c) {
+    return !c.calls.empty() && c.finish_reason == "stop" ? "tool_calls" : c.finish_reason;
+}
+
 json stream_chunk(const std::string& id, const std::string& model, bool chat, int index, choice_state& c,
-                  const std::string& text, const json& logprobs, const std::string& finish_reason,
+                  const reply_delta& d, const json& logprobs, const std::string& finish_reason,
                   bool usage_null) {
+    const std::string& text = d.content;
     json choice = {{"index", index},
                    {"logprobs", logprobs},
                    {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
@@ -525,7 +717,8 @@ json stream_chunk(const std::string& id, const std::string& model, bool chat, in
             delta["role"] = "assistant";
             c.sent_role = true;
         }
-        if (!text.empty() || finish_reason.empty()) delta["content"] = text;
+        if (!text.empty() || (finish_reason.empty() && d.tool_calls.is_null())) delta["content"] = text;
+        if (!d.tool_calls.is_null()) delta["tool_calls"] = d.tool_calls;
         choice["delta"] = delta;
     } else {
         choice["text"] = text;
@@ -575,8 +768,19 @@ json final_response(const std::string& id, const std::string& model, const gener
                           {"top_logprobs", c.lp_top},
                           {"text_offset", c.lp_offsets}};
         }
-        json ch = {{"index", i}, {"logprobs", lp}, {"finish_reason", c.finish_reason}};
-        if (plan.chat)
+        json ch = {{"index", i}, {"logprobs", lp}, {"finish_reason", client_finish_reason(c)}};
+        if (plan.chat && c.parser) {
+            json msg = {{"role", "assistant"},
+                        {"content", c.content.empty() && !c.calls.empty() ? json(nullptr) : json(c.content)}};
+            if (!c.calls.empty()) {
+                msg["tool_calls"] = json::array();
+                for (const auto& call : c.calls)
+                    msg["tool_calls"].push_back({{"id", call.id},
+                                                 {"type", "function"},
+                                                 {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+            }
+            ch["message"] = std::move(msg);
+        } else if (plan.chat)
             ch["message"] = {{"role", "assistant"}, {"content", c.text}};
         else
             ch["text"] = c.text;
@@ -744,9 +948,12 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
         }
         std::vector<chat_message> messages;
         if (auto e = read_messages(j, messages)) return reply::of(*e);
+        tools_request tools;
+        if (auto e = read_tools(j, tools)) return reply::of(*e);
         bool add_gen = true;
         if (auto e = read_bool(j, "add_generation_prompt", add_gen)) return reply::of(*e);
-        const std::string text = ms->tmpl.render(messages, add_gen);
+        const std::string text = ms->tmpl.render(messages, add_gen,
+                                                 tools.active() ? std::span(tools.defs) : std::span<const std::string>{});
         return reply::of_json({{"prompt", text},
                                {"tokens", tok.encode(text, false, true)},
                                {"template", std::string(name_of(ms->tmpl.family()))},

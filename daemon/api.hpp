@@ -3,6 +3,7 @@
 
 #include "daemon/state.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/grammar/tool_call.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +44,12 @@ struct reply {
     static reply of_json(const json& j, int status = 200);
 };
 
+// A chat request that offered tools (tool_choice other than "none"): its replies are read as
+// content and tool calls in the family's syntax.
+struct tool_plan {
+    grammar::tool_syntax syntax = grammar::tool_syntax::hermes;
+};
+
 // A validated /v1/completions or /v1/chat/completions request: one engine request per prompt,
 // each with n sequences; choice k * n + i is sequence i of request k.
 struct generation_plan {
@@ -51,6 +58,7 @@ struct generation_plan {
     bool include_usage = false;       // stream_options.include_usage
     bool logprobs = false;
     std::vector<engine_request> requests;
+    std::optional<tool_plan> tools;
     int32_t n = 1;                    // choices per prompt
     size_t n_choices() const { return requests.size() * size_t(n); }
 };
@@ -70,6 +78,13 @@ struct choice_state {
     json logprobs_content = json::array();                // chat format
     json lp_tokens = json::array(), lp_token_logprobs = json::array(), lp_top = json::array(),
          lp_offsets = json::array();                       // completions format
+    // With tools: the reply read as it streams into content and calls.
+    struct tool_call {
+        std::string id, name, arguments;
+    };
+    std::optional<grammar::tool_call_parser> parser;
+    std::string content;
+    std::vector<tool_call> calls;
     // Characters (code points) in `text`, counted on from where the last call stopped:
     // text_offset counts characters, as OpenAI and vLLM do, not bytes.
     int64_t n_chars();
@@ -83,10 +98,24 @@ private:
 // streaming chunk).
 json add_logprobs(choice_state& c, const engine_event& ev, bool chat, const tokenizer& tok);
 
-// A streaming chunk for choice `index` with `text` (and `logprobs`, or null); `usage_null`
-// (include_usage) adds "usage": null, which only the last chunk fills.
+// A piece of a chat reply as the client sees it: content, and (with tools) tool-call deltas in
+// OpenAI's streaming form ([{"index", "id", "type", "function": {"name", "arguments"}}], the
+// id, type and name on a call's first delta), null when there are none.
+struct reply_delta {
+    std::string content;
+    json tool_calls;
+};
+// The next piece of choice c's text (`ended`: its last), read through its parser when it has
+// one; content and calls are added to c.
+reply_delta read_reply(choice_state& c, std::string_view text, bool ended);
+// The finish reason a client sees: "tool_calls" for a reply that stopped after its calls.
+std::string client_finish_reason(const choice_state& c);
+
+// A streaming chunk for choice `index` with `d` (and `logprobs`, or null); `usage_null`
+// (include_usage) adds "usage": null, which only the last chunk fills. Completions send
+// d.content as the text.
 json stream_chunk(const std::string& id, const std::string& model, bool chat, int index, choice_state& c,
-                  const std::string& text, const json& logprobs, const std::string& finish_reason,
+                  const reply_delta& d, const json& logprobs, const std::string& finish_reason,
                   bool usage_null = false);
 json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan);
 json final_response(const std::string& id, const std::string& model, const generation_plan& plan,

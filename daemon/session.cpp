@@ -324,6 +324,8 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
 
     const std::string id = new_id(chat);
     std::vector<choice_state> cs(plan.n_choices());
+    if (plan.tools)
+        for (auto& c : cs) c.parser.emplace(plan.tools->syntax);
     std::vector<clock_type::time_point> last_t(plan.n_choices());
     size_t n_done = 0;
     bool write_failed = false;
@@ -384,11 +386,13 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
                 json lp = nullptr;
                 if (plan.logprobs) lp = add_logprobs(c, ev, chat, *ms.bundle.tok);
                 c.text += ev.text;
-                if (plan.stream && (!ev.text.empty() || plan.logprobs))
-                    co_await send(sse(stream_chunk(id, ms.id, chat, i, c, ev.text, lp, "", plan.include_usage)));
+                const reply_delta d = read_reply(c, ev.text, false);
+                if (plan.stream && (!d.content.empty() || !d.tool_calls.is_null() || plan.logprobs))
+                    co_await send(sse(stream_chunk(id, ms.id, chat, i, c, d, lp, "", plan.include_usage)));
                 continue;
             }
             c.text += ev.text;
+            const reply_delta d = read_reply(c, ev.text, true);
             c.finish_reason = ev.finish_reason;
             c.n_prompt = ev.n_prompt;
             c.n_cached = ev.n_cached;
@@ -398,8 +402,8 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
             if (ev.t_admitted != clock_type::time_point{}) st_.met.queue_time(secs(ev.t_admitted - t_received));
             st_.met.finished(ev.finish_reason);
             if (plan.stream)
-                co_await send(
-                    sse(stream_chunk(id, ms.id, chat, i, c, ev.text, nullptr, ev.finish_reason, plan.include_usage)));
+                co_await send(sse(
+                    stream_chunk(id, ms.id, chat, i, c, d, nullptr, client_finish_reason(c), plan.include_usage)));
         }
     }
     ch->finished = true;

@@ -3,7 +3,10 @@
 #include "runtime/chat_template.hpp"
 
 #include "runtime/gguf.hpp"
+#include "runtime/grammar/tool_call.hpp"
 #include "runtime/tokenizer.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <ctime>
 #include <optional>
@@ -110,6 +113,122 @@ std::string capitalized(std::string_view role) {
     return s;
 }
 
+// Python's json.dumps as transformers' tojson calls it (ensure_ascii off): ", " and ": "
+// between items; with an indent, each item on its own line and "," after it.
+void py_json(std::string& out, const nlohmann::json& j, int indent = 0, int depth = 0) {
+    if (!j.is_structured() || j.empty()) {
+        out += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        return;
+    }
+    const bool object = j.is_object();
+    out += object ? '{' : '[';
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        if (it != j.begin()) out += indent > 0 ? "," : ", ";
+        if (indent > 0) {
+            out += '\n';
+            out.append(size_t(indent * (depth + 1)), ' ');
+        }
+        if (object) {
+            py_json(out, it.key());
+            out += ": ";
+        }
+        py_json(out, *it, indent, depth + 1);
+    }
+    if (indent > 0) {
+        out += '\n';
+        out.append(size_t(indent * depth), ' ');
+    }
+    out += object ? '}' : ']';
+}
+
+std::string py_json_text(std::string_view json_text, int indent = 0) {
+    const auto j = nlohmann::json::parse(json_text, nullptr, false);
+    if (j.is_discarded()) return std::string(json_text); // not JSON: as the client wrote it
+    std::string out;
+    py_json(out, j, indent);
+    return out;
+}
+
+// Past calls as a family's layout writes them (what the grammar makes a model write).
+std::string written_calls(grammar::tool_syntax syntax, std::span<const chat_tool_call> calls) {
+    const grammar::call_layout& lay = grammar::layout_of(syntax);
+    std::string out = lay.trigger + lay.open;
+    for (size_t i = 0; i < calls.size(); ++i) {
+        if (i > 0) out += lay.sep;
+        append(out, calls[i].name, lay.mid, py_json_text(calls[i].arguments), lay.close);
+    }
+    return out + lay.end;
+}
+
+// The hermes form (Qwen 2.5's template, and Tandem's generic one): the tools described in the
+// system turn, past calls in the assistant's text, tool results as a user turn of
+// <tool_response> blocks (consecutive results share one).
+std::vector<chat_message> fold_hermes(std::span<const chat_message> messages, std::span<const std::string> tools,
+                                      std::string_view default_system) {
+    std::vector<chat_message> out;
+    if (!tools.empty()) {
+        const bool has_system = !messages.empty() && messages[0].role == "system";
+        std::string sys = has_system ? messages[0].content : std::string(default_system);
+        if (!sys.empty()) sys += "\n\n";
+        sys += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+        for (const auto& t : tools) append(sys, "\n", py_json_text(t));
+        sys += "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+               "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call>";
+        out.push_back({"system", std::move(sys), {}, {}});
+        if (has_system) messages = messages.subspan(1);
+    }
+    bool after_result = false; // the last message was a tool result
+    for (const auto& m : messages) {
+        if (m.role == "tool") {
+            const std::string block = "<tool_response>\n" + m.content + "\n</tool_response>";
+            if (after_result)
+                append(out.back().content, "\n", block);
+            else
+                out.push_back({"user", block, {}, {}});
+        } else if (!m.tool_calls.empty()) {
+            std::string text = m.content.empty() ? "" : m.content + "\n";
+            text += written_calls(grammar::tool_syntax::hermes, m.tool_calls);
+            out.push_back({m.role, std::move(text), {}, {}});
+        } else {
+            out.push_back({m.role, m.content, {}, {}});
+        }
+        after_result = m.role == "tool";
+    }
+    return out;
+}
+
+// Mistral v3's [AVAILABLE_TOOLS] block: each function's fields in order ("return" left
+// out), strings written raw (the reference template does not escape them), the rest through
+// tojson.
+std::string mistral_tools(std::span<const std::string> tools) {
+    std::string out = "[AVAILABLE_TOOLS] [";
+    for (size_t i = 0; i < tools.size(); ++i) {
+        const auto t = nlohmann::json::parse(tools[i], nullptr, false);
+        const auto fn = t.is_object() ? t.value("function", nlohmann::json::object()) : nlohmann::json::object();
+        append(out, i ? ", " : "", "{\"type\": \"function\", \"function\": {");
+        bool first = true;
+        for (auto it = fn.begin(); it != fn.end(); ++it) {
+            if (it.key() == "return") continue;
+            append(out, first ? "" : ", ", "\"", it.key(), "\": ");
+            first = false;
+            if (it->is_string())
+                append(out, "\"", it->get<std::string>(), "\"");
+            else
+                py_json(out, *it);
+        }
+        out += "}}";
+    }
+    return out + "][/AVAILABLE_TOOLS]";
+}
+
+bool has_tool_turns(std::span<const chat_message> messages) {
+    for (const auto& m : messages)
+        if (m.role == "tool" || !m.tool_calls.empty()) return true;
+    return false;
+}
+
 } // namespace
 
 std::string_view name_of(chat_family f) {
@@ -185,7 +304,22 @@ chat_template chat_template::from_gguf(const gguf::file& f, const tokenizer& tok
     return t;
 }
 
-std::string chat_template::render(std::span<const chat_message> messages, bool add_generation_prompt) const {
+grammar::tool_syntax chat_template::tool_syntax() const {
+    switch (family_) {
+    case chat_family::llama3: return grammar::tool_syntax::llama3;
+    case chat_family::mistral: return grammar::tool_syntax::mistral;
+    default: return grammar::tool_syntax::hermes;
+    }
+}
+
+std::string chat_template::render(std::span<const chat_message> messages, bool add_generation_prompt,
+                                  std::span<const std::string> tools) const {
+    std::vector<chat_message> folded;
+    if (tool_syntax() == grammar::tool_syntax::hermes && (!tools.empty() || has_tool_turns(messages))) {
+        folded = fold_hermes(messages, tools, family_ == chat_family::chatml ? default_system_ : "");
+        messages = folded;
+        tools = {};
+    }
     std::string out;
     // Families without a system role fold a leading system message into the first user turn.
     std::string_view system;
@@ -217,22 +351,41 @@ std::string chat_template::render(std::span<const chat_message> messages, bool a
     case chat_family::llama3: {
         out += bos_text_;
         auto turn = [&](std::string_view role, std::string_view content) {
-            out += "<|start_header_id|>";
-            out += role;
-            out += "<|end_header_id|>\n\n";
-            out += trim(content);
-            out += "<|eot_id|>";
+            append(out, "<|start_header_id|>", role, "<|end_header_id|>\n\n", content, "<|eot_id|>");
         };
         size_t first = 0;
-        if (!date_string_.empty()) { // Llama 3.1: the system header is always there
+        if (!date_string_.empty() || !tools.empty()) { // Llama 3.1: the system header is always there
             out += "<|start_header_id|>system<|end_header_id|>\n\n";
-            append(out, "Cutting Knowledge Date: December 2023\nToday Date: ",
-                   date_now_ ? today_date() : date_string_, "\n\n");
+            if (!tools.empty()) out += "Environment: ipython\n";
+            if (!date_string_.empty())
+                append(out, "Cutting Knowledge Date: December 2023\nToday Date: ",
+                       date_now_ ? today_date() : date_string_, "\n\n");
             out += has_system ? trim(system) : std::string_view{};
             out += "<|eot_id|>";
             first = has_system ? 1 : 0;
         }
-        for (size_t i = first; i < messages.size(); ++i) turn(messages[i].role, messages[i].content);
+        if (!tools.empty()) { // Llama 3.1's tools_in_user_message: described in the first user turn
+            std::string text = "Given the following functions, please respond with a JSON for a function call with its "
+                               "proper arguments that best answers the given prompt.\n\nRespond in the format "
+                               "{\"name\": function name, \"parameters\": dictionary of argument name and its "
+                               "value}.Do not use variables.\n\n";
+            for (const auto& t : tools) append(text, py_json_text(t, 4), "\n\n");
+            if (first < messages.size()) text += trim(messages[first++].content);
+            turn("user", text);
+        }
+        for (size_t i = first; i < messages.size(); ++i) {
+            const chat_message& m = messages[i];
+            if (m.role == "tool") { // the reference writes a result through tojson: a JSON string
+                std::string result;
+                py_json(result, nlohmann::json(m.content));
+                turn("ipython", result);
+            } else if (!m.tool_calls.empty()) { // one call a turn: the format has no other
+                for (const auto& c : m.tool_calls)
+                    turn("assistant", written_calls(grammar::tool_syntax::llama3, std::span(&c, 1)));
+            } else {
+                turn(m.role, trim(m.content));
+            }
+        }
         if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
         break;
     }
@@ -249,16 +402,34 @@ std::string chat_template::render(std::span<const chat_message> messages, bool a
         out += bos_text_;
         // Which user turn carries the system text: the first (v1), or the last message when
         // it is a user turn (v3's `loop.last and system_message`: otherwise it is dropped).
-        size_t sys_at = rest.size();
+        auto is_user = [](const chat_message& m) { return m.role != "assistant" && m.role != "tool"; };
+        size_t sys_at = rest.size(), last_user = rest.size();
         if (v.system_in_last) {
-            if (!rest.empty() && rest.back().role != "assistant") sys_at = rest.size() - 1;
+            if (!rest.empty() && is_user(rest.back())) sys_at = rest.size() - 1;
         } else {
             for (size_t i = 0; i < rest.size() && sys_at == rest.size(); ++i)
-                if (rest[i].role != "assistant") sys_at = i;
+                if (is_user(rest[i])) sys_at = i;
         }
+        for (size_t i = 0; i < rest.size(); ++i)
+            if (is_user(rest[i])) last_user = i;
         for (size_t i = 0; i < rest.size(); ++i) {
             const chat_message& m = rest[i];
+            if (m.role == "tool") {
+                append(out, "[TOOL_RESULTS] {\"content\": ", m.content, ", \"call_id\": \"", m.tool_call_id,
+                       "\"}[/TOOL_RESULTS]");
+                continue;
+            }
+            if (!m.tool_calls.empty()) { // each call with its id, which the results name
+                out += "[TOOL_CALLS] [";
+                for (size_t k = 0; k < m.tool_calls.size(); ++k)
+                    append(out, k ? ", " : "", "{\"name\": \"", m.tool_calls[k].name, "\", \"arguments\": ",
+                           py_json_text(m.tool_calls[k].arguments), ", \"id\": \"", m.tool_calls[k].id, "\"}");
+                append(out, "]", eos_text_);
+                continue;
+            }
+            if (i == last_user && !tools.empty()) out += mistral_tools(tools);
             if (m.role == "assistant") {
+
                 out += v.space_before_answer ? " " : "";
                 out += v.trim_answer ? std::string(trim(m.content)) : m.content;
                 out += eos_text_;

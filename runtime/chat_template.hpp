@@ -2,6 +2,7 @@
 // rendered natively (no Jinja engine), with a documented plain fallback.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -10,11 +11,21 @@
 namespace tandem {
 
 namespace gguf { class file; }
+namespace grammar { enum class tool_syntax : uint8_t; }
 class tokenizer;
 
+// A call an assistant turn made (OpenAI's message.tool_calls[i]).
+struct chat_tool_call {
+    std::string id;
+    std::string name;
+    std::string arguments; // JSON text, as the client sent it
+};
+
 struct chat_message {
-    std::string role;    // "system", "user", "assistant"
+    std::string role;    // "system", "user", "assistant", "tool"
     std::string content;
+    std::vector<chat_tool_call> tool_calls; // assistant turns that called functions
+    std::string tool_call_id;               // tool turns: the call this is the result of
 };
 
 enum class chat_family { llama2, llama3, chatml, mistral, zephyr, gemma, phi3, plain };
@@ -45,7 +56,16 @@ public:
     // It ends with the assistant turn's opening when add_generation_prompt. The text carries
     // special-token text (e.g. "<|im_start|>") and must be encoded with parse_special = true
     // and add_special = false: BOS is part of the rendered text where the family puts it.
-    std::string render(std::span<const chat_message> messages, bool add_generation_prompt = true) const;
+    //
+    // `tools` are the functions offered, each the request's tool object as JSON text
+    // ({"type": "function", "function": {...}}); they are described to the model where the
+    // family's reference template puts them, and past calls and tool results are rendered in
+    // the family's form (docs/chat_templates.md).
+    std::string render(std::span<const chat_message> messages, bool add_generation_prompt = true,
+                       std::span<const std::string> tools = {}) const;
+
+    // How this family writes a call (hermes for families without a form of their own).
+    grammar::tool_syntax tool_syntax() const;
 
     // Texts that end an assistant turn for this family (besides the model's EOG tokens).
     std::vector<std::string> stop_strings() const;

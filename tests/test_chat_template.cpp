@@ -322,3 +322,72 @@ TEST_CASE("from_gguf: the template and BOS/EOS texts come from the file's metada
     CHECK(ids.front() == tok.bos());
     CHECK(std::count(ids.begin(), ids.end(), tok.eos()) == 1);
 }
+
+TEST_CASE("tools: described where each family's template puts them; past calls and results in its form") {
+    // The tool as a client sends it. Tandem reads requests with keys in name order, so the
+    // renderings below list them that way (docs/chat_templates.md).
+    const std::vector<std::string> tools{
+        R"({"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})"};
+    const std::string tool_line = R"({"function": {"description": "Weather now", "name": "get_weather", "parameters": )"
+                                  R"({"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}}, )"
+                                  R"("type": "function"})";
+    const chat_message call{"assistant", "", {{"abcDEF123", "get_weather", R"({"city":"Paris"})"}}, {}};
+    const chat_message result{"tool", "18 C", {}, "abcDEF123"};
+
+    // Qwen 2.5: the tools after the (default) system text; consecutive results share a user turn.
+    const auto q25 = chat_template::parse(qwen25_src, "", "<|im_end|>");
+    const std::vector<chat_message> turns{{"user", "Weather in Paris?"}, call, result, result};
+    CHECK(q25.render(turns, true, tools) ==
+          "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n"
+          "You may call one or more functions to assist with the user query.\n\nYou are provided with function "
+          "signatures within <tools></tools> XML tags:\n<tools>\n" + tool_line +
+              "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+              "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+              "<args-json-object>}\n</tool_call><|im_end|>\n"
+              "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+              "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+              "</tool_call><|im_end|>\n"
+              "<|im_start|>user\n<tool_response>\n18 C\n</tool_response>\n<tool_response>\n18 C\n</tool_response>"
+              "<|im_end|>\n<|im_start|>assistant\n");
+    // Without tools offered, a history with calls still renders them.
+    CHECK(q25.render(turns, true).find("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\"") !=
+          std::string::npos);
+
+    // Llama 3.1: "Environment: ipython", the tools (indented JSON) in the first user turn, a
+    // result through tojson.
+    const auto t31 = chat_template::parse(llama31_src, "<|begin_of_text|>", "<|eot_id|>");
+    const std::vector<chat_message> l3{{"system", "You are terse."}, {"user", "Weather in Paris?"}, call, result};
+    CHECK(t31.render(l3, true, tools) ==
+          "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+          "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nYou are terse.<|eot_id|>"
+          "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON "
+          "for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the "
+          "format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use "
+          "variables.\n\n{\n    \"function\": {\n        \"description\": \"Weather now\",\n        \"name\": "
+          "\"get_weather\",\n        \"parameters\": {\n            \"properties\": {\n                \"city\": {\n"
+          "                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n"
+          "                \"city\"\n            ],\n            \"type\": \"object\"\n        }\n    },\n    "
+          "\"type\": \"function\"\n}\n\nWeather in Paris?<|eot_id|>"
+          "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": "
+          "\"Paris\"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n\"18 C\"<|eot_id|>"
+          "<|start_header_id|>assistant<|end_header_id|>\n\n");
+
+    // Mistral v3: [AVAILABLE_TOOLS] before the last user turn, calls with their ids, results.
+    const auto v3 = chat_template::parse(mistral_v3_src, "<s>", "</s>");
+    const std::vector<chat_message> mt{{"user", "Weather in Paris?"}, call, result, {"user", "Thanks"}};
+    CHECK(v3.render(mt, true, tools) ==
+          "<s>[INST] Weather in Paris?[/INST][TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+          "\"Paris\"}, \"id\": \"abcDEF123\"}]</s>[TOOL_RESULTS] {\"content\": 18 C, \"call_id\": \"abcDEF123\"}"
+          "[/TOOL_RESULTS][AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"description\": \"Weather "
+          "now\", \"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, "
+          "\"required\": [\"city\"], \"type\": \"object\"}}}][/AVAILABLE_TOOLS][INST] Thanks[/INST]");
+
+    // Families without a form of their own: the hermes text in the system turn.
+    const auto plain = chat_template::of(chat_family::plain, "", "");
+    CHECK(plain.render(turns, true, tools)
+              .ends_with("User: Weather in Paris?\nAssistant: <tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                         "{\"city\": \"Paris\"}}\n</tool_call>\nUser: <tool_response>\n18 C\n</tool_response>\n"
+                         "<tool_response>\n18 C\n</tool_response>\nAssistant:"));
+    CHECK(plain.render(turns, true, tools).starts_with("# Tools\n\nYou may call one or more functions"));
+}

@@ -10,6 +10,7 @@
 #include "runtime/grammar/gbnf.hpp"
 #include "runtime/grammar/guide.hpp"
 #include "runtime/grammar/reference.hpp"
+#include "runtime/grammar/tool_call.hpp"
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
@@ -37,9 +38,18 @@ struct sampled {
     std::vector<token_id> tokens;
 };
 
+// A trigger (tool_choice auto): free text until it appears; the `favoured` tokens get
+// `bias` so that a random model meets it.
+struct auto_calls {
+    std::string trigger;
+    bool anchored = false;
+    float bias = 0;
+    std::vector<token_id> favoured;
+};
+
 // One completion under constraint c at temperature 1, with drafts when `draft` > 0.
 sampled sample(const grammar::constraint& c, uint64_t seed, int32_t max_tokens, int32_t draft = 0,
-               float temperature = 1.0f) {
+               float temperature = 1.0f, const auto_calls* calls = nullptr) {
     static cpu::thread_pool pool(1);
     model_bundle& b = tiny_random();
     auto cache = std::make_shared<grammar::mask_cache>(grammar::compile(c), vocab());
@@ -48,7 +58,12 @@ sampled sample(const grammar::constraint& c, uint64_t seed, int32_t max_tokens, 
     p.sampling.temperature = temperature;
     p.sampling.seed = seed;
     p.draft_tokens = draft;
-    p.make_processor = [cache] { return grammar::make_grammar_processor(cache); };
+    std::shared_ptr<const grammar::trigger_table> trigger;
+    if (calls) {
+        trigger = std::make_shared<const grammar::trigger_table>(*vocab(), calls->trigger, calls->anchored);
+        for (const token_id t : calls->favoured) p.sampling.logit_bias.emplace_back(t, calls->bias);
+    }
+    p.make_processor = [cache, trigger] { return grammar::make_grammar_processor(cache, nullptr, trigger); };
     const auto r = generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode("Data:", true), p);
     return {r.text, r.finish_reason, r.tokens};
 }
@@ -171,6 +186,121 @@ TEST_CASE("speculative decoding under a grammar: the same tokens as plain decodi
             CHECK(plain.tokens == drafted.tokens);
         }
     }
+}
+
+namespace {
+
+// Tool parameters from a generated schema: {"v": schema} as an object, the $defs lifted to
+// the parameters' root so the refs still resolve.
+json tool_parameters(uint64_t seed) {
+    json g = schema_check::schema_generator(seed).root();
+    const char* key = g.contains("definitions") ? "definitions" : "$defs";
+    json params = {{"type", "object"}, {"properties", json::object()}, {"required", {"v"}}};
+    if (g.contains(key)) {
+        params[key] = g[key];
+        g.erase(key);
+    }
+    params["properties"]["v"] = g;
+    return params;
+}
+
+struct read_calls {
+    std::string content;
+    std::vector<std::pair<std::string, std::string>> calls;
+    bool complete = false;
+};
+
+read_calls read_reply(grammar::tool_syntax syntax, const std::string& text) {
+    grammar::tool_call_parser parser(syntax);
+    std::vector<grammar::tool_call_parser::event> evs;
+    parser.feed(text, evs);
+    parser.finish(evs);
+    read_calls r;
+    for (const auto& e : evs) {
+        using kind = grammar::tool_call_parser::event::kind;
+        if (e.k == kind::content) r.content += e.text;
+        if (e.k == kind::call) r.calls.push_back({e.text, ""});
+        if (e.k == kind::arguments) r.calls[size_t(e.index)].second += e.text;
+    }
+    r.complete = parser.calls_complete();
+    return r;
+}
+
+// Every call names one of `fns` and its arguments are valid under that function's parameters.
+void check_calls(const read_calls& r, const std::vector<grammar::tool_function>& fns) {
+    for (const auto& call : r.calls) {
+        const std::string& name = call.first; // no structured binding: clang 14 cannot CAPTURE one
+        const std::string& args = call.second;
+        CAPTURE(name);
+        CAPTURE(args);
+        const auto f = std::find_if(fns.begin(), fns.end(), [&](const auto& fn) { return fn.name == name; });
+        REQUIRE(f != fns.end());
+        const json v = json::parse(args, nullptr, false);
+        REQUIRE_FALSE(v.is_discarded());
+        CHECK(schema_check::validator(json::parse(f->parameters)).valid(v));
+    }
+}
+
+} // namespace
+
+TEST_CASE("tool calls (tool_choice required): every sampled call names an offered function, its arguments valid") {
+    using grammar::tool_syntax;
+    int n_calls = 0, n_cut = 0;
+    for (uint64_t seed = 1; seed <= 30; ++seed) {
+        std::vector<grammar::tool_function> fns;
+        for (int k = 0; k < 2; ++k) fns.push_back({fmt::format("fn_{}", k), tool_parameters(seed * 2 + uint64_t(k)).dump()});
+        const tool_syntax syntax = std::array{tool_syntax::hermes, tool_syntax::llama3, tool_syntax::mistral}[seed % 3];
+        const grammar::constraint c{grammar::constraint::kind::tools,
+                                    grammar::tools_constraint_text(syntax, fns, seed % 2 == 0)};
+        const sampled s = sample(c, seed, 160);
+        CAPTURE(s.text);
+        CAPTURE(s.tokens.size());
+        CAPTURE(s.finish_reason);
+        const read_calls r = read_reply(syntax, s.text);
+        if (s.finish_reason == "stop") {
+            CHECK(r.complete);
+            CHECK(r.content.empty());
+            REQUIRE_FALSE(r.calls.empty());
+            check_calls(r, fns);
+            n_calls += int(r.calls.size());
+        } else {
+            check_cut(c, s);
+            ++n_cut;
+        }
+    }
+    MESSAGE(n_calls << " whole calls, " << n_cut << " replies cut at max_tokens");
+    CHECK(n_calls >= 10);
+}
+
+TEST_CASE("a trigger (tool_choice auto): free text, then the grammar from the trigger on; drafting changes nothing") {
+    // A one-byte trigger that a random model meets often (its tokens favoured), on the whole
+    // 32,000-token vocabulary: a token holding "@" is allowed only when the grammar takes the
+    // rest of it. (Tool calls' own triggers are checked on a small vocabulary in
+    // test_tool_calls; a random model seldom spells "<tool_call>".)
+    const grammar::constraint c{grammar::constraint::kind::regex, "@[a-z]{2,6}!"};
+    const auto g = grammar::compile(c);
+    auto_calls calls{"@", false, 0};
+    for (token_id t = 0; t < vocab()->n_vocab(); ++t)
+        if (vocab()->piece(t).find('@') != std::string::npos) calls.favoured.push_back(t);
+    calls.bias = 4.0f;
+    int n_opened = 0, n_whole = 0;
+    for (uint64_t seed = 1; seed <= 24; ++seed) {
+        const sampled s = sample(c, seed, 64, 0, 1.0f, &calls);
+        CAPTURE(s.text);
+        const size_t at = s.text.find('@');
+        if (at == std::string::npos) continue;
+        ++n_opened;
+        const std::string tail = s.text.substr(at);
+        if (s.finish_reason == "stop") {
+            CHECK(grammar::matches(*g, tail));
+            ++n_whole;
+        } else {
+            CHECK(grammar::is_prefix(*g, tail));
+        }
+        if (seed <= 8) CHECK(sample(c, seed, 64, 4, 1.0f, &calls).tokens == s.tokens);
+    }
+    MESSAGE(n_opened << " of 24 replies met the trigger, " << n_whole << " finished the grammar");
+    CHECK(n_whole >= 4);
 }
 
 TEST_CASE("a constraint that cannot be honoured is an error naming it") {

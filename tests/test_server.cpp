@@ -191,6 +191,118 @@ TEST_CASE("guided generation: response_format, structured_outputs, llama.cpp's f
     refused({{"json_schema", "not a schema"}}, "json_schema", "JSON Schema");
 }
 
+namespace {
+
+// A streamed reply's tool calls put together as a client does: by index, the id, type and
+// name from the first delta, the arguments concatenated.
+json streamed_calls(const std::vector<json>& events) {
+    json calls = json::array();
+    for (const auto& e : events)
+        for (const auto& c : e["choices"])
+            for (const auto& d : c["delta"].value("tool_calls", json::array())) {
+                const size_t i = d["index"].get<size_t>();
+                if (i == calls.size()) {
+                    REQUIRE(d.contains("id"));
+                    calls.push_back({{"id", d["id"]}, {"type", d["type"]},
+                                     {"function", {{"name", d["function"]["name"]}, {"arguments", ""}}}});
+                }
+                REQUIRE(i < calls.size());
+                if (d["function"].contains("arguments"))
+                    calls[i]["function"]["arguments"] =
+                        calls[i]["function"]["arguments"].get<std::string>() + d["function"]["arguments"].get<std::string>();
+            }
+    return calls;
+}
+
+} // namespace
+
+TEST_CASE("tool calling: tool_calls in the reply and streamed as deltas; histories with calls; errors name what") {
+    const auto& s = shared_socket();
+    const json tools = json::array(
+        {{{"type", "function"},
+          {"function", {{"name", "get_weather"}, {"description", "Weather now"},
+                        {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}, {"maxLength", 12}}}}},
+                                        {"required", {"city"}}}}}}},
+         {{"type", "function"}, {"function", {{"name", "get_time"}}}}});
+    const json ask = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+    int n_called = 0;
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+        json body = {{"messages", ask}, {"tools", tools}, {"tool_choice", "required"}, {"parallel_tool_calls", false},
+                     {"max_tokens", 120}, {"temperature", 1}, {"seed", seed}};
+        auto r = post(s, "/v1/chat/completions", body);
+        REQUIRE(r.status == 200);
+        const json choice = r.j()["choices"][0];
+        CAPTURE(choice.dump());
+        if (choice["finish_reason"] != "tool_calls") {
+            CHECK(choice["finish_reason"] == "length");
+            continue;
+        }
+        ++n_called;
+        CHECK(choice["message"]["content"].is_null());
+        const json calls = choice["message"]["tool_calls"];
+        REQUIRE(calls.size() == 1);
+        CHECK(calls[0]["id"].get<std::string>().starts_with("call_"));
+        CHECK(calls[0]["type"] == "function");
+        const std::string name = calls[0]["function"]["name"];
+        CHECK((name == "get_weather" || name == "get_time"));
+        const json args = json::parse(calls[0]["function"]["arguments"].get<std::string>());
+        REQUIRE(args.is_object());
+        if (name == "get_weather") CHECK(args["city"].is_string());
+
+        // Streamed with the same seed: the deltas add up to the same call.
+        body["stream"] = true;
+        auto st = post(s, "/v1/chat/completions", body);
+        REQUIRE(st.status == 200);
+        const auto events = sse_events(st.body);
+        const json got = streamed_calls(events);
+        REQUIRE(got.size() == 1);
+        CHECK(got[0]["function"] == calls[0]["function"]);
+        CHECK(events.back()["choices"][0]["finish_reason"] == "tool_calls");
+    }
+    CHECK(n_called >= 1);
+
+    // A named function; a history with a call and its result; auto.
+    auto named = post(s, "/v1/chat/completions",
+                      {{"messages", ask}, {"tools", tools}, {"max_tokens", 120}, {"seed", 4},
+                       {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}}});
+    REQUIRE(named.status == 200);
+    if (named.j()["choices"][0]["finish_reason"] == "tool_calls")
+        CHECK(named.j()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_time");
+    json history = ask;
+    history.push_back({{"role", "assistant"}, {"content", nullptr},
+                       {"tool_calls", {{{"id", "call_1"}, {"type", "function"},
+                                        {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}}}}}}});
+    history.push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "18 C"}});
+    auto followed = post(s, "/v1/chat/completions", {{"messages", history}, {"tools", tools}, {"max_tokens", 8}});
+    CHECK(followed.status == 200);
+    auto shown = post(s, "/v1/tandem/apply-template", {{"messages", history}, {"tools", tools}});
+    REQUIRE(shown.status == 200);
+    CHECK(shown.j()["prompt"].get<std::string>().find("<tool_response>\n18 C\n</tool_response>") != std::string::npos);
+
+    const auto refused = [&](json body, const std::string& param, const std::string& says) {
+        if (!body.contains("messages")) body["messages"] = ask;
+        auto r = post(s, "/v1/chat/completions", body);
+        CAPTURE(body.dump());
+        CHECK(r.status == 400);
+        CHECK(r.j()["error"]["param"] == param);
+        CHECK(r.j()["error"]["message"].get<std::string>().find(says) != std::string::npos);
+    };
+    refused({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}, "tool_choice", "nope");
+    refused({{"tool_choice", "required"}}, "tool_choice", "needs 'tools'");
+    refused({{"tools", tools}, {"tool_choice", "sometimes"}}, "tool_choice", "sometimes");
+    refused({{"tools", {{{"type", "function"}, {"function", {{"name", "a b"}}}}}}}, "tools[0].function.name", "a-z");
+    refused({{"tools", {tools[1], tools[1]}}}, "tools[1].function.name", "get_time");
+    refused({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"returns", 1}}}}}}}, "tools[0].function", "returns");
+    refused({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", {{"type", "array"}}}}}}}}},
+            "tools", "object");
+    refused({{"tools", tools}, {"response_format", {{"type", "json_object"}}}}, "response_format", "'tools'");
+    refused({{"messages", {ask[0], {{"role", "tool"}, {"content", "x"}}}}}, "messages[1].tool_call_id", "tool_call_id");
+    refused({{"functions", {{{"name", "f"}}}}}, "functions", "use 'tools'");
+    auto completions = post(s, "/v1/completions", {{"prompt", "Once"}, {"tools", tools}});
+    CHECK(completions.status == 400);
+    CHECK(completions.j()["error"]["param"] == "tools");
+}
+
 TEST_CASE("seeded sampling is reproducible; choice i of n uses seed + i") {
     const auto& s = shared_socket();
     const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 30}, {"temperature", 0.9}, {"top_k", 40}};

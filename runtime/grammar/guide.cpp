@@ -3,6 +3,7 @@
 #include "runtime/grammar/gbnf.hpp"
 #include "runtime/grammar/json_schema.hpp"
 #include "runtime/grammar/regex.hpp"
+#include "runtime/grammar/tool_call.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,7 @@ std::string_view kind_name(constraint::kind k) {
     case constraint::kind::regex: return "regex";
     case constraint::kind::gbnf: return "grammar";
     case constraint::kind::choice: return "choice";
+    case constraint::kind::tools: return "tools";
     }
     return "?";
 }
@@ -55,6 +57,7 @@ std::shared_ptr<const compiled> compile(const constraint& c, std::chrono::millis
     case constraint::kind::regex: root = b.add("root", regex_expr(b, c.text)); break;
     case constraint::kind::gbnf: root = add_gbnf(b, c.text); break;
     case constraint::kind::choice: root = b.add("root", choice_expr(c.text)); break;
+    case constraint::kind::tools: root = add_tool_calls(b, parse_json(c.text, "tools")); break;
     }
     build_limits lim;
     lim.deadline = t0 + budget;
@@ -76,60 +79,141 @@ namespace {
 
 // One sequence's grammar state. apply() bans every token the state does not allow (the end
 // tokens too, until the grammar may end); accept() moves the state by the token's bytes and
-// keeps an undo mark for rewind().
+// keeps an undo mark for rewind(). With a trigger, it stays free (active_ false) until the
+// accepted text completes the trigger; the matcher waits past the trigger meanwhile.
 class grammar_processor final : public logits_processor {
 public:
-    grammar_processor(std::shared_ptr<mask_cache> cache, guide_stats* stats)
-        : cache_(std::move(cache)), m_(cache_->grammar()), allowed_(cache_->vocab().n_vocab()), stats_(stats) {}
+    grammar_processor(std::shared_ptr<mask_cache> cache, guide_stats* stats, std::shared_ptr<const trigger_table> trigger)
+        : cache_(std::move(cache)), m_(cache_->grammar()), allowed_(cache_->vocab().n_vocab()), stats_(stats),
+          trigger_(std::move(trigger)), active_(!trigger_) {
+        if (trigger_ && !m_.advance(trigger_->trigger))
+            throw grammar_error(fmt::format("the grammar does not start with its trigger '{}'", trigger_->trigger));
+    }
 
     std::string_view name() const override { return "grammar"; }
 
     void apply(std::span<float> logits, std::span<const token_id>) override {
         const auto t0 = std::chrono::steady_clock::now();
-        if (broken_) allowed_.clear();
-        else cache_->fill(m_, allowed_);
-        const auto n = std::min<size_t>(logits.size(), size_t(allowed_.size()));
-        for (size_t t = 0; t < n; ++t)
-            if (!allowed_.has(token_id(t))) logits[t] = -std::numeric_limits<float>::infinity();
-        for (size_t t = n; t < logits.size(); ++t) logits[t] = -std::numeric_limits<float>::infinity();
-        if (stats_)
+        constexpr float banned = -std::numeric_limits<float>::infinity();
+        if (!active_) {
+            if (match_ >= 0)
+                for (const auto& [t, end] : trigger_->completing[size_t(match_)])
+                    if (size_t(t) < logits.size() && logits[size_t(t)] != banned &&
+                        !continues(cache_->vocab().piece(t).substr(end)))
+                        logits[size_t(t)] = banned;
+        } else {
+            if (broken_) allowed_.clear();
+            else cache_->fill(m_, allowed_);
+            const auto n = std::min<size_t>(logits.size(), size_t(allowed_.size()));
+            for (size_t t = 0; t < n; ++t)
+                if (!allowed_.has(token_id(t))) logits[t] = banned;
+            for (size_t t = n; t < logits.size(); ++t) logits[t] = banned;
+        }
+        if (stats_ && active_) // the mask time of constrained tokens; free ones cost next to nothing
             stats_->mask_us.observe(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
 
     void accept(token_id t) override {
-        marks_.push_back(m_.checkpoint());
+        undo_.push_back({m_.checkpoint(), match_, active_});
         const auto& ends = cache_->vocab().end_tokens();
         if (std::find(ends.begin(), ends.end(), t) != ends.end()) return; // the text ended
+        if (t < 0 || t >= cache_->vocab().n_vocab()) {
+            broken_ = true;
+            return;
+        }
+        std::string_view bytes = cache_->vocab().piece(t);
+        if (!active_) {
+            const auto n = int32_t(trigger_->trigger.size());
+            size_t i = 0;
+            while (i < bytes.size() && match_ >= 0 && match_ < n) match_ = trigger_->step(match_, uint8_t(bytes[i++]));
+            if (match_ != n) return;
+            active_ = true;
+            bytes.remove_prefix(i);
+        }
         // A token the mask banned cannot come from the sampler; should one arrive anyway (a
         // caller's bug), nothing may follow it rather than text the grammar does not allow.
-        if (t < 0 || t >= cache_->vocab().n_vocab() || !m_.advance(cache_->vocab().piece(t))) broken_ = true;
+        if (!m_.advance(bytes)) broken_ = true;
     }
 
     void rewind(int32_t n) override {
         if (n <= 0) return;
-        TANDEM_ASSERT(size_t(n) <= marks_.size(), "rewind {} of {} tokens", n, marks_.size());
-        const matcher::mark m = marks_[marks_.size() - size_t(n)];
-        m_.rollback(m);
-        m_.drop(m);
-        marks_.resize(marks_.size() - size_t(n));
+        TANDEM_ASSERT(size_t(n) <= undo_.size(), "rewind {} of {} tokens", n, undo_.size());
+        const undo u = undo_[undo_.size() - size_t(n)];
+        m_.rollback(u.m);
+        m_.drop(u.m);
+        match_ = u.match;
+        active_ = u.active;
+        undo_.resize(undo_.size() - size_t(n));
         broken_ = false;
     }
 
     std::unique_ptr<logits_processor> clone() const override { return std::make_unique<grammar_processor>(*this); }
 
 private:
+    struct undo {
+        matcher::mark m;
+        int32_t match;
+        bool active;
+    };
+
+    // Whether the grammar, past the trigger, takes `bytes` (the state left as it was).
+    bool continues(std::string_view bytes) {
+        const matcher::mark m = m_.checkpoint();
+        const bool ok = m_.advance(bytes);
+        m_.rollback(m);
+        m_.drop(m);
+        return ok;
+    }
+
     std::shared_ptr<mask_cache> cache_;
     matcher m_;
     token_set allowed_;
-    std::vector<matcher::mark> marks_; // before each accepted token
+    std::vector<undo> undo_; // before each accepted token
     bool broken_ = false;
     guide_stats* stats_;
+    std::shared_ptr<const trigger_table> trigger_;
+    bool active_;
+    int32_t match_ = 0; // while free: the trigger's partial match (-1: it can no longer come)
 };
 
 } // namespace
 
-std::unique_ptr<logits_processor> make_grammar_processor(std::shared_ptr<mask_cache> cache, guide_stats* stats) {
-    return std::make_unique<grammar_processor>(std::move(cache), stats);
+std::unique_ptr<logits_processor> make_grammar_processor(std::shared_ptr<mask_cache> cache, guide_stats* stats,
+                                                         std::shared_ptr<const trigger_table> trigger) {
+    return std::make_unique<grammar_processor>(std::move(cache), stats, std::move(trigger));
+}
+
+trigger_table::trigger_table(const vocab_trie& vocab, std::string trigger_text, bool anchored_at_start)
+    : trigger(std::move(trigger_text)), anchored(anchored_at_start) {
+    TANDEM_ASSERT(!trigger.empty(), "an empty trigger");
+    const auto n = int32_t(trigger.size());
+    fail_.assign(size_t(n), 0); // fail_[i]: the longest proper border of trigger[0, i]
+    for (int32_t i = 1, k = 0; i < n; ++i) {
+        while (k > 0 && trigger[size_t(i)] != trigger[size_t(k)]) k = fail_[size_t(k - 1)];
+        if (trigger[size_t(i)] == trigger[size_t(k)]) ++k;
+        fail_[size_t(i)] = k;
+    }
+    completing.resize(size_t(n));
+    for (token_id t = 0; t < vocab.n_vocab(); ++t) {
+        const std::string_view p = vocab.piece(t);
+        for (int32_t j = 0; j < n; ++j)
+            for (size_t i = 0, s = size_t(j); i < p.size();) {
+                const int32_t next = step(int32_t(s), uint8_t(p[i++]));
+                if (next < 0) break;
+                if (next == n) {
+                    completing[size_t(j)].push_back({t, uint32_t(i)});
+                    break;
+                }
+                s = size_t(next);
+            }
+    }
+}
+
+int32_t trigger_table::step(int32_t j, uint8_t c) const {
+    if (j < 0) return -1;
+    if (anchored) return uint8_t(trigger[size_t(j)]) == c ? j + 1 : -1;
+    while (j > 0 && uint8_t(trigger[size_t(j)]) != c) j = fail_[size_t(j - 1)];
+    return uint8_t(trigger[size_t(j)]) == c ? j + 1 : 0;
 }
 
 guide_registry::guide_registry(std::shared_ptr<const vocab_trie> vocab, size_t capacity)
@@ -158,8 +242,17 @@ std::shared_ptr<mask_cache> guide_registry::get(const constraint& c) {
     return cache;
 }
 
-std::unique_ptr<logits_processor> guide_registry::make_processor(const std::shared_ptr<mask_cache>& cache) {
-    return make_grammar_processor(cache, &stats_);
+std::unique_ptr<logits_processor> guide_registry::make_processor(const std::shared_ptr<mask_cache>& cache,
+                                                                 std::string_view trigger, bool anchored) {
+    if (trigger.empty()) return make_grammar_processor(cache, &stats_);
+    std::shared_ptr<const trigger_table> table;
+    {
+        std::lock_guard lock(mu_);
+        auto& slot = triggers_[{std::string(trigger), anchored}];
+        if (!slot) slot = std::make_shared<const trigger_table>(*vocab_, std::string(trigger), anchored);
+        table = slot;
+    }
+    return make_grammar_processor(cache, &stats_, std::move(table));
 }
 
 } // namespace tandem::grammar

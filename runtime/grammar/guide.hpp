@@ -18,9 +18,10 @@
 namespace tandem::grammar {
 
 // What a request constrains its output to. `text` is the schema (JSON text), the regular
-// expression, the GBNF grammar, or the choices (a JSON array of strings).
+// expression, the GBNF grammar, the choices (a JSON array of strings), or the tools
+// (tools_constraint_text: calls to the request's functions).
 struct constraint {
-    enum class kind : uint8_t { json_object, json_schema, regex, gbnf, choice };
+    enum class kind : uint8_t { json_object, json_schema, regex, gbnf, choice, tools };
     kind k = kind::json_object;
     std::string text;
     bool operator<(const constraint& o) const { return std::tie(k, text) < std::tie(o.k, o.text); }
@@ -45,6 +46,22 @@ struct guide_stats {
     std::atomic<uint64_t> n_compile_cache_hits{0};
 };
 
+// For each partial match of a trigger (its first j bytes matched, j < its length), the
+// tokens that would complete it and where in the token the trigger ends.
+struct trigger_table {
+    std::string trigger;
+    bool anchored = false;
+    std::vector<std::vector<std::pair<token_id, uint32_t>>> completing; // [j]: (token, end offset)
+
+    trigger_table(const vocab_trie& vocab, std::string trigger, bool anchored);
+    // The partial match after byte c from partial match j; -1: an anchored trigger can no
+    // longer match. Returns the trigger's length when c completes it.
+    int32_t step(int32_t j, uint8_t c) const;
+
+private:
+    std::vector<int32_t> fail_; // KMP failure function (unanchored)
+};
+
 // Compiled constraints and their mask caches for one vocabulary, the most recently used kept.
 class guide_registry {
 public:
@@ -52,8 +69,13 @@ public:
 
     // The mask cache for c, compiled on first use; throws grammar_error.
     std::shared_ptr<mask_cache> get(const constraint& c);
-    // A processor for one sequence, at the grammar's start.
-    std::unique_ptr<logits_processor> make_processor(const std::shared_ptr<mask_cache>& cache);
+    // A processor for one sequence, at the grammar's start. With a trigger, the text is free
+    // until the trigger appears (anywhere, or only at the start when anchored) and the
+    // grammar's from there, the grammar starting with the trigger: tool calls with
+    // tool_choice "auto". A token that would complete the trigger is allowed only when the
+    // grammar accepts the rest of it.
+    std::unique_ptr<logits_processor> make_processor(const std::shared_ptr<mask_cache>& cache,
+                                                     std::string_view trigger = {}, bool anchored = false);
 
     const vocab_trie& vocab() const { return *vocab_; }
     guide_stats& stats() { return stats_; }
@@ -61,14 +83,17 @@ public:
 private:
     std::shared_ptr<const vocab_trie> vocab_;
     size_t capacity_;
+    std::map<std::pair<std::string, bool>, std::shared_ptr<const trigger_table>> triggers_; // under mu_
     std::mutex mu_;
     std::list<constraint> lru_; // most recent first
     std::map<constraint, std::pair<std::shared_ptr<mask_cache>, std::list<constraint>::iterator>> map_;
     guide_stats stats_;
 };
 
-// The processor alone (tests and the offline CLI build it without a registry).
+// The processor alone (tests and the offline CLI build it without a registry). `trigger`
+// as guide_registry::make_processor's (null: the grammar applies from the start).
 std::unique_ptr<logits_processor> make_grammar_processor(std::shared_ptr<mask_cache> cache,
-                                                         guide_stats* stats = nullptr);
+                                                         guide_stats* stats = nullptr,
+                                                         std::shared_ptr<const trigger_table> trigger = nullptr);
 
 } // namespace tandem::grammar

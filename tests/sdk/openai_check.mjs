@@ -1,5 +1,5 @@
-// The OpenAI Node SDK against tandemd: guided generation through response_format, plain and
-// streamed. Run by scripts/sdk-check.sh (it needs the npm registry once, so it is not in CI).
+// The OpenAI Node SDK against tandemd: guided generation through response_format, and tool
+// calls with tool_choice "required", plain and streamed. Run by scripts/sdk-check.sh (it needs the npm registry once, so it is not in CI).
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -41,10 +41,58 @@ for (let seed = 1; seed <= 5; ++seed) {
   ++n;
 }
 
+// Tool calls: with tool_choice "required" every reply is a call to an offered function whose
+// arguments meet its parameters.
+const tools = [
+  { type: 'function', function: { name: 'get_weather', description: 'Weather now',
+    parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 16 },
+      unit: { enum: ['c', 'f'] } }, required: ['city', 'unit'] } } },
+  { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } },
+];
+function checkCall(call) {
+  assert.equal(call.type, 'function');
+  assert.match(call.id, /^call_[A-Za-z0-9]{24}$/);
+  const args = JSON.parse(call.function.arguments);
+  if (call.function.name === 'get_weather') {
+    assert.equal(typeof args.city, 'string');
+    assert.ok([...args.city].length <= 16);
+    assert.ok(['c', 'f'].includes(args.unit));
+    assert.deepEqual(Object.keys(args).sort(), ['city', 'unit']);
+  } else {
+    assert.equal(call.function.name, 'get_time');
+    assert.deepEqual(args, {});
+  }
+}
+const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
+let nCalls = 0;
+for (let seed = 1; seed <= 4; ++seed) {
+  const req = { model: 'stories260K', messages: ask, tools, tool_choice: 'required', parallel_tool_calls: false,
+    seed, max_tokens: 200, temperature: 1 };
+  const r = await client.chat.completions.create(req);
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  assert.equal(r.choices[0].message.tool_calls.length, 1);
+  checkCall(r.choices[0].message.tool_calls[0]);
+  ++nCalls;
+
+  // Streamed, put together by the SDK's own accumulator.
+  const stream = client.chat.completions.stream(req);
+  const done = await stream.finalChatCompletion();
+  assert.equal(done.choices[0].finish_reason, 'tool_calls');
+  const call = done.choices[0].message.tool_calls[0];
+  checkCall(call);
+  assert.deepEqual(call.function, r.choices[0].message.tool_calls[0].function, 'streamed and plain differ for one seed');
+  ++nCalls;
+
+  // The call's result sent back: the history is accepted.
+  const next = await client.chat.completions.create({ model: 'stories260K', max_tokens: 8, tools,
+    messages: [...ask, r.choices[0].message, { role: 'tool', tool_call_id: call.id, content: '18 C' }] });
+  assert.ok(['stop', 'length', 'tool_calls'].includes(next.choices[0].finish_reason));
+}
+
 // What cannot be honoured is a 400 naming it, which the SDK raises.
 await assert.rejects(
   client.chat.completions.create({ model: 'stories260K', messages, max_tokens: 5,
     response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'array', uniqueItems: true } } } }),
   (e) => e.status === 400 && /uniqueItems/.test(e.message));
 const { version } = JSON.parse(readFileSync(new URL('./node_modules/openai/package.json', import.meta.url)));
-console.log(`openai ${version}: ${n} schema-valid replies (plain and streamed), and the 400`);
+console.log(`openai ${version}: ${n} schema-valid replies and ${nCalls} valid tool calls (plain and streamed), and the 400`);
