@@ -9,6 +9,7 @@
 #include "quant/int8.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/grammar/guide.hpp"
 #include "runtime/log.hpp"
 #include "runtime/quantize_file.hpp"
 
@@ -25,6 +26,7 @@
 #include <future>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -129,6 +131,7 @@ struct bench_opts {
     std::vector<int> batches{1, 8, 16};
     bool json = false, no_raw = false;
     int32_t speculative = 0; // --speculative K: the speculative-decoding mode
+    bool guided = false;     // --guided-decode: decode under a JSON schema vs without
 };
 
 // Read bandwidth in GB/s, measured by streaming over the weight matrices themselves (well
@@ -418,38 +421,117 @@ int cmd_bench(const bench_opts& o) {
     return 0;
 }
 
-// Wall time of one greedy request on an in-process engine, and its engine's draft counts.
+// One run of requests on an in-process engine: wall time, tokens, the engine's counters, and
+// the decode window (from when every sequence has its first token to the end).
 struct engine_run {
     double seconds = 0;
     int32_t n_tokens = 0;
     engine_stats stats;
+    double decode_seconds = 0;
+    int32_t n_decode_tokens = 0;
 };
 
-engine_run run_greedy(model_bundle& b, int threads, const std::vector<token_id>& prompt, int32_t n_gen,
-                      int32_t draft_tokens) {
+// `n_seqs` copies of `req` (sequence i seeded with i) decoding together.
+engine_run run_engine(model_bundle& b, int threads, const engine_request& req, int n_seqs) {
     engine_options eo;
     eo.n_threads = threads;
-    eo.max_draft_tokens = draft_tokens;
+    eo.max_draft_tokens = req.draft_tokens;
+    eo.max_running = std::max(eo.max_running, n_seqs);
     auto eng = make_local_engine(*b.mdl, *b.tok, eo);
+    std::promise<void> done;
+    std::mutex mu;
+    engine_run r;
+    int n_started = 0, n_done = 0;
+    clock_type::time_point all_started{};
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < n_seqs; ++i) {
+        engine_request q = req;
+        q.sampling.seed = uint64_t(i);
+        TANDEM_CHECK(eng->submit(q, [&, first = true](engine_event&& ev) mutable {
+                             std::lock_guard lock(mu);
+                             if (ev.done) {
+                                 if (++n_done == n_seqs) done.set_value();
+                                 return;
+                             }
+                             if (std::exchange(first, false) && ++n_started == n_seqs) all_started = clock_type::now();
+                             else if (n_started == n_seqs) ++r.n_decode_tokens;
+                             ++r.n_tokens;
+                         }).status == submit_status::ok,
+                     "the benchmark's request was refused");
+    }
+    done.get_future().wait();
+    r.seconds = since(t0);
+    r.decode_seconds = since(all_started);
+    r.stats = eng->stats();
+    eng->stop();
+    return r;
+}
+
+// Wall time of one greedy request, and its engine's draft counts.
+engine_run run_greedy(model_bundle& b, int threads, const std::vector<token_id>& prompt, int32_t n_gen,
+                      int32_t draft_tokens) {
     engine_request req;
     req.prompt = prompt;
     req.max_tokens = n_gen;
     req.sampling.temperature = 0;
     req.ignore_eos = true;
     req.draft_tokens = draft_tokens;
-    std::promise<void> done;
-    engine_run r;
-    const auto t0 = clock_type::now();
-    TANDEM_CHECK(eng->submit(req, [&](engine_event&& ev) {
-                         if (!ev.done) ++r.n_tokens;
-                         else done.set_value();
-                     }).status == submit_status::ok,
-                 "the benchmark's request was refused");
-    done.get_future().wait();
-    r.seconds = since(t0);
-    r.stats = eng->stats();
-    eng->stop();
-    return r;
+    return run_engine(b, threads, req, 1);
+}
+
+// `tandem bench --guided-decode`: decode on the engine under a JSON schema (records in an
+// array that never ends within -n tokens, sampled at temperature 1) against the same decode
+// unconstrained, at each --batch size, runs interleaved; the schema's mask cache is warmed by
+// one run first, as a daemon's is by earlier requests, and that cold run is reported apart.
+int cmd_bench_guided(const bench_opts& o) {
+    cpu::ensure_passive_openmp();
+    model_bundle b = load_model(resolve_model(o.model), o.load);
+    const nlohmann::json schema = nlohmann::json::parse(R"({
+      "type": "array", "minItems": 10000,
+      "items": {"type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 24},
+                               "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                               "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+                               "active": {"type": "boolean"}},
+                "required": ["name", "age", "tags", "active"]}})");
+    auto cache = std::make_shared<grammar::mask_cache>(
+        grammar::compile({grammar::constraint::kind::json_schema, schema.dump()}), grammar::vocab_trie::of(*b.tok));
+    engine_request plain;
+    plain.prompt = b.tok->encode("Records:", true, false);
+    plain.max_tokens = o.n_gen;
+    plain.sampling.temperature = 1;
+    plain.ignore_eos = true;
+    engine_request guided = plain;
+    guided.ignore_eos = false;
+    guided.make_processor = [cache] { return grammar::make_grammar_processor(cache); };
+    const auto tok_s = [](const engine_run& r) { return r.n_decode_tokens / r.decode_seconds; };
+    constexpr int reps = 2;
+    nlohmann::json j{{"model", resolve_model(o.model)}, {"threads", o.threads}, {"n_gen", o.n_gen}};
+    for (const int nb : o.batches) {
+        const double cold = tok_s(run_engine(b, o.threads, guided, nb));
+        double t_plain = 0, t_guided = 0;
+        for (int rep = 0; rep < reps; ++rep) {
+            t_plain += tok_s(run_engine(b, o.threads, plain, nb)) / reps;
+            t_guided += tok_s(run_engine(b, o.threads, guided, nb)) / reps;
+        }
+        j["batch"][std::to_string(nb)] = {{"tok_s_plain", t_plain},
+                                          {"tok_s_guided", t_guided},
+                                          {"tok_s_guided_cold", cold},
+                                          {"ratio", t_guided / t_plain},
+                                          {"ratio_cold", cold / t_plain}};
+    }
+    if (o.json) {
+        std::cout << j.dump() << "\n";
+        return 0;
+    }
+    std::cout << fmt::format("model        {}, {} threads, {} tokens a sequence\n", j["model"].get<std::string>(),
+                             o.threads, o.n_gen);
+    for (const auto& [nb, r] : j["batch"].items())
+        std::cout << fmt::format("batch {:>3}    plain {:.1f} tok/s, JSON schema {:.1f} tok/s: {:.3f}x "
+                                 "(first run, masks cold: {:.3f}x)\n",
+                                 nb, r["tok_s_plain"].get<double>(), r["tok_s_guided"].get<double>(),
+                                 r["ratio"].get<double>(), r["ratio_cold"].get<double>());
+    return 0;
 }
 
 // `tandem bench --speculative K`: what verifying drafts costs (a step that computes k + 1
@@ -589,12 +671,16 @@ void register_bench(CLI::App& app, registry& reg) {
                       "speculative decoding instead: the cost of verifying k = 1..K drafts in one step, and prompt "
                       "lookup with K drafts on the engine (-n tokens, greedy)")
         ->check(CLI::Range(1, 16));
+    bench->add_flag("--guided-decode", bo->guided,
+                    "guided generation instead: decode on the engine under a JSON schema vs unconstrained, side by "
+                    "side at each --batch size (-n tokens a sequence, temperature 1)");
     const bench_mode serve = add_bench_serve(bench, bo->json);
     const bench_mode guided = add_bench_grammar(bench, bo->model, bo->json);
     reg.push_back({bench, [bo, serve, guided] {
                        if (serve.flag->count()) return serve.run();
                        if (guided.flag->count()) return guided.run();
-                       return bo->speculative > 0 ? cmd_bench_speculative(*bo) : cmd_bench(*bo);
+                       if (bo->guided) return cmd_bench_guided(*bo);
+                   return bo->speculative > 0 ? cmd_bench_speculative(*bo) : cmd_bench(*bo);
                    }});
 }
 
