@@ -14,7 +14,7 @@
 
 namespace tandem::daemon {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json; // keys in the order the client wrote them (schemas: properties in order)
 
 // An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with its status.
 struct api_error {

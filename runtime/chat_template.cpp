@@ -115,9 +115,9 @@ std::string capitalized(std::string_view role) {
 
 // Python's json.dumps as transformers' tojson calls it (ensure_ascii off): ", " and ": "
 // between items; with an indent, each item on its own line and "," after it.
-void py_json(std::string& out, const nlohmann::json& j, int indent = 0, int depth = 0) {
+void py_json(std::string& out, const nlohmann::ordered_json& j, int indent = 0, int depth = 0) {
     if (!j.is_structured() || j.empty()) {
-        out += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        out += j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
         return;
     }
     const bool object = j.is_object();
@@ -142,7 +142,7 @@ void py_json(std::string& out, const nlohmann::json& j, int indent = 0, int dept
 }
 
 std::string py_json_text(std::string_view json_text, int indent = 0) {
-    const auto j = nlohmann::json::parse(json_text, nullptr, false);
+    const auto j = nlohmann::ordered_json::parse(json_text, nullptr, false);
     if (j.is_discarded()) return std::string(json_text); // not JSON: as the client wrote it
     std::string out;
     py_json(out, j, indent);
@@ -205,8 +205,8 @@ std::vector<chat_message> fold_hermes(std::span<const chat_message> messages, st
 std::string mistral_tools(std::span<const std::string> tools) {
     std::string out = "[AVAILABLE_TOOLS] [";
     for (size_t i = 0; i < tools.size(); ++i) {
-        const auto t = nlohmann::json::parse(tools[i], nullptr, false);
-        const auto fn = t.is_object() ? t.value("function", nlohmann::json::object()) : nlohmann::json::object();
+        const auto t = nlohmann::ordered_json::parse(tools[i], nullptr, false);
+        const auto fn = t.is_object() ? t.value("function", nlohmann::ordered_json::object()) : nlohmann::ordered_json::object();
         append(out, i ? ", " : "", "{\"type\": \"function\", \"function\": {");
         bool first = true;
         for (auto it = fn.begin(); it != fn.end(); ++it) {
@@ -377,7 +377,7 @@ std::string chat_template::render(std::span<const chat_message> messages, bool a
             const chat_message& m = messages[i];
             if (m.role == "tool") { // the reference writes a result through tojson: a JSON string
                 std::string result;
-                py_json(result, nlohmann::json(m.content));
+                py_json(result, nlohmann::ordered_json(m.content));
                 turn("ipython", result);
             } else if (!m.tool_calls.empty()) { // one call a turn: the format has no other
                 for (const auto& c : m.tool_calls)

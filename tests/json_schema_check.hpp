@@ -24,7 +24,7 @@
 
 namespace tandem::schema_check {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json; // keys in insertion order, as the grammar writes properties
 
 inline bool is_annotation(const std::string& k) {
     static const std::set<std::string> a = {"title",    "description", "$schema",    "$id",      "examples", "default",
@@ -438,7 +438,7 @@ private:
             if (req) required.push_back(name);
         }
         json s = {{"type", "object"}, {"properties", props}};
-        if (d_.chance(0.2)) required.push_back("extra_req"); // listed only in required: additional must allow it
+        if (d_.chance(0.2)) required.push_back("z_extra_req"); // listed only in required (sorting after every listed name, where the grammar puts it): additional must allow it
         switch (d_.between(0, 3)) {
         case 0: break;
         case 1: s["additionalProperties"] = false; break;
@@ -450,7 +450,7 @@ private:
             required.erase(std::unique(required.begin(), required.end()), required.end());
             s["required"] = required;
         }
-        if (std::find(required.begin(), required.end(), "extra_req") != required.end() && s.value("additionalProperties", json(false)) == false)
+        if (std::find(required.begin(), required.end(), "z_extra_req") != required.end() && s.value("additionalProperties", json(false)) == false)
             s["additionalProperties"] = true;
         if (props.empty() && d_.chance(0.5)) s.erase("properties");
         return s;

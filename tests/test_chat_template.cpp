@@ -324,14 +324,13 @@ TEST_CASE("from_gguf: the template and BOS/EOS texts come from the file's metada
 }
 
 TEST_CASE("tools: described where each family's template puts them; past calls and results in its form") {
-    // The tool as a client sends it. Tandem reads requests with keys in name order, so the
-    // renderings below list them that way (docs/chat_templates.md).
+    // The tool as a client sends it; its keys keep their order (as transformers' dicts do).
     const std::vector<std::string> tools{
         R"({"type": "function", "function": {"name": "get_weather", "description": "Weather now",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})"};
-    const std::string tool_line = R"({"function": {"description": "Weather now", "name": "get_weather", "parameters": )"
-                                  R"({"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}}, )"
-                                  R"("type": "function"})";
+    const std::string tool_line = R"({"type": "function", "function": {"name": "get_weather", "description": )"
+                                  R"("Weather now", "parameters": {"type": "object", "properties": {"city": {"type": )"
+                                  R"("string"}}, "required": ["city"]}}})";
     const chat_message call{"assistant", "", {{"abcDEF123", "get_weather", R"({"city":"Paris"})"}}, {}};
     const chat_message result{"tool", "18 C", {}, "abcDEF123"};
 
@@ -364,11 +363,11 @@ TEST_CASE("tools: described where each family's template puts them; past calls a
           "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON "
           "for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the "
           "format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use "
-          "variables.\n\n{\n    \"function\": {\n        \"description\": \"Weather now\",\n        \"name\": "
-          "\"get_weather\",\n        \"parameters\": {\n            \"properties\": {\n                \"city\": {\n"
-          "                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n"
-          "                \"city\"\n            ],\n            \"type\": \"object\"\n        }\n    },\n    "
-          "\"type\": \"function\"\n}\n\nWeather in Paris?<|eot_id|>"
+          "variables.\n\n{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n"
+          "        \"description\": \"Weather now\",\n        \"parameters\": {\n            \"type\": \"object\",\n"
+          "            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n"
+          "                }\n            },\n            \"required\": [\n                \"city\"\n            ]\n"
+          "        }\n    }\n}\n\nWeather in Paris?<|eot_id|>"
           "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": "
           "\"Paris\"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n\"18 C\"<|eot_id|>"
           "<|start_header_id|>assistant<|end_header_id|>\n\n");
@@ -379,9 +378,9 @@ TEST_CASE("tools: described where each family's template puts them; past calls a
     CHECK(v3.render(mt, true, tools) ==
           "<s>[INST] Weather in Paris?[/INST][TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": "
           "\"Paris\"}, \"id\": \"abcDEF123\"}]</s>[TOOL_RESULTS] {\"content\": 18 C, \"call_id\": \"abcDEF123\"}"
-          "[/TOOL_RESULTS][AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"description\": \"Weather "
-          "now\", \"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, "
-          "\"required\": [\"city\"], \"type\": \"object\"}}}][/AVAILABLE_TOOLS][INST] Thanks[/INST]");
+          "[/TOOL_RESULTS][AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+          "\"description\": \"Weather now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "
+          "{\"type\": \"string\"}}, \"required\": [\"city\"]}}}][/AVAILABLE_TOOLS][INST] Thanks[/INST]");
 
     // Families without a form of their own: the hermes text in the system turn.
     const auto plain = chat_template::of(chat_family::plain, "", "");

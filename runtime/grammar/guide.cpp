@@ -26,16 +26,17 @@ std::string_view kind_name(constraint::kind k) {
 
 namespace {
 
-nlohmann::json parse_json(const std::string& text, const char* what) {
+// Keys kept in the text's order: a schema's properties are generated in the order it lists them.
+nlohmann::ordered_json parse_json(const std::string& text, const char* what) {
     try {
-        return nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
+        return nlohmann::ordered_json::parse(text);
+    } catch (const nlohmann::ordered_json::exception& e) {
         reject("the {} is not valid JSON: {}", what, e.what());
     }
 }
 
 expr choice_expr(const std::string& text) {
-    const nlohmann::json j = parse_json(text, "choice list");
+    const nlohmann::ordered_json j = parse_json(text, "choice list");
     if (!j.is_array() || j.empty()) reject("choice must be a non-empty array of strings");
     std::vector<expr> alts;
     for (const auto& c : j) {

@@ -19,7 +19,7 @@
 namespace tandem::grammar {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 using pointer = json::json_pointer;
 
 // Digit caps that keep every number finite to generate: 15 integer digits stay exact in a
@@ -703,7 +703,7 @@ private:
         return alt(std::move(alts));
     }
 
-    // Properties come in the order the schema object holds them (nlohmann::json's: by name), the
+    // Properties come in the order the schema object holds them (as the client wrote it), the
     // required ones mandatory. Additional properties: `false` none, `true` or a schema any key
     // that is none of the listed names, anywhere between them; absent, none when the schema
     // lists properties and any when it does not.
@@ -722,19 +722,27 @@ private:
             pointer p;
             bool required = false;
         };
-        std::map<std::string, spec> specs; // by name, as nlohmann orders keys
+        // In the schema's order: its properties, then required names it does not list.
+        std::vector<std::pair<std::string, spec>> specs;
+        std::map<std::string, size_t> index;
         if (props)
-            for (const auto& [name, sub] : props->items()) specs[name] = {&sub, p / "properties" / name};
+            for (const auto& [name, sub] : props->items()) {
+                index[name] = specs.size();
+                specs.push_back({name, {&sub, p / "properties" / name}});
+            }
         if (required)
             for (const json& name : *required) {
                 if (!name.is_string()) reject("\"required\" {} must be an array of strings", where(p));
-                const pointer ep = p / "additionalProperties";
-                auto [it, added] = specs.try_emplace(name.get<std::string>(), spec{&extra_schema, ep});
-                if (added && !extras)
-                    reject("required property {} {} is neither in \"properties\" nor allowed by additionalProperties",
-                           name.dump(), where(p));
-                if (*it->second.schema == false) reject("required property {} {} is false", name.dump(), where(p));
-                it->second.required = true;
+                const auto [it, added] = index.try_emplace(name.get<std::string>(), specs.size());
+                if (added) {
+                    if (!extras)
+                        reject("required property {} {} is neither in \"properties\" nor allowed by additionalProperties",
+                               name.dump(), where(p));
+                    specs.push_back({name.get<std::string>(), {&extra_schema, p / "additionalProperties"}});
+                }
+                spec& sp = specs[it->second].second;
+                if (*sp.schema == false) reject("required property {} {} is false", name.dump(), where(p));
+                sp.required = true;
             }
         std::vector<std::u32string> names;
         std::vector<listed_member> members;
@@ -744,6 +752,7 @@ private:
             const expr value = schema(*sp.schema, sp.p, depth + 1);
             members.push_back({b_.add(name, seq({lit(json(name).dump()), colon(), value})), sp.required});
         }
+        std::sort(names.begin(), names.end()); // other_key wants them sorted
         std::optional<expr> extra_kv;
         if (extras) {
             const expr value = schema(extra_schema, p / "additionalProperties", depth + 1);
@@ -850,7 +859,7 @@ private:
 
 } // namespace
 
-rule_id add_json_schema(builder& b, const nlohmann::json& schema, const json_options& opt) {
+rule_id add_json_schema(builder& b, const nlohmann::ordered_json& schema, const json_options& opt) {
     return compiler(b, schema, opt).schema_rule(pointer(), 0);
 }
 

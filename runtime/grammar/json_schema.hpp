@@ -11,8 +11,10 @@
 // other keyword is a grammar_error naming it and its JSON pointer.
 //
 // Tandem's reading, where JSON Schema leaves room or a generator needs one:
-// - Properties come in the order the schema object holds them; nlohmann::json sorts keys, so
-//   by name (UTF-8 byte order). Required ones must appear.
+// - Properties come in the order the schema object lists them (the schema is read as an
+//   ordered_json, so as the client wrote it), then required names it does not list, in
+//   `required`'s order; merged schemas (allOf, $ref siblings) list the first side's first.
+//   Required ones must appear.
 // - additionalProperties false: none; true or a schema: keys that are none of the listed names
 //   (however escaped), anywhere between them. Absent: none when the schema lists `properties`
 //   (OpenAI's strict mode and llama.cpp do the same; JSON Schema would allow any), any when it
@@ -23,8 +25,9 @@
 //   one schema (properties and required joined, any other keyword on two sides must agree);
 //   keywords beside anyOf/oneOf merge into each branch.
 // - $ref: JSON pointers into this document ("#", "#/$defs/a~1b" with ~0 ~1 escapes).
-// - enum and const values are written as nlohmann writes them, whitespace allowed between
-//   tokens; beside them only `type` (which filters them) and annotations.
+// - enum and const values are written as nlohmann writes them (object keys in the schema's
+//   order), whitespace allowed between tokens; beside them only `type` (which filters them)
+//   and annotations.
 // - Numbers have at most 15 integer, 20 fraction and 2 exponent digits. Integers are plain
 //   digits (not 1.0 or 1e3), never -0. Bounded numbers have no exponent and no -0, and meet
 //   their bounds exactly in decimal, a bound read as the shortest decimal of its double.
@@ -53,7 +56,7 @@ struct json_options {
 };
 
 // The rule for a JSON value valid under `schema`; its rules are added to b.
-rule_id add_json_schema(builder& b, const nlohmann::json& schema, const json_options& opt = {});
+rule_id add_json_schema(builder& b, const nlohmann::ordered_json& schema, const json_options& opt = {});
 // The rule for any JSON object (response_format json_object).
 rule_id add_json_object(builder& b, const json_options& opt = {});
 

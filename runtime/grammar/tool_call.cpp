@@ -34,17 +34,17 @@ const call_layout& layout_of(tool_syntax s) {
 }
 
 std::string tools_constraint_text(tool_syntax s, std::span<const tool_function> functions, bool parallel) {
-    nlohmann::json tools = nlohmann::json::array();
+    nlohmann::ordered_json tools = nlohmann::ordered_json::array();
     for (const auto& f : functions)
         tools.push_back({{"name", f.name},
-                         {"parameters", f.parameters.empty() ? nlohmann::json(nullptr)
-                                                             : nlohmann::json::parse(f.parameters, nullptr, false)}});
-    return nlohmann::json{{"syntax", name_of(s)}, {"parallel", parallel}, {"tools", tools}}.dump();
+                         {"parameters", f.parameters.empty() ? nlohmann::ordered_json(nullptr)
+                                                             : nlohmann::ordered_json::parse(f.parameters, nullptr, false)}});
+    return nlohmann::ordered_json{{"syntax", name_of(s)}, {"parallel", parallel}, {"tools", tools}}.dump();
 }
 
 namespace {
 
-tool_syntax syntax_named(const nlohmann::json& j) {
+tool_syntax syntax_named(const nlohmann::ordered_json& j) {
     for (const tool_syntax s : {tool_syntax::hermes, tool_syntax::llama3, tool_syntax::mistral})
         if (j.is_string() && j.get<std::string>() == name_of(s)) return s;
     reject("unknown tool call syntax {}", j.dump());
@@ -52,12 +52,12 @@ tool_syntax syntax_named(const nlohmann::json& j) {
 
 // A function's arguments: always a JSON object. No schema, or an empty one, is any object; a
 // schema without `type` is read as an object schema.
-rule_id arguments_rule(builder& b, const nlohmann::json& params) {
+rule_id arguments_rule(builder& b, const nlohmann::ordered_json& params) {
     if (params.is_null() || (params.is_object() && params.empty())) return add_json_object(b);
     if (!params.is_object()) reject("must be a JSON Schema object, not {}", params.dump());
     const auto type = params.find("type");
     if (type == params.end()) {
-        nlohmann::json object_schema = params;
+        nlohmann::ordered_json object_schema = params;
         object_schema["type"] = "object";
         return add_json_schema(b, object_schema);
     }
@@ -67,7 +67,7 @@ rule_id arguments_rule(builder& b, const nlohmann::json& params) {
 
 } // namespace
 
-rule_id add_tool_calls(builder& b, const nlohmann::json& spec) {
+rule_id add_tool_calls(builder& b, const nlohmann::ordered_json& spec) {
     const call_layout& lay = layout_of(syntax_named(spec.at("syntax")));
     std::vector<expr> calls;
     for (const auto& f : spec.at("tools")) {
