@@ -1,6 +1,7 @@
 // `tandem bench --grammar`: guided generation's costs on a model's vocabulary: compiling a
-// constraint, and the token mask per generated token (cold: positions met for the first
-// time; warm: the mask cache filled), over random walks that pick any allowed token.
+// constraint (with the mask cache's classification ahead, --grammar-prepare-ms), and the token
+// mask per generated token (first walk: contexts the cache has not classified yet are met;
+// later walks: mostly classified), over random walks that pick any allowed token.
 #include "daemon/cli.hpp"
 
 #include "runtime/gguf.hpp"
@@ -94,11 +95,12 @@ void walk(grammar::mask_cache& cache, std::mt19937& rng, int n_tokens, walk_stat
     }
 }
 
-int run_grammar_bench(const std::string& model, int walks, int n_tokens, bool as_json) {
+int run_grammar_bench(const std::string& model, int walks, int n_tokens, double prepare_ms, bool as_json) {
     const tokenizer tok = tokenizer::from_gguf(gguf::file::open(resolve_model(model)));
     auto t0 = clock_type::now();
     const auto vocab = grammar::vocab_trie::of(tok);
-    json j{{"model", resolve_model(model)}, {"n_vocab", tok.n_vocab()}, {"vocab_trie_ms", us_since(t0) / 1000}};
+    json j{{"model", resolve_model(model)}, {"n_vocab", tok.n_vocab()}, {"vocab_trie_ms", us_since(t0) / 1000},
+           {"prepare_ms", prepare_ms}};
     using kind = grammar::constraint::kind;
     const std::vector<std::pair<std::string, grammar::constraint>> cases{
         {"record_schema", {kind::json_schema, record_schema().dump()}},
@@ -109,7 +111,8 @@ int run_grammar_bench(const std::string& model, int walks, int n_tokens, bool as
     std::mt19937 rng(1);
     for (const auto& [name, c] : cases) {
         t0 = clock_type::now();
-        auto cache = std::make_shared<grammar::mask_cache>(grammar::compile(c), vocab);
+        auto cache = std::make_shared<grammar::mask_cache>(
+            grammar::compile(c), vocab, std::chrono::microseconds(int64_t(prepare_ms * 1000)));
         const double compile_ms = us_since(t0) / 1000;
         walk_stats cold, warm;
         walk(*cache, rng, n_tokens, cold);
@@ -123,8 +126,9 @@ int run_grammar_bench(const std::string& model, int walks, int n_tokens, bool as
         std::cout << j.dump(2) << "\n";
         return 0;
     }
-    std::cout << fmt::format("vocabulary   {} tokens (trie built in {:.1f} ms)\n", tok.n_vocab(),
-                             j["vocab_trie_ms"].get<double>());
+    std::cout << fmt::format("vocabulary   {} tokens (trie built in {:.1f} ms); contexts classified ahead for {:g} "
+                             "ms at most\n",
+                             tok.n_vocab(), j["vocab_trie_ms"].get<double>(), prepare_ms);
     std::cout << fmt::format("{:<18} {:>10} {:>9}  {:>30}  {:>30}\n", "constraint", "compile", "positions",
                              "mask, first walk (mean/p99)", "mask, later walks (mean/p99)");
     for (const auto& [name, r] : j["cases"].items()) {
@@ -145,6 +149,7 @@ int run_grammar_bench(const std::string& model, int walks, int n_tokens, bool as
 bench_mode add_bench_grammar(CLI::App* bench, const std::string& model, const bool& json) {
     struct opts {
         int walks = 20, n_tokens = 200;
+        double prepare_ms = double(grammar::mask_cache::default_prepare.count()) / 1000;
         bool on = false;
     };
     auto o = std::make_shared<opts>();
@@ -153,7 +158,12 @@ bench_mode add_bench_grammar(CLI::App* bench, const std::string& model, const bo
                                                      "time per token on the model's vocabulary (random walks)");
     bench->add_option("--grammar-walks", o->walks, "random walks per constraint (--grammar)")->check(CLI::Range(1, 10000));
     bench->add_option("--grammar-tokens", o->n_tokens, "tokens per walk at most (--grammar)")->check(CLI::Range(1, 100000));
-    mode.run = [o, &model, &json] { return run_grammar_bench(model, o->walks, o->n_tokens, json); };
+    bench->add_option("--grammar-prepare-ms", o->prepare_ms,
+                      "time each constraint's mask cache may classify contexts before the walks, in the "
+                      "compile time (--grammar; 0: classify each when first met)")
+        ->check(CLI::Range(0.0, 60000.0))
+        ->capture_default_str();
+    mode.run = [o, &model, &json] { return run_grammar_bench(model, o->walks, o->n_tokens, o->prepare_ms, json); };
     return mode;
 }
 

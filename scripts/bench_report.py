@@ -265,6 +265,9 @@ def svg(runs, date, machine):
     return "\n".join(els) + "\n"
 
 
+KEEP_MARKER = "<!-- Below: other benchmarks' figures, written by hand; bench_report.py keeps them. -->"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--md", required=True)
@@ -282,8 +285,16 @@ def main():
     machine_short, machine = machine_description()
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load = args.load or "{:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg())
+    # Sections measured by other benchmarks (guided generation, ...) follow KEEP_MARKER in the
+    # page; they are kept as they are.
+    kept = ""
+    if os.path.exists(args.md):
+        with open(args.md) as f:
+            old = f.read()
+        if KEEP_MARKER in old:
+            kept = "\n" + old[old.index(KEEP_MARKER):]
     with open(args.md, "w") as f:
-        f.write(markdown(runs, args, machine, date, git_commit(), load))
+        f.write(markdown(runs, args, machine, date, git_commit(), load) + kept)
     with open(args.svg, "w") as f:
         f.write(svg(runs, date, machine_short))
 

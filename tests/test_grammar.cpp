@@ -66,7 +66,7 @@ struct random_grammar {
 
     std::shared_ptr<const compiled> make() {
         const int n = 1 + pick(4);
-        for (int i = 0; i < n; ++i) rules.push_back(b.declare("r" + std::to_string(i)));
+        for (int i = 0; i < n; ++i) rules.push_back(b.declare(fmt::format("r{}", i)));
         for (const rule_id r : rules) b.define(r, draw(3));
         return std::make_shared<const compiled>(b.build(rules[0]));
     }
@@ -237,29 +237,35 @@ TEST_CASE("checkpoint and rollback restore the state") {
     CHECK(m.advance("!"));
 }
 
+// Both ways a context gets its mask: classified when a walk first meets it (from what the
+// context less one frame left uncertain), and classified before any walk, by the cache's own
+// search of the contexts the grammar reaches.
 TEST_CASE("masks from the cache equal every token tried on the reference (random grammars)") {
     const auto vocab = toy_vocab();
-    std::mt19937 rng(5);
-    uint32_t seed = 1000;
-    for (int trial = 0; trial < 150; ++trial, ++seed) {
-        const auto g = some_random_grammar(seed);
-        CAPTURE(seed);
-        mask_cache cache(g, vocab);
-        matcher m(g);
-        std::string text;
-        token_set got(vocab->n_vocab());
-        for (int step = 0; step < 8; ++step) {
-            cache.fill(m, got);
-            const token_set want = reference_mask(*g, *vocab, text);
-            check_same(got, want, *vocab);
-            // Walk on by a random allowed token that is not the end.
-            std::vector<token_id> next;
-            for (token_id t = 1; t < vocab->n_vocab(); ++t)
-                if (got.has(t)) next.push_back(t);
-            if (next.empty()) break;
-            const token_id t = next[rng() % next.size()];
-            REQUIRE(m.advance(vocab->piece(t)));
-            text += vocab->piece(t);
+    for (const bool prepared : {false, true}) {
+        CAPTURE(prepared);
+        std::mt19937 rng(5);
+        uint32_t seed = 1000;
+        for (int trial = 0; trial < 300; ++trial, ++seed) {
+            const auto g = some_random_grammar(seed);
+            CAPTURE(seed);
+            mask_cache cache(g, vocab, prepared ? std::chrono::seconds(10) : std::chrono::microseconds(0));
+            matcher m(g);
+            CHECK((cache.n_cached() > 0) == (prepared && !m.dead())); // (some match only "")
+            std::string text;
+            token_set got(vocab->n_vocab());
+            for (int step = 0; step < 8; ++step) {
+                cache.fill(m, got);
+                check_same(got, reference_mask(*g, *vocab, text), *vocab);
+                // Walk on by a random allowed token that is not the end.
+                std::vector<token_id> next;
+                for (token_id t = 1; t < vocab->n_vocab(); ++t)
+                    if (got.has(t)) next.push_back(t);
+                if (next.empty()) break;
+                const token_id t = next[rng() % next.size()];
+                REQUIRE(m.advance(vocab->piece(t)));
+                text += vocab->piece(t);
+            }
         }
     }
 }
@@ -278,22 +284,25 @@ TEST_CASE("masks on the real 32,000-token vocabulary equal the reference's") {
     b.define(value, alt({str, plus(cls({{'0', '9'}})), seq({lit("{"), member, star(seq({lit(","), member})), lit("}")}),
                          lit("true")}));
     const auto g = std::make_shared<const compiled>(b.build(b.add("root", seq({lit("{"), member, lit("}")}))));
-    mask_cache cache(g, vocab);
-    matcher m(g);
-    std::string text;
-    token_set got(vocab->n_vocab());
-    for (const std::string piece : {"{", "\"", "na", "me", "\"", ":", " ", "{", "\"", "\\n", "x", "\":", "1", "2", "}", "}"}) {
+    for (const auto prepare_for : {std::chrono::microseconds(0), mask_cache::default_prepare}) {
+        mask_cache cache(g, vocab, prepare_for);
+        matcher m(g);
+        std::string text;
+        token_set got(vocab->n_vocab());
+        for (const std::string piece :
+             {"{", "\"", "na", "me", "\"", ":", " ", "{", "\"", "\\n", "x", "\":", "1", "2", "}", "}"}) {
+            cache.fill(m, got);
+            CAPTURE(text);
+            check_same(got, reference_mask(*g, *vocab, text), *vocab);
+            REQUIRE(m.advance(piece));
+            text += piece;
+        }
         cache.fill(m, got);
-        CAPTURE(text);
         check_same(got, reference_mask(*g, *vocab, text), *vocab);
-        REQUIRE(m.advance(piece));
-        text += piece;
+        CHECK(got.has(tok.eos()));
+        CHECK(got.count() == int32_t(vocab->end_tokens().size())); // whole: only the end may follow
+        MESSAGE("contexts cached: " << cache.n_cached() << " (prepared for " << prepare_for.count() << " us)");
     }
-    cache.fill(m, got);
-    check_same(got, reference_mask(*g, *vocab, text), *vocab);
-    CHECK(got.has(tok.eos()));
-    CHECK(got.count() == int32_t(vocab->end_tokens().size())); // whole: only the end may follow
-    MESSAGE("positions cached: " << cache.n_cached());
 }
 
 TEST_CASE("a grammar whose expansions explode is refused, quickly") {

@@ -52,7 +52,8 @@ sampled sample(const grammar::constraint& c, uint64_t seed, int32_t max_tokens, 
                float temperature = 1.0f, const auto_calls* calls = nullptr) {
     static cpu::thread_pool pool(1);
     model_bundle& b = tiny_random();
-    auto cache = std::make_shared<grammar::mask_cache>(grammar::compile(c), vocab());
+    // A little classification ahead: masks come from both paths (ahead, and when first met).
+    auto cache = std::make_shared<grammar::mask_cache>(grammar::compile(c), vocab(), std::chrono::milliseconds(20));
     generate_params p;
     p.n_predict = max_tokens;
     p.sampling.temperature = temperature;

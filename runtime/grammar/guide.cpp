@@ -230,10 +230,16 @@ std::shared_ptr<mask_cache> guide_registry::get(const constraint& c) {
         }
     }
     const auto t0 = std::chrono::steady_clock::now();
-    auto cache = std::make_shared<mask_cache>(compile(c), vocab_);
+    auto cache = std::make_shared<mask_cache>(compile(c), vocab_, std::chrono::microseconds(0));
     stats_.compile_us.observe(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     std::lock_guard lock(mu_);
     if (const auto it = map_.find(c); it != map_.end()) return it->second.first; // compiled twice at once
+    // Its contexts are classified ahead beside the request (which is on the daemon's I/O
+    // thread here), not before it: masks it needs first are classified when met.
+    std::erase_if(preparing_, [](const std::future<void>& f) {
+        return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    });
+    preparing_.push_back(std::async(std::launch::async, [cache] { cache->prepare(mask_cache::default_prepare); }));
     lru_.push_front(c);
     map_.emplace(c, std::make_pair(cache, lru_.begin()));
     while (map_.size() > capacity_) {

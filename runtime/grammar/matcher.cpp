@@ -11,11 +11,16 @@ matcher::matcher(std::shared_ptr<const compiled> g) : g_(std::move(g)) {
 
 matcher::matcher(std::shared_ptr<const compiled> g, uint32_t pos, std::span<const uint32_t> below, uint32_t bottom)
     : g_(std::move(g)) {
-    TANDEM_ASSERT(g_->elems[pos].k == element::kind::bytes, "a stack's top is a byte class");
     nodes_ = {{0, root_bottom}, {0, any_bottom}};
+    reset(pos, below, bottom);
+}
+
+void matcher::reset(uint32_t pos, std::span<const uint32_t> below, uint32_t bottom) {
+    TANDEM_ASSERT(g_->elems[pos].k == element::kind::bytes, "a stack's top is a byte class");
     uint32_t parent = bottom;
     for (size_t i = below.size(); i-- > 0;) parent = node_of(below[i], parent);
-    stacks_.push_back({pos, parent});
+    stacks_.assign(1, {pos, parent});
+    at_root_ = at_any_ = false;
 }
 
 // Most steps reach a handful of pairs: those are looked up in a small array; a step that
@@ -137,6 +142,12 @@ void matcher::rollback(const mark& m) {
 void matcher::drop(const mark& m) {
     TANDEM_ASSERT(m.n_saved + 1 == n_saved_, "drop of mark {} under {} newer", m.n_saved, n_saved_ - 1 - m.n_saved);
     n_saved_ = m.n_saved;
+}
+
+void matcher::restore(std::span<const stack> stacks, bool at_root, bool at_any) {
+    stacks_.assign(stacks.begin(), stacks.end());
+    at_root_ = at_root;
+    at_any_ = at_any;
 }
 
 bool matcher::accepts_from(const stack& s, std::string_view bytes) {

@@ -66,6 +66,13 @@ public:
     void rollback(const mark& m);
     void drop(const mark& m);
 
+    // The mask cache's trie walks keep the states they meet, for every context, in one matcher
+    // and return to them at will, where checkpoints would be LIFO. reset() sets the state to
+    // one stack, as the constructor above does; restore() to `stacks` (nodes of this matcher's
+    // arena, as stacks() gave them) and end flags.
+    void reset(uint32_t pos, std::span<const uint32_t> below, uint32_t bottom);
+    void restore(std::span<const stack> stacks, bool at_root, bool at_any);
+
     // Whether `bytes` can be consumed from one of the state's stacks alone, below it intact
     // (the mask's check of a token that depends on more than the top of the stack). The
     // state is left as it was.
