@@ -146,7 +146,7 @@ TEST_CASE("completions logprobs: text_offset counts characters, not bytes") {
     CHECK(first["text_offset"] == json::array({8}));
     c.text += "lait \xE2\x80\x94 "; // 4 + 1 + 3 + 1 bytes, 7 characters
     daemon::add_logprobs(c, ev, false, tok);
-    CHECK(c.lp_offsets == json::array({8, 15}));
+    CHECK(c.lp_offsets == daemon::json::array({8, 15}));
 }
 
 TEST_CASE("OpenAI's conventions: stable created, usage null before the last chunk, integral floats, the tool role") {

@@ -235,11 +235,13 @@ std::shared_ptr<mask_cache> guide_registry::get(const constraint& c) {
     std::lock_guard lock(mu_);
     if (const auto it = map_.find(c); it != map_.end()) return it->second.first; // compiled twice at once
     // Its contexts are classified ahead beside the request (which is on the daemon's I/O
-    // thread here), not before it: masks it needs first are classified when met.
+    // thread here), not before it: masks it needs first are classified when met. At most
+    // max_preparing at once, so a stream of new constraints cannot take every core.
     std::erase_if(preparing_, [](const std::future<void>& f) {
         return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
     });
-    preparing_.push_back(std::async(std::launch::async, [cache] { cache->prepare(mask_cache::default_prepare); }));
+    if (preparing_.size() < max_preparing)
+        preparing_.push_back(std::async(std::launch::async, [cache] { cache->prepare(mask_cache::default_prepare); }));
     lru_.push_front(c);
     map_.emplace(c, std::make_pair(cache, lru_.begin()));
     while (map_.size() > capacity_) {

@@ -88,6 +88,7 @@ private:
     std::mutex mu_;
     std::list<constraint> lru_; // most recent first
     std::map<constraint, std::pair<std::shared_ptr<mask_cache>, std::list<constraint>::iterator>> map_;
+    static constexpr size_t max_preparing = 2;
     std::vector<std::future<void>> preparing_; // classifications ahead running (a future's end waits for it)
     guide_stats stats_;
 };
