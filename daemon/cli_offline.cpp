@@ -79,7 +79,8 @@ struct run_opts {
     int32_t n_predict = 256;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
     float presence_penalty = 0.0f, frequency_penalty = 0.0f;
-    int32_t top_k = 40, repeat_last_n = 64, ctx = 0, draft_tokens = 0;
+    int32_t top_k = 40, repeat_last_n = 64, ctx = 0, draft_tokens = -1;
+    std::string draft_model, speculative; // speculative: ngram, draft, off; empty: draft with a draft model
     std::optional<uint64_t> seed;
     std::vector<std::string> stop;
     int threads = default_threads();
@@ -105,8 +106,26 @@ std::optional<grammar::constraint> run_constraint(const run_opts& o) {
     return std::nullopt;
 }
 
+// Speculative decoding from the flags: --speculative (or --draft-model alone, or
+// --draft-tokens alone for prompt lookup) picks the drafts, --draft-tokens how many (4 when
+// unsaid).
+void set_speculation(const run_opts& o, const model_bundle* draft, generate_params& p) {
+    std::string method = o.speculative;
+    if (method.empty()) method = draft ? "draft" : o.draft_tokens > 0 ? "ngram" : "off";
+    TANDEM_CHECK(method != "draft" || draft, "--speculative draft needs --draft-model");
+    TANDEM_CHECK(method != "off" || !draft, "--speculative off with --draft-model: the draft model would not be used");
+    if (method == "off") return;
+    p.draft_tokens = o.draft_tokens < 0 ? 4 : o.draft_tokens;
+    TANDEM_CHECK(p.draft_tokens > 0, "--speculative {} with --draft-tokens 0: no drafts", method);
+    p.drafts = method == "draft" ? draft_source::model : draft_source::ngram;
+    if (draft) p.draft_model = draft->mdl.get();
+    p.draft_threads = o.threads;
+}
+
 int cmd_run(const run_opts& o) {
     model_bundle b = load_model(resolve_model(o.model), o.load);
+    std::optional<model_bundle> draft;
+    if (!o.draft_model.empty()) draft = load_draft_model(o.draft_model, *b.tok, o.load);
     const std::string prompt = o.prompt == "-" ? read_stdin() : o.prompt;
     std::vector<token_id> ids = b.tok->encode(prompt, /*add_special=*/true, o.parse_special);
 
@@ -124,7 +143,7 @@ int cmd_run(const run_opts& o) {
     p.sampling.presence_penalty = o.presence_penalty;
     p.sampling.frequency_penalty = o.frequency_penalty;
     p.sampling.seed = o.seed;
-    p.draft_tokens = o.draft_tokens;
+    set_speculation(o, draft ? &*draft : nullptr, p);
     if (const auto c = run_constraint(o)) {
         auto cache = std::make_shared<grammar::mask_cache>(grammar::compile(*c), grammar::vocab_trie::of(*b.tok));
         p.make_processor = [cache] { return grammar::make_grammar_processor(cache); };
@@ -140,13 +159,17 @@ int cmd_run(const run_opts& o) {
     if (o.json) {
         nlohmann::json j{{"prompt_tokens", r.prompt_tokens}, {"tokens", r.tokens},
                          {"text", r.text},                   {"finish_reason", r.finish_reason},
-                         {"prefill_tok_s", r.prefill_tok_s()}, {"decode_tok_s", r.decode_tok_s()}};
+                         {"prefill_tok_s", r.prefill_tok_s()}, {"decode_tok_s", r.decode_tok_s()},
+                         {"draft_tokens", r.n_draft_tokens},   {"accepted_tokens", r.n_accepted_tokens}};
         std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
         write_out("\n");
-        logger("run")->info("{} prompt tokens at {:.1f} tok/s, {} generated at {:.1f} tok/s ({})",
+        logger("run")->info("{} prompt tokens at {:.1f} tok/s, {} generated at {:.1f} tok/s ({}){}",
                             r.prompt_tokens.size(), r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(),
-                            r.finish_reason);
+                            r.finish_reason,
+                            r.n_draft_tokens ? fmt::format(", {} of {} drafts accepted", r.n_accepted_tokens,
+                                                           r.n_draft_tokens)
+                                             : "");
     }
     return 0;
 }
@@ -198,8 +221,16 @@ void register_offline(CLI::App& app, registry& reg) {
     run->add_option("-c,--ctx", ro->ctx, "context size (default: the model's)")->check(CLI::NonNegativeNumber);
     run->add_option("-t,--threads", ro->threads, "CPU threads")->check(CLI::PositiveNumber);
     run->add_option("--draft-tokens", ro->draft_tokens,
-                    "speculative decoding by prompt lookup: up to this many drafts a step, verified (same output)")
+                    "speculative decoding: up to this many drafts a step, verified (plain decoding's output; "
+                    "alone: prompt lookup)")
         ->check(CLI::Range(0, 16));
+    run->add_option("--draft-model", ro->draft_model,
+                    "speculative decoding from this smaller GGUF with the same vocabulary (4 drafts a step unless "
+                    "--draft-tokens)");
+    run->add_option("--speculative", ro->speculative,
+                    "ngram (prompt lookup), draft (--draft-model) or off (default: draft with --draft-model, ngram "
+                    "with --draft-tokens)")
+        ->check(CLI::IsMember({"ngram", "draft", "off"}));
     auto* js = run->add_option("--json-schema", ro->json_schema, "constrain the output to JSON valid under this schema file");
     auto* rx = run->add_option("--regex", ro->regex, "constrain the output to match this regular expression");
     auto* gr = run->add_option("--grammar", ro->grammar, "constrain the output to this GBNF grammar file");
@@ -238,7 +269,7 @@ void register_offline(CLI::App& app, registry& reg) {
     reg.push_back({dtz, [dt] { return cmd_detokenize(dt->model, dt->ids, dt->special); }});
 
     struct synth_opts {
-        std::string out, preset = "tiny", type = "f32", arch = "llama";
+        std::string out, preset = "tiny", type = "f32", arch = "llama", vocab_from;
         bool tied = false;
         float rope_scale = 0;
         synth_params flags = synth_preset("tiny");
@@ -264,6 +295,11 @@ void register_offline(CLI::App& app, registry& reg) {
                        ->check(CLI::IsMember(synth_types()));
     sy->seed = syn->add_option("--seed", sy->flags.seed, "seed");
     syn->add_option("--arch", sy->arch, "llama | qwen2 (NeoX RoPE, Q/K/V biases)")->check(CLI::IsMember({"llama", "qwen2"}));
+    auto* vf = syn->add_option("--vocab-from", sy->vocab_from,
+                               "copy the tokenizer (and its size) from this GGUF: a draft model for it")
+                   ->check(CLI::ExistingFile);
+    for (auto& [opt, field] : sy->shape)
+        if (field == &synth_params::n_vocab) vf->excludes(opt);
     syn->add_flag("--tied", sy->tied, "no output.weight: tie the logits to the embedding");
     syn->add_option("--rope-scale", sy->rope_scale, "linear RoPE scaling factor")->check(CLI::Range(1.0f, 1024.0f));
     reg.push_back({syn, [sy] {
@@ -275,6 +311,7 @@ void register_offline(CLI::App& app, registry& reg) {
         p.arch = sy->arch;
         p.tied_output = sy->tied;
         p.rope_scale = sy->rope_scale;
+        p.vocab_from = sy->vocab_from;
         if (*sy->type_opt) p.type = synth_types().at(sy->type);
         synth_write(p, sy->out);
         return 0;

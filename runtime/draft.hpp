@@ -1,17 +1,87 @@
-// Draft tokens for speculative decoding: prompt lookup (n-gram), verified by the engine.
+// Draft tokens for speculative decoding, verified by the engine: prompt lookup (n-gram) and
+// a draft model.
 #pragma once
 
+#include "runtime/sampler.hpp"
 #include "runtime/tokenizer.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace tandem {
+
+class kv_cache;
+class model;
+class page_store;
+class runner;
+class scheduler;
 
 // Up to k tokens that followed an earlier occurrence of the sequence's last n tokens: n from
 // n_max down to n_min (the longest suffix that recurs wins), the latest occurrence of it, and
 // what followed it up to the end of the sequence. Empty when no suffix recurs.
 std::vector<token_id> ngram_draft(std::span<const token_id> tokens, int32_t k, int32_t n_max = 3, int32_t n_min = 1);
+
+// Where a sequence's drafts come from.
+enum class draft_source : uint8_t {
+    automatic, // the engine's draft model when it has one, else prompt lookup
+    ngram,     // prompt lookup
+    model,     // the draft model
+};
+
+// One sequence's call for drafts from the draft model.
+struct draft_job {
+    uint64_t id = 0;                      // the engine's sequence
+    std::span<const token_id> tokens;     // its tokens, the one just sampled last
+    int32_t k = 0;                        // drafts wanted
+    const sampling_params* sampling = nullptr; // the request's: drafts are drawn at its temperature, top_k, top_p, min_p
+    // out:
+    std::vector<token_id> drafts;         // up to k (fewer when the draft model's pool is short)
+    std::vector<float> q;                 // [drafts, n_vocab] the distributions they were drawn from;
+                                          // empty when greedy (each draft is a point mass)
+};
+
+// A second, smaller model with the same vocabulary that proposes drafts: each sequence keeps
+// its tokens and K/V in the draft model's own page pool, synchronised with the engine's
+// sequence at each call (the longest common prefix stays computed, the rest is cut and
+// recomputed), and the drafts of every sequence are computed together, one token of each a
+// forward. Runs on the caller's thread (the engine's), on the CPU.
+class draft_model {
+public:
+    // n_pages pages of page_size positions for up to max_seqs sequences.
+    draft_model(model& mdl, int n_threads, int32_t page_size, int32_t n_pages, int32_t max_seqs);
+    ~draft_model();
+    draft_model(const draft_model&) = delete;
+    draft_model& operator=(const draft_model&) = delete;
+
+    // Fills each job's drafts (and q): greedy where the request is greedy, else drawn from
+    // the draft model's distribution under the request's sampling parameters.
+    void propose(std::span<draft_job> jobs);
+    // The sequence ended: its pages go.
+    void forget(uint64_t id);
+    std::string device() const;
+    uint64_t n_forwards() const { return n_forwards_; }
+
+private:
+    struct seq_state;
+    bool sync(const draft_job& job);
+
+    model& mdl_;
+    int32_t n_vocab_;
+    std::unique_ptr<kv_cache> kv_;
+    std::unique_ptr<page_store> store_;
+    std::unique_ptr<scheduler> sched_;
+    std::unique_ptr<runner> runner_;
+    std::unordered_map<uint64_t, std::unique_ptr<seq_state>> seqs_;
+    std::vector<float> logits_, row_;
+    uint64_t n_forwards_ = 0;
+};
+
+// Why a draft model cannot draft for the target (a vocabulary of another size, or a token
+// that differs: "token 17 is 'ab' in the model, 'ba' in the draft model"), or empty.
+std::string draft_vocab_mismatch(const tokenizer& target, const tokenizer& draft);
 
 } // namespace tandem

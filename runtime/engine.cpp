@@ -33,7 +33,7 @@ using clock_type = std::chrono::steady_clock;
 engine_options resolve(engine_options o, const model_config& c) {
     if (o.n_ctx <= 0 || o.n_ctx > c.n_ctx_train) o.n_ctx = c.n_ctx_train;
     o.max_running = std::max(1, o.max_running);
-    o.max_draft_tokens = std::max(0, o.max_draft_tokens);
+    o.max_draft_tokens = std::clamp(o.max_draft_tokens, 0, int32_t(engine_stats::max_draft_positions));
     o.decode_tokens = std::max({1, o.decode_tokens, 1 + o.max_draft_tokens}); // a step verifies a draft whole
     o.step_tokens = std::max(o.step_tokens, o.max_running * o.decode_tokens + 1);
     if (o.max_logits <= 0) o.max_logits = o.max_running * o.decode_tokens;
@@ -55,6 +55,8 @@ struct seq_state {
     int32_t index = 0;
     int32_t n_generated = 0;
     int32_t n_drafts = 0;             // drafts after its last sampled token, not verified yet
+    std::vector<float> draft_q;       // [n_drafts, n_vocab] what the draft model drew them from; empty: point masses
+    int32_t n_drafted = 0, n_accepted = 0;
     // How many drafts to propose next (runtime/draft policy, adapt_drafts): grows while drafts
     // are accepted, shrinks to what was; none are proposed for `skip` more tokens after a
     // step accepted nothing at one draft (the pause doubles, up to 64, while that goes on).
@@ -118,12 +120,16 @@ public:
         so.prefix_seed = opts_.prefix_seed;
         so.priority_aging_s = opts_.priority_aging_s;
         sched_ = std::make_unique<scheduler>(so, parts_.store);
+        if (opts_.draft_model && opts_.max_draft_tokens > 0)
+            drafter_ = std::make_unique<draft_model>(*opts_.draft_model, opts_.n_threads, opts_.page_size,
+                                                     opts_.n_pages, 2 * opts_.max_running);
         if (parts_.restore) parts_.restore(*sched_);
         wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         TANDEM_CHECK(wake_fd_ >= 0, "eventfd: {}", std::strerror(errno));
         log_ = logger("engine");
         std::string names;
         for (const auto& e : parts_.executors) names += (names.empty() ? "" : ", ") + e->name();
+        if (drafter_) names += ", draft model on " + drafter_->device();
         log_->info("context {}, {} KV pages of {} tokens ({} cached), batch up to {}, {} tokens a step; {}",
                    opts_.n_ctx, opts_.n_pages, opts_.page_size, sched_->pool().n_cached(), opts_.max_running,
                    opts_.step_tokens, names);
@@ -142,6 +148,7 @@ public:
         if (n_prompt == 0 || n_prompt >= opts_.n_ctx) return {submit_status::too_long, 0};
         const int32_t max_tokens = std::clamp(req.max_tokens, 1, opts_.n_ctx - n_prompt);
         req.draft_tokens = req.draft_tokens < 0 ? opts_.max_draft_tokens : std::min(req.draft_tokens, opts_.max_draft_tokens);
+        if (req.drafts != draft_source::ngram) req.drafts = drafter_ ? draft_source::model : draft_source::ngram;
         // it must fit in the pool on its own (everything else preempted): the prompt's full
         // pages once, each sequence's own pages from there
         const int64_t own = sched_->pages_for(n_prompt + max_tokens) - n_prompt / opts_.page_size;
@@ -372,6 +379,7 @@ private:
             }
             if (r.n_live == 0) finish(r.id, "stop");
         }
+        run_draft_jobs();
     }
 
     // Sequence q's last sampled token and its drafts after it were computed, with logits rows
@@ -386,9 +394,19 @@ private:
         q.n_drafts = 0;
         if (k > 0) sched_->set_logits_from(sid, std::numeric_limits<int32_t>::max()); // the last token's row only
         int32_t accepted = 0;
+        const std::vector<float> draft_q = std::move(q.draft_q);
+        q.draft_q.clear();
+        const size_t n_vocab = ex.logits(first_row).size();
+        const auto q_of = [&](int32_t j) {
+            return draft_q.empty() ? std::span<const float>{}
+                                   : std::span<const float>(draft_q).subspan(size_t(j) * n_vocab, n_vocab);
+        };
         while (accepted < k && sample_next(r, q, ex.logits(first_row + accepted), base + accepted,
-                                           sched_->tokens(sid)[size_t(base + accepted)]))
+                                           sched_->tokens(sid)[size_t(base + accepted)], q_of(accepted))) {
+            ++n_accepted_at_[size_t(accepted)];
             ++accepted;
+        }
+        if (k > 0) ++n_drafts_;
         if (accepted == k) sample_next(r, q, ex.logits(first_row + k), base + k); // every draft stood: one more
         if (q.done) return;
         if (k > 0) adapt_drafts(r, q, k, accepted);
@@ -420,10 +438,12 @@ private:
         sched_->truncate(sid, int32_t(sched_->tokens(sid).size()) - q.n_drafts);
         sched_->set_logits_from(sid, std::numeric_limits<int32_t>::max());
         q.n_drafts = 0;
+        q.draft_q.clear();
     }
 
     // After a newly sampled token: the request's drafts for the next step, as many as its
-    // remaining tokens allow, computed with it and verified by verify().
+    // remaining tokens allow, computed with it and verified by verify(). Prompt lookup's at
+    // once; the draft model's once every sequence of the batch is sampled (run_draft_jobs).
     void propose_drafts(request_state& r, seq_state& q) {
         if (r.req.draft_tokens <= 0) return;
         if (q.skip > 0) {
@@ -435,11 +455,41 @@ private:
         const int32_t want = std::min({q.draft_k, opts_.max_draft_tokens, r.max_tokens - q.n_generated - 1});
         if (want <= 0) return;
         const uint64_t sid = seq_id_of(r.id, q.index);
-        const std::vector<token_id> d = ngram_draft(sched_->tokens(sid), want);
+        if (r.req.drafts == draft_source::model) {
+            draft_job j;
+            j.id = sid;
+            j.k = want;
+            j.sampling = &q.smp.params();
+            draft_jobs_.push_back(std::move(j));
+            return;
+        }
+        add_drafts(q, sid, ngram_draft(sched_->tokens(sid), want));
+    }
+
+    // The draft model's drafts for the sequences that asked for them in this batch, computed
+    // together.
+    void run_draft_jobs() {
+        std::erase_if(draft_jobs_, [&](const draft_job& j) { return !sched_->contains(j.id); });
+        if (draft_jobs_.empty()) return;
+        for (draft_job& j : draft_jobs_) j.tokens = sched_->tokens(j.id);
+        drafter_->propose(draft_jobs_);
+        for (draft_job& j : draft_jobs_) {
+            auto it = reqs_.find(request_of(j.id));
+            if (it == reqs_.end()) continue;
+            seq_state& q = *it->second->seqs[size_t(index_of(j.id))];
+            if (q.done) continue;
+            q.draft_q = std::move(j.q);
+            add_drafts(q, j.id, j.drafts);
+        }
+        draft_jobs_.clear();
+    }
+
+    void add_drafts(seq_state& q, uint64_t sid, std::span<const token_id> d) {
         if (d.empty()) return;
         sched_->set_logits_from(sid, int32_t(sched_->tokens(sid).size()) - 1);
         sched_->append(sid, d);
         q.n_drafts = int32_t(d.size());
+        q.n_drafted += q.n_drafts;
         n_draft_tokens_ += d.size();
     }
 
@@ -448,7 +498,7 @@ private:
     // the token at n_history already (sampler::none: none), kept when the sample is that token,
     // else cut with what follows it. True when the draft stands and the sequence goes on.
     bool sample_next(request_state& r, seq_state& q, std::span<const float> logits, int32_t n_history = -1,
-                     token_id draft = sampler::none) {
+                     token_id draft = sampler::none, std::span<const float> draft_q = {}) {
         const uint64_t sid = seq_id_of(r.id, q.index);
         const auto tokens = sched_->tokens(sid);
         if (n_history < 0) n_history = int32_t(tokens.size());
@@ -457,7 +507,8 @@ private:
         ev.index = q.index;
         const bool want_lp = r.req.n_top_logprobs >= 0;
         if (want_lp && r.req.n_top_logprobs > 0) ev.top = top_logprobs(logits, r.req.n_top_logprobs);
-        const token_id id = q.smp.sample(row_, tokens.first(size_t(n_history)));
+        const auto history = tokens.first(size_t(n_history));
+        const token_id id = draft == sampler::none ? q.smp.sample(row_, history) : q.smp.verify(row_, history, draft, draft_q);
         if (id == sampler::none) { // every token banned: nothing can follow
             finish_seq(r, q, "stop");
             return false;
@@ -472,6 +523,7 @@ private:
         const bool kept = draft != sampler::none && id == draft;
         if (kept) {
             ++n_accepted_tokens_;
+            ++q.n_accepted;
         } else {
             if (draft != sampler::none) sched_->truncate(sid, n_history);
             sched_->append(sid, id);
@@ -510,9 +562,13 @@ private:
         ev.n_cached = r.n_cached;
         ev.n_generated = q.n_generated;
         ev.final_token = q.final_token;
+        ev.n_draft_tokens = q.n_drafted;
+        ev.n_accepted_tokens = q.n_accepted;
         ev.t = clock_type::now();
         ev.t_admitted = r.t_admitted;
-        if (const uint64_t sid = seq_id_of(r.id, q.index); sched_->contains(sid)) sched_->remove(sid);
+        const uint64_t sid = seq_id_of(r.id, q.index);
+        if (sched_->contains(sid)) sched_->remove(sid);
+        if (drafter_) drafter_->forget(sid);
         if (r.req.observer) r.req.observer->on_done(ev);
         done_.push_back({r.sink, std::move(ev)});
     }
@@ -573,7 +629,10 @@ private:
         stats_.n_worker_restarts = restarts;
         stats_.n_kv_upload_bytes = uploaded;
         stats_.n_kv_kept_bytes = kept;
+        stats_.n_drafts = n_drafts_;
         stats_.n_draft_tokens = n_draft_tokens_;
+        stats_.n_accepted_at = n_accepted_at_;
+        if (drafter_) stats_.draft_device = drafter_->device();
         stats_.n_accepted_tokens = n_accepted_tokens_;
     }
 
@@ -605,7 +664,10 @@ private:
     std::vector<float> row_;                              // [n_vocab] logits being sampled
     std::vector<std::pair<engine_sink, engine_event>> done_;
     std::vector<const batch*> planned_;                  // [executor] the batch it ran last
-    uint64_t n_steps_ = 0, n_generated_tokens_ = 0, n_draft_tokens_ = 0, n_accepted_tokens_ = 0;
+    uint64_t n_steps_ = 0, n_generated_tokens_ = 0, n_drafts_ = 0, n_draft_tokens_ = 0, n_accepted_tokens_ = 0;
+    std::array<uint64_t, engine_stats::max_draft_positions> n_accepted_at_{};
+    std::unique_ptr<draft_model> drafter_;               // the draft model's runner, with engine_options::draft_model
+    std::vector<draft_job> draft_jobs_;                   // calls for its drafts while a batch is taken
     std::thread thread_;
 };
 

@@ -1,12 +1,14 @@
 // The engine service: requests in, token events out; continuous batching behind an interface.
 #pragma once
 
+#include "runtime/draft.hpp"
 #include "runtime/logits_processor.hpp"
 #include "runtime/model_config.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/scheduler.hpp"
 #include "runtime/tokenizer.hpp"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -57,13 +59,14 @@ struct engine_request {
     // once per sequence.
     std::function<std::unique_ptr<logits_processor>()> make_processor;
     std::shared_ptr<output_observer> observer; // optional; shared by the request's sequences
-    // Speculative decoding by prompt lookup (runtime/draft.hpp): after each sampled token, up
-    // to this many drafts from the sequence's own tokens are computed with it in one step and
-    // verified by sampling each row in turn, so the output is what plain decoding gives. 0:
-    // off; -1: engine_options::max_draft_tokens (the daemon's draft_tokens); cut to that. How
-    // many are proposed adapts to how many were accepted (fewer while they fail, a pause when
-    // none are).
+    // Speculative decoding (runtime/draft.hpp): after each sampled token, up to this many
+    // drafts (from the sequence's own tokens, or the draft model) are computed with it in one
+    // step and verified row by row, so the output is distributed as plain decoding's (and is
+    // plain decoding's, token for token, when greedy or with prompt lookup). 0: off; -1:
+    // engine_options::max_draft_tokens (the daemon's draft_tokens); cut to that. How many are
+    // proposed adapts to how many were accepted (fewer while they fail, a pause when none are).
     int32_t draft_tokens = -1;
+    draft_source drafts = draft_source::automatic; // model: ngram when the engine has no draft model
 };
 
 // What the engine reports about one request, per sequence (index) in order: zero or more
@@ -84,6 +87,8 @@ struct engine_event {
     int32_t n_cached = 0;             // of n_prompt, tokens reused from the prefix cache (not computed)
     int32_t n_generated = 0;          // sampled tokens, a final EOS included
     token_id final_token = -1;        // the end-of-generation token that ended it (sent as no token event)
+    int32_t n_draft_tokens = 0;       // speculative drafts computed for the sequence
+    int32_t n_accepted_tokens = 0;    // of those, accepted
     steady_time t_admitted{};         // when the request joined the batch (zero if it never did)
 };
 
@@ -120,8 +125,12 @@ struct engine_stats {
     uint64_t n_worker_restarts = 0;   // worker processes restarted after a crash
     uint64_t n_kv_upload_bytes = 0;   // past K/V GPU workers copied from the pool's pages to the device
     uint64_t n_kv_kept_bytes = 0;     // past K/V GPU workers read from device pages they held already
+    uint64_t n_drafts = 0;            // speculative steps: a sequence's drafts verified together
     uint64_t n_draft_tokens = 0;      // speculative drafts computed
     uint64_t n_accepted_tokens = 0;   // of those, accepted
+    static constexpr int max_draft_positions = 16;
+    std::array<uint64_t, max_draft_positions> n_accepted_at{}; // accepted drafts by position in their step (0: the first)
+    std::string draft_device;         // where the draft model runs; empty without one
 };
 
 // The interface the daemon uses, whatever computes behind it (one process, or prefill and
@@ -162,6 +171,9 @@ struct engine_options {
     bool prefix_cache = true;         // reuse the K/V of full pages of earlier prompts
     uint64_t prefix_seed = 0;         // the model fingerprint (prefix hashes of other models never match)
     double priority_aging_s = 5;      // each this many seconds waited raises a request's priority by one
+    // A draft model (same vocabulary; not owned, outlives the engine): the engine runs it on
+    // its own thread, with its own page pool of n_pages pages, for requests that draft from it.
+    model* draft_model = nullptr;
 };
 
 // Runs planned batches somewhere: on the engine thread (in-process), or in a worker process.

@@ -56,6 +56,14 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
     return b;
 }
 
+model_bundle load_draft_model(const std::string& path, const tokenizer& target, const load_options& opt) {
+    model_bundle b = load_model(path, opt);
+    const std::string why = draft_vocab_mismatch(target, *b.tok);
+    TANDEM_CHECK(why.empty(), "draft model {} cannot draft for the model ({}): a draft model needs the same vocabulary",
+                 path, why);
+    return b;
+}
+
 model_bundle open_model_metadata(const std::string& path) {
     model_bundle b;
     b.file = std::make_unique<gguf::file>(gguf::file::open(path));
@@ -125,6 +133,8 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     eo.step_tokens = p.prefill_chunk;
     eo.prefix_cache = false;
     eo.max_draft_tokens = p.draft_tokens;
+    eo.draft_model = p.draft_model;
+    eo.n_threads = p.draft_threads;
     auto eng = make_local_engine(mdl, tok, eo, make_runner(mdl, ctx));
     engine_request req;
     req.prompt = r.prompt_tokens;
@@ -133,6 +143,7 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     req.stop = p.stop;
     req.ignore_eos = p.ignore_eos;
     req.draft_tokens = p.draft_tokens;
+    req.drafts = p.drafts;
     req.make_processor = p.make_processor;
 
     // Events come on the engine thread; the caller's thread takes them (on_text runs here).
@@ -176,6 +187,8 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
         r.prefill_s = std::chrono::duration<double>(*t_first - t0).count();
         r.decode_s = std::chrono::duration<double>(ev.t - *t_first).count();
         r.n_decode_steps = std::max(0, int32_t(r.tokens.size()) - 1);
+        r.n_draft_tokens = ev.n_draft_tokens;
+        r.n_accepted_tokens = ev.n_accepted_tokens;
         return r;
     }
 }

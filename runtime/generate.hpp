@@ -2,6 +2,7 @@
 // in-process engine with one request, streaming complete UTF-8 text as it goes.
 #pragma once
 
+#include "runtime/draft.hpp"
 #include "runtime/model.hpp"
 #include "runtime/sampler.hpp"
 
@@ -38,6 +39,10 @@ model_bundle load_model(const std::string& path, const load_options& opt);
 // The file, its config and tokenizer, without weights: what the supervisor of worker
 // processes needs. Cheap (the file is mapped, not read).
 model_bundle open_model_metadata(const std::string& path);
+// A draft model for speculative decoding: load_model, and tandem::error unless its vocabulary
+// is the target's token for token ("draft model PATH cannot draft for the model: token 17
+// is ...").
+model_bundle load_draft_model(const std::string& path, const tokenizer& target, const load_options& opt);
 
 // Holds back text that might be the start of a stop string; cuts the text at the first
 // stop string found (the stop string itself is not part of the output).
@@ -64,7 +69,10 @@ struct generate_params {
     int32_t n_ctx = 0;                // 0: the model's training context
     int32_t prefill_chunk = 512;      // tokens per prefill step
     int32_t page_size = 16;
-    int32_t draft_tokens = 0;         // speculative decoding by prompt lookup (0: off; engine_request::draft_tokens)
+    int32_t draft_tokens = 0;         // speculative decoding (0: off; engine_request::draft_tokens)
+    draft_source drafts = draft_source::automatic; // the draft model when there is one, else prompt lookup
+    model* draft_model = nullptr;     // load_draft_model's; runs on its own draft_threads
+    int draft_threads = 1;
     // Guided generation: the processor that masks each next token (engine_request::make_processor).
     std::function<std::unique_ptr<logits_processor>()> make_processor;
 };
@@ -77,6 +85,7 @@ struct generate_result {
     double prefill_s = 0;
     double decode_s = 0;
     int32_t n_decode_steps = 0;
+    int32_t n_draft_tokens = 0, n_accepted_tokens = 0; // speculative drafts computed, accepted
 
     double prefill_tok_s() const { return prefill_s > 0 ? double(prompt_tokens.size()) / prefill_s : 0; }
     double decode_tok_s() const { return decode_s > 0 ? double(n_decode_steps) / decode_s : 0; }

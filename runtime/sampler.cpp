@@ -269,18 +269,30 @@ void sampler::process(std::span<float> logits, std::span<const token_id> history
 }
 
 token_id sampler::sample(std::span<float> logits, std::span<const token_id> history) {
+    switch (weigh(logits, history)) {
+    case weighed::none: return none;
+    case weighed::greedy: return greedy_;
+    case weighed::sampled: return cand_.empty() ? token_id(pick(weight_, u_)) : cand_[pick(weight_, u_)].id;
+    }
+    return none;
+}
+
+// The weights sample() draws from, without the draw: weight_ over the whole vocab (cand_
+// empty) or over cand_; greedy_ for a greedy choice. Takes sample()'s one rng draw (u_).
+sampler::weighed sampler::weigh(std::span<float> logits, std::span<const token_id> history) {
     process(logits, history);
     float m = max_of(logits);
 
     // NaN temperature too, and one so small that 1/T overflows: greedy.
     float inv_t = 1.0f / p_.temperature;
     if (!(p_.temperature > 0.0f) || inv_t == inf) {
-        if (m == -inf) return none;
-        return token_id(std::find(logits.begin(), logits.end(), m) - logits.begin()); // lowest id
+        if (m == -inf) return weighed::none;
+        greedy_ = token_id(std::find(logits.begin(), logits.end(), m) - logits.begin()); // lowest id
+        return weighed::greedy;
     }
 
-    const double u = rng_.uniform(); // drawn first: one draw per token whatever is left
-    if (m == -inf) return none;
+    u_ = rng_.uniform(); // drawn first: one draw per token whatever is left
+    if (m == -inf) return weighed::none;
     if (m == inf) { // forcing biases: the +inf tokens share the mass equally
         for (float& x : logits) x = x == inf ? 0.0f : -inf;
         m = 0.0f;
@@ -295,12 +307,13 @@ token_id sampler::sample(std::span<float> logits, std::span<const token_id> hist
     if (!use_top_k && !use_top_p) {
         // No set to build: weigh the whole vocab in place; min_p (relative to the max, which
         // stays) and -inf give weight 0.
+        cand_.clear();
         weight_.resize(logits.size());
         for (size_t i = 0; i < logits.size(); ++i) {
             const float d = logits[i] - m;
             weight_[i] = blend(d >= min_rel, exp_le0(d * inv_t), 0.0f);
         }
-        return token_id(pick(weight_, u));
+        return weighed::sampled;
     }
 
     // The chain's order: top_k, then top_p over what top_k left, then min_p.
@@ -315,7 +328,43 @@ token_id sampler::sample(std::span<float> logits, std::span<const token_id> hist
 
     weight_.resize(cand_.size());
     for (size_t i = 0; i < cand_.size(); ++i) weight_[i] = exp_le0((cand_[i].logprob - m) * inv_t);
-    return cand_[pick(weight_, u)].id;
+    return weighed::sampled;
+}
+
+bool sampler::distribution(std::span<float> logits, std::span<const token_id> history, std::span<float> probs) {
+    std::fill(probs.begin(), probs.end(), 0.0f);
+    switch (weigh(logits, history)) {
+    case weighed::none: return false;
+    case weighed::greedy: probs[size_t(greedy_)] = 1.0f; return true;
+    case weighed::sampled: break;
+    }
+    const double z = sum_of(weight_);
+    if (!(z > 0.0)) return false;
+    for (size_t i = 0; i < weight_.size(); ++i)
+        probs[cand_.empty() ? i : size_t(cand_[i].id)] = float(double(weight_[i]) / z);
+    return true;
+}
+
+token_id sampler::draw(std::span<const float> probs) {
+    const double u = rng_.uniform();
+    if (!(sum_of(probs) > 0.0)) return none;
+    return token_id(pick(probs, u));
+}
+
+token_id sampler::verify(std::span<float> logits, std::span<const token_id> history, token_id draft,
+                         std::span<const float> q) {
+    if (q.empty() || !(p_.temperature > 0.0f)) return sample(logits, history); // a point mass
+    p_row_.resize(logits.size());
+    if (!distribution(logits, history, p_row_)) return none;
+    const double px = p_row_[size_t(draft)], qx = q[size_t(draft)];
+    // u_ is the distribution's draw: the acceptance test, then (rejected) the residual's.
+    if (qx > 0.0 && u_ * qx < px) return draft;
+    for (size_t i = 0; i < p_row_.size(); ++i) p_row_[i] = std::max(0.0f, p_row_[i] - q[i]);
+    if (!(sum_of(p_row_) > 0.0)) { // p <= q everywhere yet rejected: rounding; draw from p
+        p_row_.assign(logits.size(), 0.0f);
+        distribution(logits, history, p_row_);
+    }
+    return token_id(pick(p_row_, rng_.uniform()));
 }
 
 float logprob_of(std::span<const float> logits, token_id id) {

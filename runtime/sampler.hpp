@@ -57,6 +57,22 @@ public:
     // is the number of tokens sampled; greedy takes none.
     token_id sample(std::span<float> logits, std::span<const token_id> history);
 
+    // The probabilities sample() draws from, into `probs` [n_vocab] (1 on the choice when
+    // greedy): the processed logits, top_k, top_p, min_p, temperature. Takes sample()'s rng
+    // draw. False (probs all 0) when no token is possible.
+    bool distribution(std::span<float> logits, std::span<const token_id> history, std::span<float> probs);
+
+    // A token drawn from `probs` (distribution()'s form), one rng draw; none when all are 0.
+    token_id draw(std::span<const float> probs);
+
+    // Speculative sampling's verification of `draft`, proposed from the distribution `q`
+    // [n_vocab] (empty: a point mass on it): with p this sampler's distribution, the draft is
+    // kept with probability min(1, p/q); otherwise the token comes from max(0, p - q),
+    // normalised (Leviathan et al. 2023, Chen et al. 2023), so it is distributed as p. Greedy,
+    // or a point mass: sample(), the draft kept when it is the sample. Two rng draws at most.
+    token_id verify(std::span<float> logits, std::span<const token_id> history, token_id draft,
+                    std::span<const float> q);
+
     // The logit-processing prefix of sample(), in place: the sequence's processor chain
     // (logit_bias, then the repetition, frequency and presence penalties over the window,
     // then whatever was added); NaN becomes -inf. Ids out of range (in logit_bias or
@@ -74,6 +90,9 @@ public:
     uint64_t seed() const { return seed_; }
 
 private:
+    enum class weighed { none, greedy, sampled };
+    weighed weigh(std::span<float> logits, std::span<const token_id> history);
+
     sampling_params p_;
     uint64_t seed_;
     rng rng_;
@@ -82,6 +101,9 @@ private:
     std::vector<token_logprob> edge_; // scratch: top_p's boundary bucket
     std::vector<float> weight_;       // scratch: unnormalized probabilities
     std::vector<uint16_t> bucket_;    // scratch: top_p's bucket of each token
+    std::vector<float> p_row_;        // scratch: verify()'s distribution [n_vocab]
+    token_id greedy_ = none;          // weigh()'s greedy choice
+    double u_ = 0;                    // weigh()'s draw
 };
 
 // log-softmax of raw logits: the chosen token's logprob and the top `n` alternatives,

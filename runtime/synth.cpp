@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <unordered_set>
 #include <vector>
 
@@ -151,6 +152,21 @@ uint32_t file_type_of(dtype t) {
     fail("synth: type {} is not one of F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K", name_of(t));
 }
 
+// The made-up SentencePiece vocabulary's tokenizer keys.
+void write_vocab(gguf::writer& w, int32_t n_vocab) {
+    vocab v = make_vocab(n_vocab);
+    w.set_string("tokenizer.ggml.model", "llama");
+    w.set_string("tokenizer.ggml.pre", "default");
+    w.set_string_array("tokenizer.ggml.tokens", std::move(v.tokens));
+    w.set_f32_array("tokenizer.ggml.scores", std::move(v.scores));
+    w.set_i32_array("tokenizer.ggml.token_type", std::move(v.types));
+    w.set_u32("tokenizer.ggml.bos_token_id", 1);
+    w.set_u32("tokenizer.ggml.eos_token_id", 2);
+    w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+    w.set_bool("tokenizer.ggml.add_bos_token", true);
+    w.set_bool("tokenizer.ggml.add_eos_token", false);
+}
+
 } // namespace
 
 synth_params synth_preset(std::string_view preset) {
@@ -174,7 +190,15 @@ synth_params synth_preset(std::string_view preset) {
     fail("synth: unknown preset '{}' (tiny, tinyllama-1.1b)", preset);
 }
 
-void synth_write(const synth_params& p, const std::string& path) {
+void synth_write(const synth_params& params, const std::string& path) {
+    synth_params p = params;
+    std::optional<gguf::file> vocab_file;
+    if (!p.vocab_from.empty()) {
+        vocab_file.emplace(gguf::file::open(p.vocab_from));
+        const auto tokens = vocab_file->find("tokenizer.ggml.tokens");
+        TANDEM_CHECK(tokens && tokens->as_array(), "synth: {} has no tokenizer.ggml.tokens", p.vocab_from);
+        p.n_vocab = int32_t(tokens->as_array()->items.size());
+    }
     TANDEM_CHECK(p.n_layer >= 1 && p.n_embd >= 1 && p.n_head >= 1 && p.n_head_kv >= 1 && p.n_ff >= 1 &&
                      p.n_ctx >= 1,
                  "synth: sizes must be positive");
@@ -216,17 +240,12 @@ void synth_write(const synth_params& p, const std::string& path) {
     w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
     w.set_u32(a + "vocab_size", uint32_t(p.n_vocab));
 
-    vocab v = make_vocab(p.n_vocab);
-    w.set_string("tokenizer.ggml.model", "llama");
-    w.set_string("tokenizer.ggml.pre", "default");
-    w.set_string_array("tokenizer.ggml.tokens", std::move(v.tokens));
-    w.set_f32_array("tokenizer.ggml.scores", std::move(v.scores));
-    w.set_i32_array("tokenizer.ggml.token_type", std::move(v.types));
-    w.set_u32("tokenizer.ggml.bos_token_id", 1);
-    w.set_u32("tokenizer.ggml.eos_token_id", 2);
-    w.set_u32("tokenizer.ggml.unknown_token_id", 0);
-    w.set_bool("tokenizer.ggml.add_bos_token", true);
-    w.set_bool("tokenizer.ggml.add_eos_token", false);
+    if (vocab_file) {
+        for (const auto& kv : vocab_file->metadata())
+            if (kv.key.starts_with("tokenizer.")) w.set(kv.key, kv.val);
+    } else {
+        write_vocab(w, p.n_vocab);
+    }
 
     const uint64_t seed = p.seed;
     // A matrix [ne0, ne1] in GGUF order: ne0 is the input (fan-in) side, so std 1/sqrt(ne0)

@@ -23,6 +23,7 @@ struct synth_params {
     std::string arch = "llama";  // "llama", or "qwen2": NeoX RoPE, Q/K/V biases, freq base 1e6
     bool tied_output = false;    // no output.weight: logits use token_embd
     float rope_scale = 0;        // > 1: linear RoPE scaling by this factor
+    std::string vocab_from;      // a GGUF whose tokenizer (tokenizer.* keys) and vocabulary size to copy
 };
 
 // "tiny" (2 layers, 64 dim, F32) or "tinyllama-1.1b" (TinyLlama 1.1B's shapes, Q8_0);

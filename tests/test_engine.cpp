@@ -1,9 +1,9 @@
 // The engine service: continuous batching equals solo runs, cancellation frees pages, limits are values.
 #include "cpu/thread_pool.hpp"
-#include "runtime/draft.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
+#include "engine_fixtures.hpp"
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
@@ -16,54 +16,11 @@
 #include <set>
 
 using namespace tandem;
+using tandem::test::collector;
+using tandem::test::greedy;
+using tandem::test::stories;
 
-namespace {
 
-model_bundle& stories() {
-    static model_bundle b = load_model(test::model_path("stories260K.gguf"));
-    return b;
-}
-
-// Collects one request's events; wait() blocks until its done event.
-struct collector {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<token_id> ids;
-    std::string text;
-    std::string finish;
-    int32_t n_generated = -1;
-    bool done = false;
-
-    engine_sink sink() {
-        return [this](engine_event&& ev) {
-            std::lock_guard lock(mu);
-            text += ev.text;
-            if (!ev.done) {
-                ids.push_back(ev.id);
-                return;
-            }
-            finish = ev.finish_reason;
-            n_generated = ev.n_generated;
-            done = true;
-            cv.notify_all();
-        };
-    }
-    bool wait(double seconds = 60) {
-        std::unique_lock lock(mu);
-        return cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; });
-    }
-};
-
-engine_request greedy(const std::string& prompt, int32_t n, bool ignore_eos = true) {
-    engine_request r;
-    r.prompt = stories().tok->encode(prompt, true, false);
-    r.max_tokens = n;
-    r.sampling.temperature = 0;
-    r.ignore_eos = ignore_eos;
-    return r;
-}
-
-} // namespace
 
 TEST_CASE("engine: requests joining and leaving a running batch each equal their solo output") {
     model_bundle& b = stories();
@@ -367,127 +324,4 @@ TEST_CASE("engine: a request's output observer sees each accepted token first, m
     CHECK(finish == std::vector<std::string>{"length", "stop"});
     CHECK(obs->done_reasons == finish);
     CHECK(std::count(texts[1].begin(), texts[1].end(), '<') == 3); // its amendments reached the sink
-}
-
-TEST_CASE("ngram_draft: the longest recurring suffix, its latest occurrence, what followed it") {
-    const std::vector<token_id> t{5, 6, 7, 8, 9, 6, 7, 1, 2, 6, 7};
-    // The suffix 6 7 recurs at 5 (then 1 2 6 7) and at 1 (then 8 9); the latest wins.
-    CHECK(ngram_draft(t, 3) == std::vector<token_id>{1, 2, 6});
-    CHECK(ngram_draft(t, 10) == std::vector<token_id>{1, 2, 6, 7}); // up to the end of the sequence
-    CHECK(ngram_draft(t, 0).empty());
-    // The longest suffix first: 9 6 7 ... no; 2 6 7 does not recur, 6 7 does (n = 2 beats n = 1's 7).
-    const std::vector<token_id> u{1, 7, 3, 6, 7, 4, 6, 7};
-    CHECK(ngram_draft(u, 2) == std::vector<token_id>{4, 6});
-    CHECK(ngram_draft(u, 2, 3, 3).empty()); // only 3-grams: 4 6 7 never came before
-    CHECK(ngram_draft(std::vector<token_id>{4, 4, 4}, 5) == std::vector<token_id>{4}); // a run overlaps itself
-    CHECK(ngram_draft(std::vector<token_id>{1, 2, 3}, 4).empty());
-    CHECK(ngram_draft(std::vector<token_id>{1}, 4).empty());
-}
-
-namespace {
-
-// Runs each request on one engine at once and returns every request's tokens and the stats.
-std::pair<std::vector<std::vector<token_id>>, engine_stats> run_all(const engine_options& o,
-                                                                     const std::vector<engine_request>& reqs) {
-    model_bundle& b = stories();
-    auto eng = make_local_engine(*b.mdl, *b.tok, o);
-    std::vector<collector> cs(reqs.size());
-    for (size_t i = 0; i < reqs.size(); ++i) REQUIRE(eng->submit(reqs[i], cs[i].sink()).status == submit_status::ok);
-    std::vector<std::vector<token_id>> out;
-    for (auto& c : cs) {
-        REQUIRE(c.wait());
-        out.push_back(c.ids);
-    }
-    const engine_stats st = eng->stats();
-    eng->stop();
-    return {out, st};
-}
-
-} // namespace
-
-TEST_CASE("engine: prompt-lookup speculation gives plain decoding's tokens, greedy and seeded sampling, alone and batched") {
-    // A copy-heavy prompt (the continuation repeats a passage), story openings, and one that repeats nothing.
-    const std::vector<std::string> prompts = {
-        "Lily saw a big red ball. She wanted to play with the ball. Lily saw a big red ball. She wanted",
-        "Once upon a time", "The cat sat on the mat and the dog sat on the", "Tom had a toy car"};
-    std::vector<engine_request> greedy_reqs, sampled_reqs;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        greedy_reqs.push_back(greedy(prompts[i], 40));
-        engine_request s = greedy(prompts[i], 40);
-        s.sampling.temperature = 1.0f;
-        s.sampling.seed = 100 + i;
-        sampled_reqs.push_back(s);
-    }
-    engine_options plain_opts, spec_opts;
-    spec_opts.max_draft_tokens = 4;
-    for (const auto* reqs : {&greedy_reqs, &sampled_reqs}) {
-        auto spec = *reqs;
-        for (auto& r : spec) r.draft_tokens = 4;
-        const auto [want, plain_st] = run_all(plain_opts, *reqs);
-        // Batched: all at once; alone: each on its own engine.
-        const auto [got, st] = run_all(spec_opts, spec);
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            INFO("prompt ", i, " temperature ", (*reqs)[i].sampling.temperature);
-            CHECK(got[i] == want[i]);
-            const auto [alone, alone_st] = run_all(spec_opts, {spec[i]});
-            CHECK(alone[0] == want[i]);
-            if (i == 0) { // the copy-heavy prompt: accepted drafts save steps
-                const uint64_t plain_steps = run_all(plain_opts, {(*reqs)[i]}).second.n_steps;
-                MESSAGE("copy-heavy prompt, temperature ", (*reqs)[i].sampling.temperature, ": ",
-                        alone_st.n_accepted_tokens, " of ", alone_st.n_draft_tokens, " drafts accepted, ",
-                        alone_st.n_steps, " steps against ", plain_steps);
-                CHECK(alone_st.n_accepted_tokens > 0);
-                CHECK(alone_st.n_steps < plain_steps);
-            }
-        }
-        CHECK(plain_st.n_draft_tokens == 0);
-        CHECK(st.n_draft_tokens > 0);
-        CHECK(st.n_accepted_tokens <= st.n_draft_tokens);
-    }
-    // A request that says nothing takes the engine's setting (the daemon's draft_tokens); 0 is off.
-    engine_request unset = greedy(prompts[0], 20), off = unset;
-    off.draft_tokens = 0;
-    const auto [by_default, default_st] = run_all(spec_opts, {unset});
-    CHECK(default_st.n_draft_tokens > 0);
-    const auto [switched_off, off_st] = run_all(spec_opts, {off});
-    CHECK(off_st.n_draft_tokens == 0);
-    CHECK(by_default == switched_off);
-}
-
-namespace {
-
-// Allows only the token after the last accepted one: 100, 101, 102, ... (no token repeats).
-struct ascending_processor final : logits_processor {
-    token_id next = 100;
-    std::string_view name() const override { return "ascending"; }
-    void apply(std::span<float> logits, std::span<const token_id>) override {
-        for (size_t i = 0; i < logits.size(); ++i)
-            if (token_id(i) != next) logits[i] = -std::numeric_limits<float>::infinity();
-    }
-    void accept(token_id t) override { next = t + 1; }
-    std::unique_ptr<logits_processor> clone() const override { return std::make_unique<ascending_processor>(*this); }
-};
-
-} // namespace
-
-TEST_CASE("engine: drafts that always fail are proposed less and less, and the output stays plain decoding's") {
-    // Every token the output will hold follows in the prompt with a 7 after it, so each lookup
-    // drafts a 7 first, which the output never has: every draft is rejected.
-    engine_request req = greedy("", 60);
-    req.prompt = {1};
-    for (token_id t = 100; t < 170; ++t) req.prompt.insert(req.prompt.end(), {t, 7});
-    req.make_processor = [] { return std::make_unique<ascending_processor>(); };
-    req.draft_tokens = 4;
-    engine_options o;
-    o.max_draft_tokens = 4;
-    const auto [out, st] = run_all(o, {req});
-    std::vector<token_id> want(60);
-    std::iota(want.begin(), want.end(), 100);
-    CHECK(out[0] == want);
-    CHECK(st.n_accepted_tokens == 0);
-    // 4, 2 and 1 drafts, then one draft after pauses of 4, 8, 16 and 32 tokens: far fewer than
-    // the 4 a token (236) a fixed length would compute.
-    MESSAGE(st.n_draft_tokens, " drafts for 60 tokens");
-    CHECK(st.n_draft_tokens > 0);
-    CHECK(st.n_draft_tokens <= 12);
 }

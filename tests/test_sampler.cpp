@@ -642,3 +642,71 @@ TEST_CASE("processor chain: added processors run after the parameters' own, in o
     c.apply(l2, {});
     CHECK(l2[1] == logits[1]);
 }
+
+TEST_CASE("distribution: the probabilities sample() draws from") {
+    const std::vector<float> logits{1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 0.0f, 2.5f, -inf};
+    std::vector<float> probs(logits.size());
+    for (float t : {0.5f, 1.0f, 2.0f}) {
+        CAPTURE(t);
+        sampler s(seeded(4, t));
+        std::vector<float> scratch = logits;
+        REQUIRE(s.distribution(scratch, {}, probs));
+        const auto want = softmax(logits, t);
+        for (size_t i = 0; i < probs.size(); ++i) CHECK(probs[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    }
+    sampling_params p = seeded(5, 0.7f);
+    p.top_k = 3;
+    sampler k3(p);
+    std::vector<float> scratch = logits;
+    REQUIRE(k3.distribution(scratch, {}, probs));
+    std::vector<float> kept = logits;
+    for (int id : {0, 2, 3, 5, 7}) kept[id] = -inf;
+    const auto want = softmax(kept, 0.7);
+    for (size_t i = 0; i < probs.size(); ++i) CHECK(probs[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    sampler greedy(seeded(6, 0.0f));
+    scratch = logits;
+    REQUIRE(greedy.distribution(scratch, {}, probs));
+    CHECK(probs == std::vector<float>{0, 0, 0, 0, 1, 0, 0, 0});
+    std::vector<float> none(4, -inf);
+    CHECK_FALSE(sampler(seeded(7)).distribution(none, {}, std::span<float>(probs).first(4)));
+}
+
+TEST_CASE("verify: drafts drawn from q, kept with min(1, p/q), else drawn from max(0, p - q): the tokens follow p") {
+    // p and q far apart (q favours what p does not), so both the kept drafts and the residual
+    // draws matter: a rule that kept every draft would follow q, one that never kept any would
+    // follow the residual alone.
+    const std::vector<float> target{1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 0.0f, 2.5f, -inf};
+    const std::vector<float> draft_logits{3.0f, -1.0f, 2.0f, 1.0f, 0.0f, 2.5f, -2.0f, 1.0f};
+    const auto p = softmax(target), qd = softmax(draft_logits);
+    const std::vector<float> q(qd.begin(), qd.end());
+    sampler proposer(seeded(11)), verifier(seeded(12));
+    constexpr int n_draws = 20000;
+    std::vector<int> counts(target.size(), 0), drafted(target.size(), 0);
+    int kept = 0;
+    for (int i = 0; i < n_draws; ++i) {
+        const token_id d = proposer.draw(q);
+        REQUIRE(d >= 0);
+        ++drafted[size_t(d)];
+        std::vector<float> scratch = target;
+        const token_id t = verifier.verify(scratch, {}, d, q);
+        REQUIRE(t >= 0);
+        ++counts[size_t(t)];
+        kept += t == d;
+    }
+    CHECK(chi_square(drafted, qd, n_draws) < 24.32);  // the drafts follow q: df 7, p = 0.001
+    CHECK(chi_square(counts, p, n_draws) < 22.46);    // the output follows p: df 6, p = 0.001
+    CHECK(chi_square(counts, qd, n_draws) > 1000.0);  // and not q
+    double overlap = 0.0; // the expected acceptance: sum of min(p, q)
+    for (size_t i = 0; i < p.size(); ++i) overlap += std::min(p[i], qd[i]);
+    MESSAGE("kept ", kept, " of ", n_draws, ", expected ", overlap * n_draws);
+    CHECK(double(kept) / n_draws == doctest::Approx(overlap).epsilon(0.05));
+    // Greedy, or no q (a point mass): the sample, which keeps the draft only when it is the argmax.
+    sampler greedy(seeded(13, 0.0f));
+    std::vector<float> scratch = target;
+    CHECK(greedy.verify(scratch, {}, 1, q) == 4);
+    sampler point(seeded(14)), plain(seeded(14));
+    for (int i = 0; i < 50; ++i) {
+        std::vector<float> a = target, b = target;
+        CHECK(point.verify(a, {}, 4, {}) == plain.sample(b, {}));
+    }
+}
