@@ -310,16 +310,18 @@ std::string error_body(const api_error& e) {
 reply reply::of(const api_error& e) { return {e.status, "application/json", error_body(e), e.retry_after_s}; }
 reply reply::of_json(const json& j, int status) { return {status, "application/json", dump(j), 0}; }
 
-// The extension `speculative: {"method": "ngram" | "off", "num_tokens": k}`: prompt-lookup
-// drafts for this request, at most the daemon's draft_tokens (which sizes the decode steps).
-std::optional<api_error> read_speculative(const json& body, const config& cfg, int32_t& draft_tokens) {
+// The extension `speculative: {"method": "ngram" | "draft" | "off", "num_tokens": k}`: this
+// request's drafts (prompt lookup, or the daemon's draft model), at most the daemon's
+// draft_tokens (which sizes the decode steps).
+std::optional<api_error> read_speculative(const json& body, const config& cfg, int32_t& draft_tokens,
+                                          draft_source& drafts) {
     auto it = body.find("speculative");
-    if (it == body.end() || it->is_null()) return std::nullopt; // the daemon's draft_tokens
+    if (it == body.end() || it->is_null()) return std::nullopt; // the daemon's draft_tokens and drafts
     if (!it->is_object()) return bad("'speculative' must be an object", "speculative");
     for (const auto& [key, value] : it->items())
         if (key != "method" && key != "num_tokens")
             return bad(fmt::format("'speculative.{}' is not supported (method, num_tokens)", key), "speculative");
-    std::string method = "ngram";
+    std::string method = cfg.draft_model.empty() ? "ngram" : "draft";
     if (auto m = it->find("method"); m != it->end() && !m->is_null()) {
         if (!m->is_string()) return bad("'speculative.method' must be a string", "speculative.method");
         method = m->get<std::string>();
@@ -328,16 +330,19 @@ std::optional<api_error> read_speculative(const json& body, const config& cfg, i
         draft_tokens = 0;
         return std::nullopt;
     }
-    if (method == "draft")
-        return bad("'speculative.method' \"draft\" is not supported: no draft model is loaded", "speculative.method");
-    if (method != "ngram")
-        return bad(fmt::format("'speculative.method' must be \"ngram\" or \"off\", not \"{}\"", method),
+    if (method == "draft" && cfg.draft_model.empty())
+        return bad("'speculative.method' \"draft\" needs a draft model: none is loaded (draft_model in tandemd.conf)",
                    "speculative.method");
-    if (cfg.draft_tokens == 0)
+    if (method != "ngram" && method != "draft")
+        return bad(fmt::format("'speculative.method' must be \"ngram\", \"draft\" or \"off\", not \"{}\"", method),
+                   "speculative.method");
+    const int32_t limit = cfg.speculative_tokens();
+    if (limit == 0)
         return bad("speculative decoding is off in this daemon (draft_tokens = 0 in tandemd.conf)", "speculative");
-    int64_t k = cfg.draft_tokens;
-    TRY(read_int(*it, "num_tokens", 1, cfg.draft_tokens, k));
+    int64_t k = limit;
+    TRY(read_int(*it, "num_tokens", 1, limit, k));
     draft_tokens = int32_t(k);
+    drafts = method == "draft" ? draft_source::model : draft_source::ngram;
     return std::nullopt;
 }
 
@@ -545,7 +550,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     int64_t priority = 0;
     TRY(read_int(body, "priority", -1000, 1000, priority));
     base.priority = int32_t(priority);
-    TRY(read_speculative(body, cfg, base.draft_tokens));
+    TRY(read_speculative(body, cfg, base.draft_tokens, base.drafts));
     TRY(read_stop(body, base.stop));
     TRY(read_logit_bias(body, tok.n_vocab(), base.sampling.logit_bias));
     if (auto it = body.find("best_of"); it != body.end() && !it->is_null() && *it != json(n))
@@ -739,18 +744,25 @@ int64_t choice_state::n_chars() {
 }
 
 json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan) {
-    int64_t prompt = 0, cached = 0, completion = 0;
+    int64_t prompt = 0, cached = 0, completion = 0, drafted = 0, accepted = 0;
     for (size_t i = 0; i < cs.size(); ++i) {
         if (i % size_t(plan.n) == 0) { // each prompt once
             prompt += cs[i].n_prompt;
             cached += cs[i].n_cached;
         }
         completion += cs[i].n_generated;
+        drafted += cs[i].n_drafted;
+        accepted += cs[i].n_accepted;
     }
-    return json{{"prompt_tokens", prompt},
-                {"completion_tokens", completion},
-                {"total_tokens", prompt + completion},
-                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+    json u{{"prompt_tokens", prompt},
+           {"completion_tokens", completion},
+           {"total_tokens", prompt + completion},
+           {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+    // Speculative drafts, in the fields OpenAI reports predicted outputs with.
+    if (drafted > 0)
+        u["completion_tokens_details"] = {{"accepted_prediction_tokens", accepted},
+                                          {"rejected_prediction_tokens", drafted - accepted}};
+    return u;
 }
 
 json final_response(const std::string& id, const std::string& model, const generation_plan& plan,
@@ -908,6 +920,14 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             j["worker_restarts"] = es.n_worker_restarts;
             j["kv_device_upload_bytes"] = es.n_kv_upload_bytes;
             j["kv_device_kept_bytes"] = es.n_kv_kept_bytes;
+            j["speculative"] = {{"draft_tokens", st.cfg.speculative_tokens()},
+                                {"method", st.cfg.speculative_tokens() == 0 ? "off"
+                                           : st.cfg.draft_model.empty()     ? "ngram"
+                                                                            : "draft"},
+                                {"draft_model", st.cfg.draft_model.empty() ? json(nullptr) : json(st.cfg.draft_model)},
+                                {"draft_device", es.draft_device.empty() ? json(nullptr) : json(es.draft_device)},
+                                {"drafted_tokens", es.n_draft_tokens},
+                                {"accepted_tokens", es.n_accepted_tokens}};
             j["limits"] = {{"max_running", st.cfg.max_running},
                            {"max_waiting", st.cfg.max_waiting},
                            {"max_prompt_tokens", ms->max_prompt_tokens},

@@ -73,6 +73,7 @@ struct choice_state {
     int32_t n_prompt = 0;
     int32_t n_cached = 0;             // of n_prompt, from the prefix cache
     int32_t n_generated = 0;
+    int32_t n_drafted = 0, n_accepted = 0; // speculative drafts verified, kept
     bool done = false;
     bool sent_role = false;           // chat streaming: the first delta carries the role
     json logprobs_content = json::array();                // chat format

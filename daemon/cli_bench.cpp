@@ -23,6 +23,7 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <map>
@@ -131,6 +132,7 @@ struct bench_opts {
     std::vector<int> batches{1, 8, 16};
     bool json = false, no_raw = false;
     int32_t speculative = 0; // --speculative K: the speculative-decoding mode
+    std::string draft_model; // --draft-model: the speculative mode also drafts from it
     bool guided = false;     // --guided-decode: decode under a JSON schema vs without
 };
 
@@ -432,10 +434,11 @@ struct engine_run {
 };
 
 // `n_seqs` copies of `req` (sequence i seeded with i) decoding together.
-engine_run run_engine(model_bundle& b, int threads, const engine_request& req, int n_seqs) {
+engine_run run_engine(model_bundle& b, int threads, const engine_request& req, int n_seqs, model* draft = nullptr) {
     engine_options eo;
     eo.n_threads = threads;
     eo.max_draft_tokens = req.draft_tokens;
+    eo.draft_model = draft;
     eo.max_running = std::max(eo.max_running, n_seqs);
     auto eng = make_local_engine(*b.mdl, *b.tok, eo);
     std::promise<void> done;
@@ -467,16 +470,41 @@ engine_run run_engine(model_bundle& b, int threads, const engine_request& req, i
     return r;
 }
 
-// Wall time of one greedy request, and its engine's draft counts.
+// One greedy request with up to draft_tokens drafts a step from `drafts` (replay: `replay`).
 engine_run run_greedy(model_bundle& b, int threads, const std::vector<token_id>& prompt, int32_t n_gen,
-                      int32_t draft_tokens) {
+                      int32_t draft_tokens, draft_source drafts = draft_source::ngram, model* draft = nullptr,
+                      std::vector<token_id> replay = {}) {
     engine_request req;
     req.prompt = prompt;
     req.max_tokens = n_gen;
     req.sampling.temperature = 0;
     req.ignore_eos = true;
     req.draft_tokens = draft_tokens;
-    return run_engine(b, threads, req, 1);
+    req.drafts = drafts;
+    req.replay = std::move(replay);
+    return run_engine(b, threads, req, 1, draft);
+}
+
+// Greedy tokens of one request on the engine (the replayed drafts of the upper bound).
+std::vector<token_id> greedy_tokens(model_bundle& b, int threads, const std::vector<token_id>& prompt, int32_t n_gen) {
+    engine_options eo;
+    eo.n_threads = threads;
+    auto eng = make_local_engine(*b.mdl, *b.tok, eo);
+    engine_request req;
+    req.prompt = prompt;
+    req.max_tokens = n_gen;
+    req.sampling.temperature = 0;
+    req.ignore_eos = true;
+    std::promise<void> done;
+    std::vector<token_id> out;
+    TANDEM_CHECK(eng->submit(req, [&](engine_event&& ev) {
+                         if (ev.done) done.set_value();
+                         else out.push_back(ev.id);
+                     }).status == submit_status::ok,
+                 "the benchmark's request was refused");
+    done.get_future().wait();
+    eng->stop();
+    return out;
 }
 
 // `tandem bench --guided-decode`: decode on the engine under a JSON schema (records in an
@@ -579,38 +607,73 @@ int cmd_bench_speculative(const bench_opts& o) {
         };
         std::vector<batch> steps;
         for (int32_t k = 0; k <= K; ++k) steps.push_back(step(k));
-        std::vector<double> t(size_t(K + 1), 0.0);
+        // The fastest of the reps of each (the least disturbed by the rest of the machine).
+        std::vector<double> t(size_t(K + 1), 1e30);
         for (int rep = 0; rep <= reps; ++rep) // rep 0 warms up
             for (int32_t k = 0; k <= K; ++k) {
                 const auto t0 = clock_type::now();
                 m.forward(ctx, steps[size_t(k)], kv, logits.data());
-                if (rep > 0) t[size_t(k)] += since(t0);
+                if (rep > 0) t[size_t(k)] = std::min(t[size_t(k)], since(t0));
             }
         nlohmann::json row = nlohmann::json::array();
         for (int32_t k = 1; k <= K; ++k) row.push_back(t[size_t(k)] / t[0]);
         j["verify_cost"][std::to_string(nb)] = row;
-        j["step_ms"][std::to_string(nb)] = t[0] / reps * 1e3;
+        j["step_ms"][std::to_string(nb)] = t[0] * 1e3;
     }
-    // Prompt lookup on the engine: a passage twice (the model's continuation may copy it) and random tokens.
+    // On the engine, greedy, decode rates (after the first token) side by side with plain
+    // decoding: prompt lookup on a passage twice (the model's continuation may copy it) and on
+    // random tokens; the draft model on both (--draft-model); and the upper bound, drafts
+    // replayed from the model's own greedy output (every one accepted), at k = 4 and K.
+    std::optional<model_bundle> draft;
+    if (!o.draft_model.empty()) draft = load_draft_model(o.draft_model, *b.tok, o.load);
     const std::string passage = "Lily had a red ball. She liked to play with it in the park with her friend Tom. "
                                 "One day the ball rolled into the pond and Tom helped her get it back. ";
     const std::vector<std::pair<std::string, std::vector<token_id>>> tasks{
         {"copy", b.tok->encode(passage + passage + passage.substr(0, 40), true, false)},
         {"random", random_tokens(int(b.tok->encode(passage, true, false).size()) * 2, n_vocab, 7)}};
+    // Each configuration runs three times, interleaved with the plain runs; the speed-up is
+    // the median of each run over the plain run beside it.
+    const auto decode_tok_s = [](const engine_run& r) { return r.n_decode_tokens / r.decode_seconds; };
+    constexpr int engine_reps = 3;
     for (const auto& [name, prompt] : tasks) {
-        const engine_run plain = run_greedy(b, o.threads, prompt, o.n_gen, 0);
-        const engine_run spec = run_greedy(b, o.threads, prompt, o.n_gen, std::max(1, K));
-        const double accept = spec.stats.n_draft_tokens ? double(spec.stats.n_accepted_tokens) /
-                                                              double(spec.stats.n_draft_tokens)
-                                                        : 0.0;
-        j["prompt_lookup"][name] = {{"tok_s_plain", plain.n_tokens / plain.seconds},
-                                    {"tok_s_speculative", spec.n_tokens / spec.seconds},
-                                    {"speedup", plain.seconds / spec.seconds},
-                                    {"drafted", spec.stats.n_draft_tokens},
-                                    {"accepted", spec.stats.n_accepted_tokens},
-                                    {"acceptance", accept},
-                                    {"steps_plain", plain.stats.n_steps},
-                                    {"steps_speculative", spec.stats.n_steps}};
+        using run_fn = std::function<engine_run()>;
+        std::vector<std::pair<std::string, run_fn>> configs{
+            {"prompt_lookup", [&, p = prompt] { return run_greedy(b, o.threads, p, o.n_gen, K); }}};
+        if (draft)
+            configs.emplace_back("draft_model", [&, p = prompt] {
+                return run_greedy(b, o.threads, p, o.n_gen, K, draft_source::model, draft->mdl.get());
+            });
+        if (name == "random") { // the upper bound: the drafts are what the model will say
+            const std::vector<token_id> own = greedy_tokens(b, o.threads, prompt, o.n_gen);
+            for (const int32_t k : std::set<int32_t>{std::min(4, K), K})
+                configs.emplace_back("replay/" + std::to_string(k), [&, p = prompt, own, k] {
+                    return run_greedy(b, o.threads, p, o.n_gen, k, draft_source::replay, nullptr, own);
+                });
+        }
+        for (const auto& [config, run] : configs) {
+            std::vector<double> ratios;
+            engine_run plain, spec;
+            for (int rep = 0; rep < engine_reps; ++rep) { // alternating which goes first, against drift
+                if (rep % 2) plain = run_greedy(b, o.threads, prompt, o.n_gen, 0);
+                spec = run();
+                if (rep % 2 == 0) plain = run_greedy(b, o.threads, prompt, o.n_gen, 0);
+                ratios.push_back(decode_tok_s(spec) / decode_tok_s(plain));
+            }
+            std::sort(ratios.begin(), ratios.end());
+            const uint64_t drafted = spec.stats.n_draft_tokens, accepted = spec.stats.n_accepted_tokens;
+            const auto slash = config.find('/');
+            nlohmann::json& at = slash == std::string::npos ? j[config][name] : j[config.substr(0, slash)][config.substr(slash + 1)];
+            at = {{"tok_s_plain", decode_tok_s(plain)},
+                  {"tok_s_speculative", decode_tok_s(spec)},
+                  {"speedup", ratios[ratios.size() / 2]},
+                  {"speedup_min", ratios.front()},
+                  {"speedup_max", ratios.back()},
+                  {"drafted", drafted},
+                  {"accepted", accepted},
+                  {"acceptance", drafted ? double(accepted) / double(drafted) : 0.0},
+                  {"steps_plain", plain.stats.n_steps},
+                  {"steps_speculative", spec.stats.n_steps}};
+        }
     }
     if (o.json) {
         std::cout << j.dump() << "\n";
@@ -624,13 +687,21 @@ int cmd_bench_speculative(const bench_opts& o) {
         for (const auto& v : j["verify_cost"][std::to_string(nb)]) std::cout << fmt::format(" k={} {:.2f}x", k++, v.get<double>());
         std::cout << "\n";
     }
-    for (const auto& [name, r] : j["prompt_lookup"].items())
-        std::cout << fmt::format("lookup       {:6s}: {:.1f} -> {:.1f} tok/s ({:.2f}x), {} of {} drafts accepted "
-                                 "({:.0f}%), {} -> {} steps\n",
-                                 name, r["tok_s_plain"].get<double>(), r["tok_s_speculative"].get<double>(),
-                                 r["speedup"].get<double>(), r["accepted"].get<uint64_t>(), r["drafted"].get<uint64_t>(),
-                                 100.0 * r["acceptance"].get<double>(), r["steps_plain"].get<uint64_t>(),
-                                 r["steps_speculative"].get<uint64_t>());
+    for (const char* kind : {"prompt_lookup", "draft_model", "replay"}) {
+        if (!j.contains(kind)) continue;
+        for (const auto& [name, r] : j[kind].items())
+            std::cout << fmt::format("{:13s}{:6s}: decode {:.1f} -> {:.1f} tok/s ({:.2f}x, {:.2f}-{:.2f}), {} of {} "
+                                     "drafts accepted ({:.0f}%), {} -> {} steps\n",
+                                     kind == std::string("prompt_lookup") ? "lookup"
+                                     : kind == std::string("replay")      ? "upper bound"
+                                                                          : "draft model",
+                                     kind == std::string("replay") ? "k=" + name : name,
+                                     r["tok_s_plain"].get<double>(), r["tok_s_speculative"].get<double>(),
+                                     r["speedup"].get<double>(), r["speedup_min"].get<double>(),
+                                     r["speedup_max"].get<double>(), r["accepted"].get<uint64_t>(),
+                                     r["drafted"].get<uint64_t>(), 100.0 * r["acceptance"].get<double>(),
+                                     r["steps_plain"].get<uint64_t>(), r["steps_speculative"].get<uint64_t>());
+    }
     return 0;
 }
 
@@ -678,9 +749,11 @@ void register_bench(CLI::App& app, registry& reg) {
     bench->add_flag("--no-raw", bo->no_raw, "skip the oneDNN raw matmul measurement");
     bench->add_flag("--json", bo->json, "print one JSON object");
     bench->add_option("--speculative", bo->speculative,
-                      "speculative decoding instead: the cost of verifying k = 1..K drafts in one step, and prompt "
-                      "lookup with K drafts on the engine (-n tokens, greedy)")
+                      "speculative decoding instead: the cost of verifying k = 1..K drafts in one step; prompt "
+                      "lookup with K drafts on the engine (-n tokens, greedy), and its upper bound (replayed drafts)")
         ->check(CLI::Range(1, 16));
+    bench->add_option("--draft-model", bo->draft_model, "with --speculative: also draft from this model")
+        ->check(CLI::ExistingFile);
     bench->add_flag("--guided-decode", bo->guided,
                     "guided generation instead: decode on the engine under a JSON schema vs unconstrained, side by "
                     "side at each --batch size (-n tokens a sequence, temperature 1)");

@@ -533,6 +533,12 @@ int cmd_status(const client_opts& o) {
         row("kv cache", num(*used) + "/" + num(*total) + " pages" + buf);
     }
     if (auto hits = metric(m, {"tandem_prefix_cache_hits_total"})) row("prefix hits", num(*hits));
+    const auto drafted = metric(m, {"tandem_speculative_draft_tokens_total"});
+    const auto accepted = metric(m, {"tandem_speculative_accepted_tokens_total"});
+    if (drafted && accepted && *drafted > 0) {
+        std::snprintf(buf, sizeof buf, " drafts accepted (%.0f%%)", 100.0 * *accepted / *drafted);
+        row("speculative", num(*accepted) + " of " + num(*drafted) + buf);
+    }
     // GPU workers only: past K/V copied to the device, against what its kept pages held already.
     const auto up = metric(m, {"tandem_kv_device_upload_bytes_total"});
     const auto kept = metric(m, {"tandem_kv_device_kept_bytes_total"});

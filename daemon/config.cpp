@@ -117,6 +117,7 @@ const std::vector<std::pair<std::string, setter>>& setters() {
          [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_connections, 1, 1 << 20); }},
         {"step_tokens", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.step_tokens, 1, 1 << 20); }},
         {"draft_tokens", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.draft_tokens, 0, 16); }},
+        {"draft_model", [](config& c, const std::string& v) { c.draft_model = v; return std::optional<std::string>(); }},
         {"max_body_bytes",
          [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.max_body_bytes, 1024, int64_t(1) << 32); }},
         {"max_prompt_tokens",

@@ -36,7 +36,8 @@ struct config {
     int32_t max_waiting = 64;
     int32_t max_connections = 256;
     int32_t step_tokens = 512;
-    int32_t draft_tokens = 0;          // speculative decoding by prompt lookup: drafts per step (0: off)
+    int32_t draft_tokens = 0;          // speculative decoding: drafts per step (0: off; 4 with a draft_model)
+    std::string draft_model;           // a GGUF with the model's vocabulary that drafts ("" = prompt lookup)
     int64_t max_body_bytes = 1 << 20;
     int32_t max_prompt_tokens = 0;     // 0 = the context less one
     int32_t max_tokens_limit = 0;      // 0 = the context
@@ -49,6 +50,10 @@ struct config {
     std::string log_level = "info";
     // Where each key was set, "FILE:LINE" (or the flag), for the errors validate() reports.
     std::map<std::string, std::string> origin;
+
+    // Drafts per step each request may ask for: draft_tokens, or 4 when it is 0 and a draft
+    // model is set (a draft model is loaded to draft).
+    int32_t speculative_tokens() const { return draft_tokens > 0 || draft_model.empty() ? draft_tokens : 4; }
 
     // Sets one key from its text; an error message, or nullopt when it was fine.
     std::optional<std::string> set(const std::string& key, const std::string& value);

@@ -154,13 +154,24 @@ std::string metrics::render(const engine_stats* e) const {
             "# TYPE tandem_kv_device_upload_bytes_total counter\ntandem_kv_device_upload_bytes_total {}\n"
             "# HELP tandem_kv_device_kept_bytes_total Past K/V bytes GPU workers read from device pages they kept.\n"
             "# TYPE tandem_kv_device_kept_bytes_total counter\ntandem_kv_device_kept_bytes_total {}\n"
-            "# HELP tandem_speculative_draft_tokens_total Prompt-lookup draft tokens computed for verification.\n"
+            "# HELP tandem_speculative_drafts_total Speculative steps: one sequence's drafts verified together.\n"
+            "# TYPE tandem_speculative_drafts_total counter\ntandem_speculative_drafts_total {}\n"
+            "# HELP tandem_speculative_draft_tokens_total Draft tokens computed for verification (prompt lookup or the draft model).\n"
             "# TYPE tandem_speculative_draft_tokens_total counter\ntandem_speculative_draft_tokens_total {}\n"
             "# HELP tandem_speculative_accepted_tokens_total Draft tokens the verification kept.\n"
             "# TYPE tandem_speculative_accepted_tokens_total counter\ntandem_speculative_accepted_tokens_total {}\n",
             e->n_running, e->n_waiting, e->n_pages_used, e->n_pages_total, e->n_steps, e->n_prompt_tokens,
             e->n_generated_tokens, e->n_prefix_hits, e->n_kv_tokens, e->n_pages_cached, e->n_preemptions,
-            e->n_worker_restarts, e->n_kv_upload_bytes, e->n_kv_kept_bytes, e->n_draft_tokens, e->n_accepted_tokens);
+            e->n_worker_restarts, e->n_kv_upload_bytes, e->n_kv_kept_bytes, e->n_drafts, e->n_draft_tokens,
+            e->n_accepted_tokens);
+        // Accepted drafts by their place in the step, as far as any draft got (vLLM's per-position counter).
+        size_t n_pos = e->n_accepted_at.size();
+        while (n_pos > 0 && e->n_accepted_at[n_pos - 1] == 0) --n_pos;
+        out += "# HELP tandem_speculative_accepted_tokens_per_position_total Accepted drafts by position in their step (0: the first).\n"
+               "# TYPE tandem_speculative_accepted_tokens_per_position_total counter\n";
+        for (size_t k = 0; k < std::max<size_t>(n_pos, 1); ++k)
+            out += fmt::format("tandem_speculative_accepted_tokens_per_position_total{{position=\"{}\"}} {}\n", k,
+                               e->n_accepted_at[k]);
     }
     return out;
 }

@@ -139,10 +139,14 @@ void server::load_engine(const config& cfg, model_state& ms) {
     eo.max_running = cfg.max_running;
     eo.max_waiting = cfg.max_waiting;
     eo.step_tokens = cfg.step_tokens;
-    eo.max_draft_tokens = cfg.draft_tokens;
+    eo.max_draft_tokens = cfg.speculative_tokens();
+    if (!cfg.draft_model.empty()) { // runs in this process, on the engine's thread (runtime/draft.hpp)
+        ms.draft = load_draft_model(cfg.draft_model, *ms.bundle.tok, load_options{weight_format::int8, kv, 0});
+        eo.draft_model = ms.draft->mdl.get();
+    }
     // The channel's logits area: one row per decoding sequence, and the drafts' rows of the
     // sequences that may draft at once.
-    eo.max_logits = std::max(1, cfg.max_running) + std::min(cfg.max_running, eo.max_draft_batch) * cfg.draft_tokens;
+    eo.max_logits = std::max(1, cfg.max_running) + std::min(cfg.max_running, eo.max_draft_batch) * eo.max_draft_tokens;
     eo.prefix_cache = cfg.prefix_cache;
     eo.priority_aging_s = cfg.priority_aging_s;
     // Default pool: max_running full contexts but at most 2 GiB, and never less than one

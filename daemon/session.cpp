@@ -397,6 +397,8 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
             c.n_prompt = ev.n_prompt;
             c.n_cached = ev.n_cached;
             c.n_generated = ev.n_generated;
+            c.n_drafted = ev.n_draft_tokens;
+            c.n_accepted = ev.n_accepted_tokens;
             c.done = true;
             ++n_done;
             if (ev.t_admitted != clock_type::time_point{}) st_.met.queue_time(secs(ev.t_admitted - t_received));

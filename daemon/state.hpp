@@ -24,6 +24,7 @@ struct model_state {
     std::unique_ptr<page_store> store;    // its prefix-cache page table
     bool unlink_pool = false;             // remove the pool's file at exit (kv_pool_persist = false)
     std::unique_ptr<grammar::guide_registry> guides; // compiled constraints over the vocabulary
+    std::optional<model_bundle> draft;    // draft_model: speculative decoding's drafts (the engine runs it)
     std::unique_ptr<engine> eng;          // declared last: stopped before the pool goes
     std::string prefill_device, decode_device;
     std::string id;                  // what /v1/models reports

@@ -30,6 +30,7 @@ enum class draft_source : uint8_t {
     automatic, // the engine's draft model when it has one, else prompt lookup
     ngram,     // prompt lookup
     model,     // the draft model
+    replay,    // engine_request::replay: a benchmark's upper bound (drafts that are the output)
 };
 
 // One sequence's call for drafts from the draft model.

@@ -95,7 +95,7 @@ struct request_state {
             sampling_params p = req.sampling;
             if (p.seed) p.seed = *p.seed + uint64_t(k); // sequence k: seed + k
             seqs.push_back(std::make_unique<seq_state>(k, std::move(p), tok, req.stop));
-            seqs.back()->draft_k = req.draft_tokens;
+            seqs.back()->draft_k = std::min(1, req.draft_tokens);
             if (req.make_processor) seqs.back()->smp.processors().add(req.make_processor());
         }
         n_live = n;
@@ -148,7 +148,8 @@ public:
         if (n_prompt == 0 || n_prompt >= opts_.n_ctx) return {submit_status::too_long, 0};
         const int32_t max_tokens = std::clamp(req.max_tokens, 1, opts_.n_ctx - n_prompt);
         req.draft_tokens = req.draft_tokens < 0 ? opts_.max_draft_tokens : std::min(req.draft_tokens, opts_.max_draft_tokens);
-        if (req.drafts != draft_source::ngram) req.drafts = drafter_ ? draft_source::model : draft_source::ngram;
+        if (req.drafts == draft_source::automatic || (req.drafts == draft_source::model && !drafter_))
+            req.drafts = drafter_ ? draft_source::model : draft_source::ngram;
         // it must fit in the pool on its own (everything else preempted): the prompt's full
         // pages once, each sequence's own pages from there
         const int64_t own = sched_->pages_for(n_prompt + max_tokens) - n_prompt / opts_.page_size;
@@ -413,15 +414,17 @@ private:
         propose_drafts(r, q);
     }
 
-    // After a step verified k drafts of q and kept `accepted`: the next proposal's length. All
-    // kept: one more (up to what the request asked for); some: one past what was kept; none:
-    // half, and at zero a pause before drafting again (a task where drafts fail costs little).
+    // After a step verified k drafts of q and kept `accepted`: the next proposal's length. A
+    // sequence starts at one draft. All kept: twice as many (up to what the request asked
+    // for); some: one past what was kept; none: half, and at zero a pause before drafting
+    // again (a task where drafts fail costs little: a lone draft now and then).
     void adapt_drafts(const request_state& r, seq_state& q, int32_t k, int32_t accepted) {
         if (accepted == k) {
-            q.draft_k = std::min(r.req.draft_tokens, q.draft_k + 1);
+            q.draft_k = std::min(r.req.draft_tokens, 2 * k);
             q.backoff = 0;
         } else if (accepted > 0) {
             q.draft_k = accepted + 1;
+            q.backoff = 0;
         } else if ((q.draft_k /= 2) == 0) {
             q.backoff = std::clamp(q.backoff * 2, 4, 64);
             q.skip = q.backoff;
@@ -461,6 +464,12 @@ private:
             j.k = want;
             j.sampling = &q.smp.params();
             draft_jobs_.push_back(std::move(j));
+            return;
+        }
+        if (r.req.drafts == draft_source::replay) {
+            const auto& rp = r.req.replay;
+            const size_t from = std::min(rp.size(), size_t(q.n_generated));
+            add_drafts(q, sid, std::span(rp).subspan(from, std::min(rp.size() - from, size_t(want))));
             return;
         }
         add_drafts(q, sid, ngram_draft(sched_->tokens(sid), want));

@@ -67,6 +67,7 @@ struct engine_request {
     // proposed adapts to how many were accepted (fewer while they fail, a pause when none are).
     int32_t draft_tokens = -1;
     draft_source drafts = draft_source::automatic; // model: ngram when the engine has no draft model
+    std::vector<token_id> replay;     // draft_source::replay: the drafts after generated token i are replay[i + 1 ..]
 };
 
 // What the engine reports about one request, per sequence (index) in order: zero or more

@@ -18,15 +18,18 @@ inline model_bundle& stories() {
     return b;
 }
 
-// Collects one request's events; wait() blocks until its done event.
+// Collects one request's events; wait() blocks until its sequences' done events.
 struct collector {
     std::mutex mu;
     std::condition_variable cv;
-    std::vector<token_id> ids;
+    std::vector<token_id> ids;                 // every sequence's, as they came
+    std::vector<std::vector<token_id>> by_seq; // [index] each sequence's
+    std::vector<std::vector<float>> logprobs;  // [index] each sequence's chosen tokens' (with logprobs)
     std::string text;
     std::string finish;
     int32_t n_generated = -1;
-    int32_t n_draft_tokens = 0, n_accepted_tokens = 0;
+    int32_t n_draft_tokens = 0, n_accepted_tokens = 0; // summed over the sequences
+    int32_t n_seqs = 1, n_done = 0;            // done once n_seqs done events came (a request's n)
     bool done = false;
 
     engine_sink sink() {
@@ -35,12 +38,19 @@ struct collector {
             text += ev.text;
             if (!ev.done) {
                 ids.push_back(ev.id);
+                if (by_seq.size() <= size_t(ev.index)) {
+                    by_seq.resize(size_t(ev.index) + 1);
+                    logprobs.resize(size_t(ev.index) + 1);
+                }
+                by_seq[size_t(ev.index)].push_back(ev.id);
+                logprobs[size_t(ev.index)].push_back(ev.logprob);
                 return;
             }
             finish = ev.finish_reason;
             n_generated = ev.n_generated;
-            n_draft_tokens = ev.n_draft_tokens;
-            n_accepted_tokens = ev.n_accepted_tokens;
+            n_draft_tokens += ev.n_draft_tokens;
+            n_accepted_tokens += ev.n_accepted_tokens;
+            if (++n_done < n_seqs) return;
             done = true;
             cv.notify_all();
         };

@@ -274,5 +274,59 @@ TEST_CASE("tandem bench --speculative: the verify cost per k and batch, and prom
         CHECK(t["tok_s_plain"].get<double>() > 0);
     }
     CHECK(j["prompt_lookup"]["copy"]["drafted"].get<uint64_t>() > 0);
+    // The upper bound: replayed drafts are all accepted, at k = 3 (K) and fewer steps.
+    const json& bound = j["replay"]["3"];
+    CHECK(bound["accepted"] == bound["drafted"]);
+    CHECK(bound["drafted"].get<uint64_t>() > 0);
+    CHECK(bound["steps_speculative"].get<uint64_t>() < bound["steps_plain"].get<uint64_t>());
+    CHECK(bound["speedup_min"].get<double>() <= bound["speedup"].get<double>());
     CHECK(run_tandem({"bench", "-m", stories, "--speculative", "0"}).rc != 0); // K in 1..16
+    // With a draft model (the model itself: its greedy drafts are all accepted).
+    auto d = run_tandem({"bench", "-m", stories, "--speculative", "2", "-n", "16", "-t", "1", "--batch", "1",
+                         "--draft-model", stories, "--json"});
+    INFO(d.err);
+    REQUIRE(d.rc == 0);
+    const json dj = json::parse(d.out);
+    const json& dm = dj["draft_model"]["copy"];
+    CHECK(dm["drafted"].get<uint64_t>() > 0);
+    CHECK(dm["accepted"] == dm["drafted"]);
+}
+
+TEST_CASE("tandem run --draft-model / --speculative, and synth --vocab-from: a draft model for a model") {
+    test::scratch_dir dir("cli-draft");
+    const std::string draft = dir.file("draft.gguf");
+    auto sy = run_tandem({"synth", "-o", draft, "--vocab-from", stories, "--layers", "1", "--dim", "32", "--heads", "2",
+                          "--kv-heads", "1", "--ff", "64"});
+    REQUIRE(sy.rc == 0);
+    const std::string copy = "Lily saw a big red ball. She wanted to play with the ball. Lily saw a big red ball. She";
+    const std::vector<std::string> base{"run", "-m", stories, "-p", copy, "-n", "32", "--temp", "0", "--json"};
+    const auto with = [&](std::vector<std::string> extra) {
+        std::vector<std::string> args = base;
+        args.insert(args.end(), extra.begin(), extra.end());
+        return run_tandem(args);
+    };
+    const auto plain = with({});
+    REQUIRE(plain.rc == 0);
+    const json want = json::parse(plain.out)["tokens"];
+    for (const auto& extra : {std::vector<std::string>{"--draft-model", draft},               // random drafts
+                              std::vector<std::string>{"--draft-model", stories, "--draft-tokens", "3"}, // its own
+                              std::vector<std::string>{"--speculative", "ngram"}}) {
+        const auto r = with(extra);
+        INFO(extra[0], " ", extra[1], ": ", r.err);
+        REQUIRE(r.rc == 0);
+        const json j = json::parse(r.out);
+        CHECK(j["tokens"] == want);
+        CHECK(j["draft_tokens"].get<int>() > 0);
+        CHECK(j["accepted_tokens"].get<int>() <= j["draft_tokens"].get<int>());
+        if (extra[1] == stories) CHECK(j["accepted_tokens"] == j["draft_tokens"]);
+    }
+    // Refused: another vocabulary (named), draft without a model, off with one.
+    const auto other = with({"--draft-model", test::model_path("llama-2-tiny-random.gguf")});
+    CHECK(other.rc == 1);
+    CHECK(other.err.find("cannot draft for the model") != std::string::npos);
+    CHECK(with({"--speculative", "draft"}).err.find("needs --draft-model") != std::string::npos);
+    CHECK(with({"--speculative", "off", "--draft-model", draft}).rc == 1);
+    CHECK(with({"--speculative", "medusa"}).rc != 0);
+    // --vocab-from and --vocab together: CLI11 refuses.
+    CHECK(run_tandem({"synth", "-o", dir.file("x.gguf"), "--vocab-from", stories, "--vocab", "600"}).rc != 0);
 }

@@ -544,3 +544,65 @@ TEST_CASE("workers: draft_tokens = 4 verifies prompt-lookup drafts in the decode
     CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
     CHECK(d.stop() == 0);
 }
+
+TEST_CASE("workers: draft_model drafts next to the decode worker; outputs equal the offline loop, usage counts the drafts") {
+    // The model drafts for itself: its greedy drafts are its own tokens, so all are accepted.
+    daemon_process d;
+    d.start(scratch().file("draft.sock"), {"--set", "draft_model=" + model_path("stories260K.gguf")});
+    REQUIRE(d.wait_ready());
+    const std::string copy = "Lily saw a big red ball. She wanted to play with the ball. Lily saw a big red ball. She";
+    const json one = completion(d.sock, copy, 40);
+    REQUIRE(one.contains("choices"));
+    CHECK(one["choices"][0]["text"] == offline_text(copy, 40));
+    const json details = one["usage"]["completion_tokens_details"];
+    CHECK(details["accepted_prediction_tokens"].get<int>() > 0);
+    CHECK(details["rejected_prediction_tokens"] == 0);
+    std::vector<std::future<streamed>> fs;
+    for (size_t i = 0; i < 4; ++i)
+        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 24 + int(i) * 5); }));
+    for (size_t i = 0; i < 4; ++i) {
+        const streamed s = fs[i].get();
+        CHECK(s.done);
+        CHECK_MESSAGE(s.text == offline_text(prompts[i], 24 + int(i) * 5), "prompt ", i);
+    }
+    const json spec = status(d.sock)["speculative"];
+    CHECK(spec["method"] == "draft");
+    CHECK(spec["draft_tokens"] == 4); // draft_tokens unset: 4 with a draft model
+    CHECK(spec["draft_device"].get<std::string>().find("cpu") != std::string::npos);
+    CHECK(spec["accepted_tokens"].get<int>() > 0);
+    const std::string m = request(d.sock, "GET", "/metrics").body;
+    CHECK(metric(m, "tandem_speculative_drafts_total") > 0);
+    CHECK(m.find("tandem_speculative_accepted_tokens_per_position_total{position=\"3\"}") != std::string::npos);
+    // The decode worker killed mid-stream: the lost steps, drafts and all, run again; the same text.
+    const pid_t victim = worker_pid(d.pid, "decode");
+    REQUIRE(victim > 0);
+    std::vector<std::future<streamed>> ks;
+    for (size_t i = 0; i < 4; ++i)
+        ks.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 1000); }));
+    REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    REQUIRE(::kill(victim, SIGKILL) == 0);
+    for (size_t i = 0; i < ks.size(); ++i) {
+        const streamed s = ks[i].get();
+        CHECK_MESSAGE(s.finish == "length", "request ", i);
+        CHECK_MESSAGE(s.text == offline_text(prompts[i], 1000), "request ", i);
+    }
+    CHECK(status(d.sock)["worker_restarts"] == 1);
+    // A request may take prompt lookup instead, or fewer drafts; "off" reports no drafts.
+    for (const json& method : {json{{"method", "ngram"}}, json{{"method", "draft"}, {"num_tokens", 2}}, json{{"method", "off"}}}) {
+        const auto r = post(d.sock, "/v1/completions", {{"prompt", copy}, {"max_tokens", 40}, {"temperature", 0},
+                                                        {"ignore_eos", true}, {"speculative", method}});
+        INFO(method.dump(), " -> ", r.body);
+        REQUIRE(r.status == 200);
+        CHECK(r.j()["choices"][0]["text"] == offline_text(copy, 40));
+        CHECK(r.j()["usage"].contains("completion_tokens_details") == (method["method"] != "off"));
+    }
+    CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+    CHECK(d.stop() == 0);
+    // A draft model of another vocabulary: the daemon does not start (exit 1, the reason logged).
+    daemon_process bad;
+    bad.start(scratch().file("draft-bad.sock"), {"--set", "draft_model=" + model_path("llama-2-tiny-random.gguf")});
+    int rc = -1;
+    CHECK_FALSE(ready_or_exit(bad, rc));
+    CHECK(rc == 1);
+}
