@@ -118,6 +118,15 @@ const std::vector<std::pair<std::string, setter>>& setters() {
         {"step_tokens", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.step_tokens, 1, 1 << 20); }},
         {"draft_tokens", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.draft_tokens, 0, 16); }},
         {"draft_model", [](config& c, const std::string& v) { c.draft_model = v; return std::optional<std::string>(); }},
+        {"draft_cost",
+         [](config& c, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const double x = std::strtod(v.c_str(), &end);
+             if (v == "auto") c.draft_cost = 0;
+             else if (v.empty() || *end != '\0' || !(x > 0) || x > 1) return "expected auto, or a fraction in (0, 1]";
+             else c.draft_cost = x;
+             return std::nullopt;
+         }},
         {"max_body_bytes",
          [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.max_body_bytes, 1024, int64_t(1) << 32); }},
         {"max_prompt_tokens",

@@ -38,6 +38,7 @@ struct config {
     int32_t step_tokens = 512;
     int32_t draft_tokens = 0;          // speculative decoding: drafts per step (0: off; 4 with a draft_model)
     std::string draft_model;           // a GGUF with the model's vocabulary that drafts ("" = prompt lookup)
+    double draft_cost = 0;             // a draft token's cost over a decode step (0 = auto: measured)
     int64_t max_body_bytes = 1 << 20;
     int32_t max_prompt_tokens = 0;     // 0 = the context less one
     int32_t max_tokens_limit = 0;      // 0 = the context

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <random>
 
 namespace tandem {
 
@@ -26,6 +25,40 @@ std::vector<token_id> ngram_draft(std::span<const token_id> tokens, int32_t k, i
         }
     }
     return {};
+}
+
+void step_cost::add(int32_t n_tokens, double seconds) {
+    constexpr double keep = 0.97; // about the last 30 steps
+    const double n = n_tokens;
+    w_ = w_ * keep + 1;
+    sn_ = sn_ * keep + n;
+    st_ = st_ * keep + seconds;
+    snn_ = snn_ * keep + n * n;
+    snt_ = snt_ * keep + n * seconds;
+    const double mn = sn_ / w_, mt = st_ / w_, var = snn_ / w_ - mn * mn;
+    if (w_ >= 4 && var >= 0.1) b_ = std::max(0.0, (snt_ / w_ - mn * mt) / var); // else: steps alike, no slope to read
+}
+
+double step_cost::seconds(int32_t n_tokens) const {
+    if (w_ <= 0) return 0;
+    return b_ < 0 ? st_ / w_ : std::max(st_ / w_ + b_ * (n_tokens - sn_ / w_), 1e-9);
+}
+
+double step_cost::relative(int32_t n_tokens, double prior) const { return b_ < 0 ? prior : b_ / seconds(n_tokens); }
+
+int32_t drafts_worth(double alpha, double cost, int32_t k_max) {
+    int32_t best_k = 0;
+    double best = 1.0, expected = 1.0, p = 1.0; // tokens a step: the verified one, and drafts that stand
+    for (int32_t k = 1; k <= k_max; ++k) {
+        p *= alpha;
+        expected += p;
+        const double gain = expected / (1.0 + cost * k);
+        if (gain > best) {
+            best = gain;
+            best_k = k;
+        }
+    }
+    return best_k;
 }
 
 namespace {
@@ -50,7 +83,7 @@ struct draft_model::seq_state {
 };
 
 draft_model::draft_model(model& mdl, int n_threads, int32_t page_size, int32_t n_pages, int32_t max_seqs)
-    : mdl_(mdl), n_vocab_(mdl.config().n_vocab) {
+    : n_vocab_(mdl.config().n_vocab) {
     kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(page_size), n_pages);
     store_ = make_local_store(*kv_);
     scheduler_options so;

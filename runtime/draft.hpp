@@ -25,6 +25,31 @@ class scheduler;
 // what followed it up to the end of the sequence. Empty when no suffix recurs.
 std::vector<token_id> ngram_draft(std::span<const token_id> tokens, int32_t k, int32_t n_max = 3, int32_t n_min = 1);
 
+// What a decode step costs by its token count, measured: t = a + b n, fit by least squares
+// over recent steps (older ones count less and less). A draft's cost relative to a step is
+// what speculation weighs against the tokens it expects to gain: small where a step is bound
+// by reading the weights (a large model at a small batch), near one token's where it is
+// compute-bound (a large batch, or a model so small that a step is all overhead).
+class step_cost {
+public:
+    void add(int32_t n_tokens, double seconds);
+    // b / (a + b n): one more token's time over a step of n tokens; `prior` until steps of
+    // different sizes were seen (then the last slope read stays while they are all alike).
+    double relative(int32_t n_tokens, double prior = 0.1) const;
+    // a + b n: a step of n tokens, in seconds (the mean step before any slope is known; 0
+    // before any step).
+    double seconds(int32_t n_tokens) const;
+
+private:
+    double w_ = 0, sn_ = 0, st_ = 0, snn_ = 0, snt_ = 0; // decayed sums of 1, n, t, n^2, n t
+    double b_ = -1;                                      // the slope, once read
+};
+
+// How many drafts to propose: the k in 0..k_max that gains most tokens a unit of time when
+// each draft stands with probability `alpha` (given the one before it stood) and costs
+// `cost` of a step: (1 + alpha + ... + alpha^k) / (1 + cost k), 0 when nothing beats 1.
+int32_t drafts_worth(double alpha, double cost, int32_t k_max);
+
 // Where a sequence's drafts come from.
 enum class draft_source : uint8_t {
     automatic, // the engine's draft model when it has one, else prompt lookup
@@ -70,7 +95,6 @@ private:
     struct seq_state;
     bool sync(const draft_job& job);
 
-    model& mdl_;
     int32_t n_vocab_;
     std::unique_ptr<kv_cache> kv_;
     std::unique_ptr<page_store> store_;

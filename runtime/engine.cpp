@@ -57,10 +57,12 @@ struct seq_state {
     int32_t n_drafts = 0;             // drafts after its last sampled token, not verified yet
     std::vector<float> draft_q;       // [n_drafts, n_vocab] what the draft model drew them from; empty: point masses
     int32_t n_drafted = 0, n_accepted = 0;
-    // How many drafts to propose next (runtime/draft policy, adapt_drafts): grows while drafts
-    // are accepted, shrinks to what was; none are proposed for `skip` more tokens after a
-    // step accepted nothing at one draft (the pause doubles, up to 64, while that goes on).
-    int32_t draft_k = 0, skip = 0, backoff = 0;
+    // The speculation policy (propose_drafts, adapt_drafts): how often its drafts stood
+    // (counts that fade, for the rate a draft stands given the one before it did), and a pause
+    // of `skip` tokens without drafts after a step that kept none (`backoff`: 4, doubling up
+    // to 64 while that goes on).
+    double n_stood = 0, n_fell = 0;
+    int32_t skip = 0, backoff = 0;
     token_id final_token = -1;        // the EOS that ended it
     bool done = false;
     sampler smp;
@@ -95,7 +97,6 @@ struct request_state {
             sampling_params p = req.sampling;
             if (p.seed) p.seed = *p.seed + uint64_t(k); // sequence k: seed + k
             seqs.push_back(std::make_unique<seq_state>(k, std::move(p), tok, req.stop));
-            seqs.back()->draft_k = std::min(1, req.draft_tokens);
             if (req.make_processor) seqs.back()->smp.processors().add(req.make_processor());
         }
         n_live = n;
@@ -210,6 +211,7 @@ private:
     void loop() {
         std::vector<bool> started(parts_.executors.size(), false);
         planned_.assign(parts_.executors.size(), nullptr);
+        started_at_.assign(parts_.executors.size(), {});
         for (;;) {
             std::unordered_set<uint64_t> cancels;
             bool stopping = false;
@@ -255,6 +257,7 @@ private:
                 if (!started[i] && ex.ready()) {
                     const batch& b = sched_->plan(int(i), ex.kind());
                     if (!b.empty()) {
+                        started_at_[i] = clock_type::now();
                         ex.start(b);
                         planned_[i] = &b;
                         started[i] = true;
@@ -352,6 +355,11 @@ private:
         }
         const std::vector<uint64_t> due = sched_->complete(slot, true);
         const batch& b = *planned_[size_t(slot)];
+        bool decode_only = true; // a decode step: what it took tells what drafts cost
+        for (int32_t i = 0; i < b.n_seqs(); ++i) decode_only = decode_only && b.n_new(i) <= opts_.decode_tokens;
+        if (decode_only)
+            step_cost_.add(b.n_tokens(),
+                           std::chrono::duration<double>(clock_type::now() - started_at_[size_t(slot)]).count());
         std::unordered_map<uint64_t, int32_t> index; // scheduler sequence -> its place in the batch
         for (int32_t i = 0; i < b.n_seqs(); ++i) index.emplace(b.seq_id[size_t(i)], i);
         for (uint64_t id : members) {
@@ -410,25 +418,22 @@ private:
         if (k > 0) ++n_drafts_;
         if (accepted == k) sample_next(r, q, ex.logits(first_row + k), base + k); // every draft stood: one more
         if (q.done) return;
-        if (k > 0) adapt_drafts(r, q, k, accepted);
+        if (k > 0) adapt_drafts(q, k, accepted);
         propose_drafts(r, q);
     }
 
-    // After a step verified k drafts of q and kept `accepted`: the next proposal's length. A
-    // sequence starts at one draft. All kept: twice as many (up to what the request asked
-    // for); some: one past what was kept; none: half, and at zero a pause before drafting
-    // again (a task where drafts fail costs little: a lone draft now and then).
-    void adapt_drafts(const request_state& r, seq_state& q, int32_t k, int32_t accepted) {
-        if (accepted == k) {
-            q.draft_k = std::min(r.req.draft_tokens, 2 * k);
+    // After a step verified k drafts of q and kept `accepted`: the counts fade and grow; none
+    // kept starts (or doubles) a pause, so a task where drafts fail costs a lone draft now and
+    // then.
+    void adapt_drafts(seq_state& q, int32_t k, int32_t accepted) {
+        constexpr double fade = 0.8;
+        q.n_stood = q.n_stood * fade + accepted;
+        q.n_fell = q.n_fell * fade + (accepted < k ? 1 : 0);
+        if (accepted > 0) {
             q.backoff = 0;
-        } else if (accepted > 0) {
-            q.draft_k = accepted + 1;
-            q.backoff = 0;
-        } else if ((q.draft_k /= 2) == 0) {
+        } else { // (a probe after a pause that was not worth drafting: a longer one)
             q.backoff = std::clamp(q.backoff * 2, 4, 64);
             q.skip = q.backoff;
-            q.draft_k = 1;
         }
     }
 
@@ -455,7 +460,21 @@ private:
         }
         // A step of many sequences is compute-bound: each draft costs about what a token does.
         if (n_running_ > opts_.max_draft_batch) return;
-        const int32_t want = std::min({q.draft_k, opts_.max_draft_tokens, r.max_tokens - q.n_generated - 1});
+        // As many drafts as gain most: the rate this sequence's drafts stood at (0.4 before any
+        // stood or fell), against what a token costs in the decode steps measured so far.
+        const double alpha = (q.n_stood + 0.8) / (q.n_stood + q.n_fell + 2.0);
+        // The draft model's time for a draft counts too.
+        const double step_s = step_cost_.seconds(n_running_);
+        const double cost = opts_.draft_cost > 0 ? opts_.draft_cost
+                            : step_cost_.relative(n_running_) +
+                                  (r.req.drafts == draft_source::model && step_s > 0 ? draft_s_per_token_ / step_s : 0.0);
+        int32_t k = drafts_worth(alpha, cost, r.req.draft_tokens);
+        if (k == 0 && q.backoff == 0) { // not worth it at this cost: a pause, then a probe
+            q.backoff = q.skip = 32;
+            return;
+        }
+        k = std::max(k, 1); // after a pause, one draft to see whether they stand again
+        const int32_t want = std::min({k, opts_.max_draft_tokens, r.max_tokens - q.n_generated - 1});
         if (want <= 0) return;
         const uint64_t sid = seq_id_of(r.id, q.index);
         if (r.req.drafts == draft_source::model) {
@@ -481,7 +500,14 @@ private:
         std::erase_if(draft_jobs_, [&](const draft_job& j) { return !sched_->contains(j.id); });
         if (draft_jobs_.empty()) return;
         for (draft_job& j : draft_jobs_) j.tokens = sched_->tokens(j.id);
+        const auto t0 = clock_type::now();
         drafter_->propose(draft_jobs_);
+        size_t n_drafted = 0;
+        for (const draft_job& j : draft_jobs_) n_drafted += j.drafts.size();
+        if (n_drafted > 0) { // a moving mean of the draft model's time a draft
+            const double s = std::chrono::duration<double>(clock_type::now() - t0).count() / double(n_drafted);
+            draft_s_per_token_ = draft_s_per_token_ == 0 ? s : 0.9 * draft_s_per_token_ + 0.1 * s;
+        }
         for (draft_job& j : draft_jobs_) {
             auto it = reqs_.find(request_of(j.id));
             if (it == reqs_.end()) continue;
@@ -673,6 +699,9 @@ private:
     std::vector<float> row_;                              // [n_vocab] logits being sampled
     std::vector<std::pair<engine_sink, engine_event>> done_;
     std::vector<const batch*> planned_;                  // [executor] the batch it ran last
+    std::vector<steady_time> started_at_;                 // [executor] when it started it
+    step_cost step_cost_;                                 // decode steps' time by their token count
+    double draft_s_per_token_ = 0;                        // the draft model's time a draft (a moving mean)
     uint64_t n_steps_ = 0, n_generated_tokens_ = 0, n_drafts_ = 0, n_draft_tokens_ = 0, n_accepted_tokens_ = 0;
     std::array<uint64_t, engine_stats::max_draft_positions> n_accepted_at_{};
     std::unique_ptr<draft_model> drafter_;               // the draft model's runner, with engine_options::draft_model

@@ -169,6 +169,8 @@ struct engine_options {
     int32_t max_draft_tokens = 0;     // drafts a request may ask for; decode_tokens becomes at least 1 + this
     int32_t max_draft_batch = 4;      // drafts only while at most this many sequences run (a larger
                                       // step is compute-bound: a draft costs about what a token does)
+    double draft_cost = 0;            // a draft token's cost over a decode step, which the policy weighs
+                                      // (runtime/draft.hpp drafts_worth); 0: measured from the decode steps
     bool prefix_cache = true;         // reuse the K/V of full pages of earlier prompts
     uint64_t prefix_seed = 0;         // the model fingerprint (prefix hashes of other models never match)
     double priority_aging_s = 5;      // each this many seconds waited raises a request's priority by one

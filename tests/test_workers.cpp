@@ -500,7 +500,7 @@ TEST_CASE("workers: GPU prefill + CPU or GPU decode gives the cpu/cpu tokens, or
 
 TEST_CASE("workers: draft_tokens = 4 verifies prompt-lookup drafts in the decode worker; outputs equal the offline loop") {
     daemon_process d;
-    d.start(scratch().file("spec.sock"), {"--set", "draft_tokens=4"});
+    d.start(scratch().file("spec.sock"), {"--set", "draft_tokens=4", "--set", "draft_cost=0.05"});
     REQUIRE(d.wait_ready());
     auto spec_metric = [&](const char* name) { return metric(request(d.sock, "GET", "/metrics").body, name); };
     // A passage the continuation may copy, and the usual prompts, alone and at once.
@@ -548,7 +548,7 @@ TEST_CASE("workers: draft_tokens = 4 verifies prompt-lookup drafts in the decode
 TEST_CASE("workers: draft_model drafts next to the decode worker; outputs equal the offline loop, usage counts the drafts") {
     // The model drafts for itself: its greedy drafts are its own tokens, so all are accepted.
     daemon_process d;
-    d.start(scratch().file("draft.sock"), {"--set", "draft_model=" + model_path("stories260K.gguf")});
+    d.start(scratch().file("draft.sock"), {"--set", "draft_model=" + model_path("stories260K.gguf"), "--set", "draft_cost=0.05"});
     REQUIRE(d.wait_ready());
     const std::string copy = "Lily saw a big red ball. She wanted to play with the ball. Lily saw a big red ball. She";
     const json one = completion(d.sock, copy, 40);
