@@ -327,6 +327,8 @@ std::optional<api_error> read_speculative(const json& body, const config& cfg, i
         method = m->get<std::string>();
     }
     if (method == "off") {
+        if (it->contains("num_tokens"))
+            return bad("'speculative.num_tokens' has no meaning with method \"off\"", "speculative.num_tokens");
         draft_tokens = 0;
         return std::nullopt;
     }

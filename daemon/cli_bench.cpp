@@ -431,6 +431,7 @@ struct engine_run {
     engine_stats stats;
     double decode_seconds = 0;
     int32_t n_decode_tokens = 0;
+    std::vector<token_id> tokens;     // sequence 0's
 };
 
 // `n_seqs` copies of `req` (sequence i seeded with i) decoding together.
@@ -450,12 +451,13 @@ engine_run run_engine(model_bundle& b, int threads, const engine_request& req, i
     for (int i = 0; i < n_seqs; ++i) {
         engine_request q = req;
         q.sampling.seed = uint64_t(i);
-        TANDEM_CHECK(eng->submit(q, [&, first = true](engine_event&& ev) mutable {
+        TANDEM_CHECK(eng->submit(q, [&, first = true, i](engine_event&& ev) mutable {
                              std::lock_guard lock(mu);
                              if (ev.done) {
                                  if (++n_done == n_seqs) done.set_value();
                                  return;
                              }
+                             if (i == 0) r.tokens.push_back(ev.id);
                              if (std::exchange(first, false) && ++n_started == n_seqs) all_started = clock_type::now();
                              else if (n_started == n_seqs) ++r.n_decode_tokens;
                              ++r.n_tokens;
@@ -485,27 +487,6 @@ engine_run run_greedy(model_bundle& b, int threads, const std::vector<token_id>&
     return run_engine(b, threads, req, 1, draft);
 }
 
-// Greedy tokens of one request on the engine (the replayed drafts of the upper bound).
-std::vector<token_id> greedy_tokens(model_bundle& b, int threads, const std::vector<token_id>& prompt, int32_t n_gen) {
-    engine_options eo;
-    eo.n_threads = threads;
-    auto eng = make_local_engine(*b.mdl, *b.tok, eo);
-    engine_request req;
-    req.prompt = prompt;
-    req.max_tokens = n_gen;
-    req.sampling.temperature = 0;
-    req.ignore_eos = true;
-    std::promise<void> done;
-    std::vector<token_id> out;
-    TANDEM_CHECK(eng->submit(req, [&](engine_event&& ev) {
-                         if (ev.done) done.set_value();
-                         else out.push_back(ev.id);
-                     }).status == submit_status::ok,
-                 "the benchmark's request was refused");
-    done.get_future().wait();
-    eng->stop();
-    return out;
-}
 
 // `tandem bench --guided-decode`: decode on the engine under a JSON schema (records in an
 // array that never ends within -n tokens, sampled at temperature 1) against the same decode
@@ -644,7 +625,7 @@ int cmd_bench_speculative(const bench_opts& o) {
                 return run_greedy(b, o.threads, p, o.n_gen, K, draft_source::model, draft->mdl.get());
             });
         if (name == "random") { // the upper bound: the drafts are what the model will say
-            const std::vector<token_id> own = greedy_tokens(b, o.threads, prompt, o.n_gen);
+            const std::vector<token_id> own = run_greedy(b, o.threads, prompt, o.n_gen, 0).tokens;
             for (const int32_t k : std::set<int32_t>{std::min(4, K), K})
                 configs.emplace_back("replay/" + std::to_string(k), [&, p = prompt, own, k] {
                     return run_greedy(b, o.threads, p, o.n_gen, k, draft_source::replay, nullptr, own);
@@ -753,7 +734,8 @@ void register_bench(CLI::App& app, registry& reg) {
                       "lookup with K drafts on the engine (-n tokens, greedy), and its upper bound (replayed drafts)")
         ->check(CLI::Range(1, 16));
     bench->add_option("--draft-model", bo->draft_model, "with --speculative: also draft from this model")
-        ->check(CLI::ExistingFile);
+        ->check(CLI::ExistingFile)
+        ->needs("--speculative");
     bench->add_flag("--guided-decode", bo->guided,
                     "guided generation instead: decode on the engine under a JSON schema vs unconstrained, side by "
                     "side at each --batch size (-n tokens a sequence, temperature 1)");

@@ -113,7 +113,10 @@ void set_speculation(const run_opts& o, const model_bundle* draft, generate_para
     std::string method = o.speculative;
     if (method.empty()) method = draft ? "draft" : o.draft_tokens > 0 ? "ngram" : "off";
     TANDEM_CHECK(method != "draft" || draft, "--speculative draft needs --draft-model");
-    TANDEM_CHECK(method != "off" || !draft, "--speculative off with --draft-model: the draft model would not be used");
+    TANDEM_CHECK(method == "draft" || !draft, "--speculative {} with --draft-model: the draft model would not be used",
+                 method);
+    TANDEM_CHECK(method != "off" || o.draft_tokens <= 0, "--speculative off with --draft-tokens {}: no drafts would be made",
+                 o.draft_tokens);
     if (method == "off") return;
     p.draft_tokens = o.draft_tokens < 0 ? 4 : o.draft_tokens;
     TANDEM_CHECK(p.draft_tokens > 0, "--speculative {} with --draft-tokens 0: no drafts", method);

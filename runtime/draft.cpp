@@ -106,23 +106,23 @@ void draft_model::forget(uint64_t id) {
 }
 
 // The draft sequence holds the job's tokens, computed as far as they agree with what it
-// computed before. False when it cannot run (not admitted: the pool is short).
-bool draft_model::sync(const draft_job& job) {
+// computed before (a new one waits to be admitted).
+void draft_model::sync(const draft_job& job) {
     if (!sched_->contains(job.id)) {
         sched_->add(job.id, {job.tokens.begin(), job.tokens.end()}, 0, std::chrono::steady_clock::now());
         seqs_.emplace(job.id, std::make_unique<seq_state>(*job.sampling));
-        return true;
+        return;
     }
     const auto have = sched_->tokens(job.id);
     const size_t common = size_t(std::mismatch(have.begin(), have.end(), job.tokens.begin(), job.tokens.end()).first -
                                  have.begin());
     if (common == 0) { // nothing in common (cannot happen for one sequence): start over
         forget(job.id);
-        return sync(job);
+        sync(job);
+        return;
     }
     if (common < have.size()) sched_->truncate(job.id, int32_t(common));
     if (common < job.tokens.size()) sched_->append(job.id, job.tokens.subspan(common));
-    return true;
 }
 
 void draft_model::propose(std::span<draft_job> jobs) {
@@ -146,7 +146,6 @@ void draft_model::propose(std::span<draft_job> jobs) {
         bool ok = true;
         try {
             runner_->forward(b, *kv_, logits_.data());
-            ++n_forwards_;
         } catch (const std::exception&) {
             ok = false; // no drafts this step; the engine goes on without them
         }

@@ -89,11 +89,10 @@ public:
     // The sequence ended: its pages go.
     void forget(uint64_t id);
     std::string device() const;
-    uint64_t n_forwards() const { return n_forwards_; }
 
 private:
     struct seq_state;
-    bool sync(const draft_job& job);
+    void sync(const draft_job& job);
 
     int32_t n_vocab_;
     std::unique_ptr<kv_cache> kv_;
@@ -102,7 +101,6 @@ private:
     std::unique_ptr<runner> runner_;
     std::unordered_map<uint64_t, std::unique_ptr<seq_state>> seqs_;
     std::vector<float> logits_, row_;
-    uint64_t n_forwards_ = 0;
 };
 
 // Why a draft model cannot draft for the target (a vocabulary of another size, or a token

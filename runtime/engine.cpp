@@ -121,9 +121,11 @@ public:
         so.prefix_seed = opts_.prefix_seed;
         so.priority_aging_s = opts_.priority_aging_s;
         sched_ = std::make_unique<scheduler>(so, parts_.store);
-        if (opts_.draft_model && opts_.max_draft_tokens > 0)
+        if (opts_.draft_model && opts_.max_draft_tokens > 0) {
             drafter_ = std::make_unique<draft_model>(*opts_.draft_model, opts_.n_threads, opts_.page_size,
                                                      opts_.n_pages, 2 * opts_.max_running);
+            stats_.draft_device = drafter_->device();
+        }
         if (parts_.restore) parts_.restore(*sched_);
         wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         TANDEM_CHECK(wake_fd_ >= 0, "eventfd: {}", std::strerror(errno));
@@ -667,7 +669,6 @@ private:
         stats_.n_drafts = n_drafts_;
         stats_.n_draft_tokens = n_draft_tokens_;
         stats_.n_accepted_at = n_accepted_at_;
-        if (drafter_) stats_.draft_device = drafter_->device();
         stats_.n_accepted_tokens = n_accepted_tokens_;
     }
 

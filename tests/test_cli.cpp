@@ -326,6 +326,9 @@ TEST_CASE("tandem run --draft-model / --speculative, and synth --vocab-from: a d
     CHECK(other.err.find("cannot draft for the model") != std::string::npos);
     CHECK(with({"--speculative", "draft"}).err.find("needs --draft-model") != std::string::npos);
     CHECK(with({"--speculative", "off", "--draft-model", draft}).rc == 1);
+    CHECK(with({"--speculative", "ngram", "--draft-model", draft}).err.find("would not be used") != std::string::npos);
+    CHECK(with({"--speculative", "off", "--draft-tokens", "3"}).rc == 1);
+    CHECK(run_tandem({"bench", "-m", stories, "--draft-model", draft}).rc != 0); // needs --speculative
     CHECK(with({"--speculative", "medusa"}).rc != 0);
     // --vocab-from and --vocab together: CLI11 refuses.
     CHECK(run_tandem({"synth", "-o", dir.file("x.gguf"), "--vocab-from", stories, "--vocab", "600"}).rc != 0);

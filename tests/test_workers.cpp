@@ -110,6 +110,18 @@ bool wait_for(const std::function<bool()>& pred, double seconds) {
 const std::vector<std::string> prompts = {"Once upon a time", "The cat sat on", "One day, Tom went", "Lily and Ben",
                                           "A little bird", "The sun was hot and", "Mom said", "They played"};
 
+// Streams of n tokens from the first `count` prompts, returned once tokens flow (the batch is
+// running) and `settle_ms` more: a fault injected then hits them mid-stream.
+std::vector<std::future<streamed>> streaming(const daemon_process& d, size_t count, int n, int settle_ms) {
+    std::vector<std::future<streamed>> fs;
+    for (size_t i = 0; i < count; ++i)
+        fs.push_back(std::async(std::launch::async, [sock = d.sock, i, n] { return stream(sock, prompts[i], n); }));
+    REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+    return fs;
+}
+
+
 // Waits up to 2 minutes for the daemon to answer /health (true) or to exit (false, its exit
 // code in rc): a GPU placement without a usable device must end the daemon, not hang it.
 bool ready_or_exit(daemon_process& d, int& rc) {
@@ -290,12 +302,7 @@ TEST_CASE("workers: kill -9 of a worker mid-stream; its requests resume, pages r
         CAPTURE(role);
         const pid_t victim = worker_pid(d.pid, role);
         REQUIRE(victim > 0);
-        std::vector<std::future<streamed>> fs;
-        for (size_t i = 0; i < 4; ++i)
-            fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], n); }));
-        // once tokens flow, kill it
-        REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::vector<std::future<streamed>> fs = streaming(d, 4, n, 50); // once tokens flow, kill it
         CHECK(status(d.sock)["running"].get<int>() >= 1); // killed while streaming
         const auto t_kill = std::chrono::steady_clock::now();
         REQUIRE(::kill(victim, SIGKILL) == 0);
@@ -324,11 +331,7 @@ TEST_CASE("workers: a hung worker (SIGSTOP) is killed after worker_timeout_s and
     REQUIRE(d.wait_ready());
     const pid_t victim = worker_pid(d.pid, "decode");
     REQUIRE(victim > 0);
-    std::vector<std::future<streamed>> fs;
-    for (size_t i = 0; i < 2; ++i)
-        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 800); }));
-    REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    std::vector<std::future<streamed>> fs = streaming(d, 2, 800, 30);
     REQUIRE(::kill(victim, SIGSTOP) == 0);
     CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, "decode"); return p > 0 && p != victim; }, 4));
     for (size_t i = 0; i < fs.size(); ++i) {
@@ -536,7 +539,8 @@ TEST_CASE("workers: draft_tokens = 4 verifies prompt-lookup drafts in the decode
     CHECK(two.j()["choices"][0]["text"] == offline_text(copy, 40));
     CHECK(spec_metric("tandem_speculative_draft_tokens_total") > drafted);
     for (const json& bad : {json{{"method", "draft"}}, json{{"method", "medusa"}}, json{{"num_tokens", 5}},
-                            json{{"num_tokens", 0}}, json{{"method", "ngram"}, {"window", 3}}, json("ngram")}) {
+                            json{{"num_tokens", 0}}, json{{"method", "ngram"}, {"window", 3}}, json("ngram"),
+                            json{{"method", "off"}, {"num_tokens", 2}}}) {
         const auto r = with(bad);
         INFO(bad.dump(), " -> ", r.body);
         CHECK(r.status == 400);
@@ -576,11 +580,7 @@ TEST_CASE("workers: draft_model drafts next to the decode worker; outputs equal 
     // The decode worker killed mid-stream: the lost steps, drafts and all, run again; the same text.
     const pid_t victim = worker_pid(d.pid, "decode");
     REQUIRE(victim > 0);
-    std::vector<std::future<streamed>> ks;
-    for (size_t i = 0; i < 4; ++i)
-        ks.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 1000); }));
-    REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::vector<std::future<streamed>> ks = streaming(d, 4, 1000, 50);
     REQUIRE(::kill(victim, SIGKILL) == 0);
     for (size_t i = 0; i < ks.size(); ++i) {
         const streamed s = ks[i].get();
