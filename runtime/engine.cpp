@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -68,9 +69,32 @@ struct seq_state {
     sampler smp;
     stream_decoder dec;
     stop_matcher stops;
+    // A beam (beam search): its generated tokens' logprobs (and top alternatives) and their
+    // sum; once its row is due, its best continuations, until the group's step takes them.
+    double sum_logprob = 0;
+    std::vector<float> lps;
+    std::vector<std::vector<token_logprob>> tops;
+    std::vector<token_logprob> cand;
+    bool has_cand = false;
 
     seq_state(int32_t i, sampling_params p, const tokenizer& tok, std::vector<std::string> stop)
         : index(i), smp(std::move(p)), dec(tok), stops(std::move(stop)) {}
+
+    // The state of a beam forked from this one, as sequence `i`.
+    std::unique_ptr<seq_state> fork(int32_t i) const { return std::make_unique<seq_state>(*this, i); }
+    seq_state(const seq_state& o, int32_t i)
+        : index(i), n_generated(o.n_generated), smp(o.smp.clone()), dec(o.dec), stops(o.stops),
+          sum_logprob(o.sum_logprob), lps(o.lps), tops(o.tops) {}
+};
+
+// A finished beam: its generated tokens (without the EOS that ended it) and their logprobs.
+struct beam_hypothesis {
+    double score = 0, sum_logprob = 0;
+    std::vector<token_id> tokens;
+    std::vector<float> lps;
+    std::vector<std::vector<token_logprob>> tops;
+    token_id final_token = -1;
+    const char* finish_reason = "stop";
 };
 
 // A request inside the engine, from submission to its last done event. Sequence 0 computes
@@ -88,11 +112,14 @@ struct request_state {
     bool forked = false;
     bool cancel_pending = false;      // cancelled while a batch ran it
     steady_time t_admitted{};
-    std::vector<std::unique_ptr<seq_state>> seqs; // [n]
+    std::vector<std::unique_ptr<seq_state>> seqs; // [n]; beam search: [slot] its live beams, null when free
+    std::vector<beam_hypothesis> finished;        // beam search: the best finished beams, at most width
+
+    bool beam() const { return req.beam.width > 0; }
 
     request_state(uint64_t i, engine_request&& r, engine_sink&& s, const tokenizer& tok)
         : id(i), req(std::move(r)), sink(std::move(s)) {
-        const int32_t n = std::max(1, req.n);
+        const int32_t n = beam() ? 1 : std::max(1, req.n); // beams fork from the first as the search goes
         for (int32_t k = 0; k < n; ++k) {
             sampling_params p = req.sampling;
             if (p.seed) p.seed = *p.seed + uint64_t(k); // sequence k: seed + k
@@ -150,13 +177,17 @@ public:
         TANDEM_ASSERT(req.n >= 1 && req.n < (1 << seq_bits), "n = {}", req.n);
         if (n_prompt == 0 || n_prompt >= opts_.n_ctx) return {submit_status::too_long, 0};
         const int32_t max_tokens = std::clamp(req.max_tokens, 1, opts_.n_ctx - n_prompt);
+        TANDEM_ASSERT(req.beam.width == 0 || (req.n <= req.beam.width && 2 * req.beam.width < (1 << seq_bits)),
+                      "n = {}, beam width {}", req.n, req.beam.width);
         req.draft_tokens = req.draft_tokens < 0 ? opts_.max_draft_tokens : std::min(req.draft_tokens, opts_.max_draft_tokens);
+        if (req.beam.width > 0) req.draft_tokens = 0; // every beam's step is one token: nothing to verify
         if (req.drafts == draft_source::automatic || (req.drafts == draft_source::model && !drafter_))
             req.drafts = drafter_ ? draft_source::model : draft_source::ngram;
         // it must fit in the pool on its own (everything else preempted): the prompt's full
         // pages once, each sequence's own pages from there
         const int64_t own = sched_->pages_for(n_prompt + max_tokens) - n_prompt / opts_.page_size;
-        if (n_prompt / opts_.page_size + int64_t(req.n) * own > opts_.n_pages) return {submit_status::too_long, 0};
+        const int64_t n_seqs = std::max(req.n, req.beam.width);
+        if (n_prompt / opts_.page_size + n_seqs * own > opts_.n_pages) return {submit_status::too_long, 0};
         std::lock_guard lock(mu_);
         if (stopping_) return {submit_status::stopped, 0};
         const int32_t free_slots = std::max(0, opts_.max_running - n_running_.load());
@@ -319,6 +350,7 @@ private:
     // Any of the request's sequences in a batch now.
     bool busy(const request_state& r) const {
         for (const auto& q : r.seqs) {
+            if (!q) continue;
             const uint64_t sid = seq_id_of(r.id, q->index);
             if (sched_->contains(sid) && sched_->busy(sid)) return true;
         }
@@ -374,6 +406,10 @@ private:
             request_state& r = *it->second;
             executor& ex = *parts_.executors[size_t(slot)];
             const int32_t i = index.at(sid), row_end = b.logits_begin[size_t(i) + 1];
+            if (r.beam()) { // (may end the request: r is not used after it)
+                beam_row(r, *r.seqs[size_t(index_of(sid))], ex.logits(row_end - 1));
+                continue;
+            }
             if (!r.forked) { // the prompt is computed: the group shares its pages from here
                 for (size_t k = 1; k < r.seqs.size(); ++k) sched_->fork(sid, seq_id_of(r.id, int32_t(k)));
                 r.forked = true;
@@ -578,6 +614,214 @@ private:
         return kept && !q.done;
     }
 
+    // Beam q of r has its row: its best continuations (the processed logits' log-softmax: the
+    // bias, penalties and grammar apply), twice the width of them, as Hugging Face's search
+    // takes (so width of them remain whatever ends). The group steps once every live beam has
+    // them.
+    void beam_row(request_state& r, seq_state& q, std::span<const float> logits) {
+        const auto history = sched_->tokens(seq_id_of(r.id, q.index));
+        row_.assign(logits.begin(), logits.end());
+        q.smp.process(row_, history);
+        q.cand = top_logprobs(row_, std::max(2 * r.req.beam.width, r.req.n_top_logprobs));
+        q.has_cand = true;
+        for (const auto& b : r.seqs)
+            if (b && !b->has_cand) return;
+        beam_step(r);
+    }
+
+    // The score of a beam of `length` tokens (an EOS that ended it not counted).
+    static double beam_score(const request_state& r, double sum_logprob, size_t length) {
+        return sum_logprob / std::pow(double(std::max<size_t>(length, 1)), double(r.req.beam.length_penalty));
+    }
+
+    // A finished beam joins the best `width` ones (a worse one than all of them when they are
+    // full is dropped).
+    void add_hypothesis(request_state& r, beam_hypothesis h) {
+        const size_t width = size_t(r.req.beam.width);
+        h.score = beam_score(r, h.sum_logprob, h.tokens.size());
+        auto& f = r.finished;
+        const auto worse = [](const beam_hypothesis& a, const beam_hypothesis& b) { return a.score > b.score; };
+        if (f.size() == width && !worse(h, f.back())) return;
+        f.insert(std::upper_bound(f.begin(), f.end(), h, worse), std::move(h));
+        if (f.size() > width) f.pop_back();
+    }
+
+    // Beam q as a finished beam.
+    beam_hypothesis hypothesis_of(const request_state& r, const seq_state& q, const char* reason) const {
+        beam_hypothesis h;
+        const auto tokens = sched_->tokens(seq_id_of(r.id, q.index));
+        h.tokens.assign(tokens.begin() + r.n_prompt, tokens.end());
+        h.lps = q.lps;
+        h.tops = q.tops;
+        h.sum_logprob = q.sum_logprob;
+        h.finish_reason = reason;
+        return h;
+    }
+
+    // Beam q ended by token t: an EOS (kept apart, as the final token) or a stop string's.
+    beam_hypothesis hypothesis_of(const request_state& r, const seq_state& q, const token_logprob& t, bool eos) const {
+        beam_hypothesis h = hypothesis_of(r, q, "stop");
+        h.sum_logprob += t.logprob;
+        if (eos) {
+            h.final_token = t.id;
+            return h;
+        }
+        h.tokens.push_back(t.id);
+        h.lps.push_back(t.logprob);
+        if (r.req.n_top_logprobs > 0) h.tops.push_back(top_of(r, q));
+        return h;
+    }
+
+    // The top alternatives the request asked for, from beam q's candidates.
+    static std::vector<token_logprob> top_of(const request_state& r, const seq_state& q) {
+        const size_t n = std::min(q.cand.size(), size_t(std::max(0, r.req.n_top_logprobs)));
+        return {q.cand.begin(), q.cand.begin() + ptrdiff_t(n)};
+    }
+
+    // Whether token t after beam q completes one of the request's stop strings.
+    static bool stops_beam(const request_state& r, const seq_state& q, token_id t) {
+        if (r.req.stop.empty()) return false;
+        stream_decoder dec = q.dec;
+        stop_matcher stops = q.stops;
+        stops.push(dec.push(t));
+        return stops.stopped();
+    }
+
+    // Every live beam of r has its continuations: the best `width` extensions over all of them
+    // go on (ranked by their sums; ties to the earlier beam, then the likelier token). One that
+    // ends (EOS, a stop string) among the first `width` is finished instead; the search ends
+    // when max_tokens is reached or early_stopping says no live beam can do better.
+    void beam_step(request_state& r) {
+        struct extension {
+            int32_t parent;
+            token_logprob t;
+            double sum;
+        };
+        std::vector<extension> all;
+        for (const auto& b : r.seqs)
+            if (b)
+                for (size_t j = 0; j < b->cand.size() && j < size_t(2 * r.req.beam.width); ++j)
+                    all.push_back({b->index, b->cand[j], b->sum_logprob + b->cand[j].logprob});
+        std::stable_sort(all.begin(), all.end(), [](const extension& a, const extension& b) { return a.sum > b.sum; });
+        const size_t width = size_t(r.req.beam.width);
+        std::vector<extension> next;
+        for (size_t rank = 0; rank < all.size() && next.size() < width; ++rank) {
+            const extension& e = all[rank];
+            const seq_state& p = *r.seqs[size_t(e.parent)];
+            const bool eos = !r.req.ignore_eos && tok_.is_eog(e.t.id);
+            if (eos || stops_beam(r, p, e.t.id)) {
+                if (rank < width) add_hypothesis(r, hypothesis_of(r, p, e.t, eos));
+                continue;
+            }
+            next.push_back(e);
+        }
+        // Forks first (a parent's pages and state as they were), then the new tokens; beams no
+        // extension came from release their pages.
+        std::vector<seq_state*> beams; // [next] the beam each extension continues in
+        for (const extension& e : next) {
+            seq_state* parent = r.seqs[size_t(e.parent)].get();
+            if (std::find(beams.begin(), beams.end(), parent) == beams.end()) {
+                beams.push_back(parent);
+                continue;
+            }
+            auto free_slot = std::find(r.seqs.begin(), r.seqs.end(), nullptr);
+            if (free_slot == r.seqs.end()) free_slot = r.seqs.insert(r.seqs.end(), nullptr);
+            const int32_t slot = int32_t(free_slot - r.seqs.begin());
+            sched_->fork(seq_id_of(r.id, e.parent), seq_id_of(r.id, slot));
+            r.seqs[size_t(slot)] = r.seqs[size_t(e.parent)]->fork(slot);
+            beams.push_back(r.seqs[size_t(slot)].get());
+        }
+        for (size_t k = 0; k < next.size(); ++k) {
+            seq_state& q = *beams[k];
+            const extension& e = next[k];
+            if (r.req.n_top_logprobs > 0) q.tops.push_back(top_of(r, *r.seqs[size_t(e.parent)]));
+            sched_->append(seq_id_of(r.id, q.index), e.t.id);
+            q.smp.accept(e.t.id);
+            q.stops.push(q.dec.push(e.t.id));
+            q.sum_logprob = e.sum;
+            q.lps.push_back(e.t.logprob);
+            ++q.n_generated;
+            ++n_generated_tokens_;
+        }
+        for (auto& b : r.seqs)
+            if (b && std::find(beams.begin(), beams.end(), b.get()) == beams.end()) {
+                sched_->remove(seq_id_of(r.id, b->index));
+                b.reset();
+            }
+        for (seq_state* q : beams) q->has_cand = false;
+        if (beams.empty()) return finish(r.id, "stop");
+        const int32_t length = beams.front()->n_generated;
+        if (length >= r.max_tokens) {
+            for (seq_state* q : beams) add_hypothesis(r, hypothesis_of(r, *q, "length"));
+            return finish(r.id, "stop");
+        }
+        if (search_done(r, next.front().sum, length)) finish(r.id, "stop");
+    }
+
+    // Whether no live beam can beat the finished ones (Hugging Face's is_done): `best` is the
+    // best live beam's sum, `length` the live beams' length.
+    static bool search_done(const request_state& r, double best, int32_t length) {
+        const beam_params& bp = r.req.beam;
+        if (r.finished.size() < size_t(bp.width)) return false;
+        const double worst = r.finished.back().score;
+        switch (bp.early_stopping) {
+        case beam_params::stopping::early: return true;
+        case beam_params::stopping::heuristic: return worst >= beam_score(r, best, size_t(length));
+        case beam_params::stopping::never:
+            return worst >= beam_score(r, best, size_t(bp.length_penalty > 0 ? r.max_tokens : length));
+        }
+        return false;
+    }
+
+    // The search of r ends: its live beams go, and its best n finished beams are sent, best
+    // first, as sequences 0..n-1 (tokens and text as plain decoding would send them). Ended
+    // otherwise (cancelled, an error), each of the n gets a done event with the reason.
+    void end_beams(request_state& r, const char* reason, const std::string& error) {
+        for (auto& b : r.seqs)
+            if (b && sched_->contains(seq_id_of(r.id, b->index))) sched_->remove(seq_id_of(r.id, b->index));
+        r.seqs.clear();
+        const bool searched = error.empty() && std::string_view(reason) == "stop";
+        for (int32_t k = 0; k < r.req.n; ++k) {
+            engine_event done;
+            done.done = true;
+            done.index = k;
+            done.finish_reason = reason;
+            done.error = error;
+            if (searched && size_t(k) < r.finished.size()) {
+                const beam_hypothesis& h = r.finished[size_t(k)];
+                stream_decoder dec(tok_);
+                stop_matcher stops(r.req.stop);
+                bool cut = false;
+                for (size_t j = 0; j < h.tokens.size() && !cut; ++j) {
+                    engine_event ev;
+                    ev.index = k;
+                    ev.id = h.tokens[j];
+                    ev.logprob = h.lps[j];
+                    if (j < h.tops.size()) ev.top = h.tops[j];
+                    ev.text = stops.push(dec.push(ev.id));
+                    ev.t = clock_type::now();
+                    cut = (r.req.observer && !r.req.observer->on_token(ev)) || stops.stopped();
+                    r.sink(std::move(ev));
+                }
+                if (!stops.stopped()) {
+                    done.text = stops.push(dec.flush());
+                    if (!stops.stopped()) done.text += stops.flush();
+                }
+                done.finish_reason = h.finish_reason;
+                done.n_generated = int32_t(h.tokens.size()) + (h.final_token >= 0 ? 1 : 0);
+                done.final_token = h.final_token;
+                done.score = h.score;
+                done.cumulative_logprob = h.sum_logprob;
+            }
+            done.n_prompt = r.n_prompt;
+            done.n_cached = r.n_cached;
+            done.t = clock_type::now();
+            done.t_admitted = r.t_admitted;
+            if (r.req.observer) r.req.observer->on_done(done);
+            done_.push_back({r.sink, std::move(done)});
+        }
+    }
+
     // Sequence q ends: its pages go, and its done event is sent once the stats are published
     // (so a caller that sees it sees the pages free).
     void finish_seq(request_state& r, seq_state& q, const char* reason, const std::string& error = {}) {
@@ -616,7 +860,9 @@ private:
         if (it == reqs_.end()) return;
         request_state& r = *it->second;
         if (r.t_admitted == steady_time{}) --n_pending_; // it leaves without having been admitted
-        for (auto& q : r.seqs) finish_seq(r, *q, reason, error);
+        if (r.beam()) end_beams(r, reason, error);
+        else
+            for (auto& q : r.seqs) finish_seq(r, *q, reason, error);
         reqs_.erase(it);
     }
 

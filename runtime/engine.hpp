@@ -43,6 +43,21 @@ public:
     virtual void on_done(engine_event& ev) { (void)ev; }
 };
 
+// Beam search: the `width` likeliest continuations are searched together, each a sequence of
+// the request's group, all of them in every decode step; after each step the best `width`
+// of their extensions go on (a beam chosen twice forks, sharing its pages; one not chosen is
+// removed at once). A beam ends at EOS (unless ignore_eos), a stop string or max_tokens, and
+// then scores sum(logprob) / length^length_penalty (EOS's logprob counted, not its length).
+// The request's n best finished beams come back, best first, when the search ends.
+struct beam_params {
+    int32_t width = 0;                // beams searched (>= the request's n); 0: no beam search
+    float length_penalty = 1.0f;
+    // When the search ends, with `width` beams finished (Hugging Face's early_stopping):
+    // early (true) at once; heuristic (false) when no live beam, scored at its length now,
+    // beats the worst finished one; never when none could at max_tokens (length_penalty > 0).
+    enum class stopping : uint8_t { heuristic, early, never } early_stopping = stopping::heuristic;
+};
+
 // One generation: everything the engine needs, already validated by the front end.
 struct engine_request {
     std::vector<token_id> prompt;     // non-empty
@@ -53,7 +68,9 @@ struct engine_request {
     int32_t n_top_logprobs = -1;      // -1: no logprobs; 0: the chosen token's; n: and the top n
     int32_t priority = 0;             // higher joins first; waiting raises it (no starvation)
     int32_t n = 1;                    // sequences sampled from the prompt (computed once, its pages shared);
-                                      // sequence k samples with seed + k when a seed is set
+                                      // sequence k samples with seed + k when a seed is set; with
+                                      // beam search, the beams returned
+    beam_params beam;                 // beam search (greedy: no temperature, top_k/p, min_p)
     // Makes one more logits processor for each sequence (a grammar mask), applied after the
     // sampling parameters' own and told each token the sequence accepts. Called by submit(),
     // once per sequence.
@@ -72,7 +89,8 @@ struct engine_request {
 
 // What the engine reports about one request, per sequence (index) in order: zero or more
 // token events, then exactly one event with done set. The request is over when each of its
-// n sequences has sent its done event.
+// n sequences has sent its done event. Beam search sends every event when the search ends,
+// index k being the k-th best beam.
 struct engine_event {
     bool done = false;
     int32_t index = 0;                // the sequence of the request (0..n-1)
@@ -90,6 +108,8 @@ struct engine_event {
     token_id final_token = -1;        // the end-of-generation token that ended it (sent as no token event)
     int32_t n_draft_tokens = 0;       // speculative drafts computed for the sequence
     int32_t n_accepted_tokens = 0;    // of those, accepted
+    double score = 0;                 // beam search: the beam's score (its rank's order)
+    double cumulative_logprob = 0;    // beam search: the sum of its tokens' logprobs (EOS included)
     steady_time t_admitted{};         // when the request joined the batch (zero if it never did)
 };
 

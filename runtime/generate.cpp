@@ -128,7 +128,7 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     engine_options eo;
     eo.n_ctx = n_ctx;
     eo.page_size = p.page_size;
-    eo.max_running = 1;
+    eo.max_running = std::max(1, p.beam.width); // a full context for each beam
     eo.max_waiting = 1;
     eo.step_tokens = p.prefill_chunk;
     eo.prefix_cache = false;
@@ -145,6 +145,9 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     req.draft_tokens = p.draft_tokens;
     req.drafts = p.drafts;
     req.make_processor = p.make_processor;
+    req.beam = p.beam;
+    if (p.beam.width > 0) req.n = std::clamp(p.n_beams, 1, p.beam.width);
+    const int32_t n_seqs = req.n;
 
     // Events come on the engine thread; the caller's thread takes them (on_text runs here).
     std::mutex mu;
@@ -159,13 +162,36 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     TANDEM_CHECK(sr.status == submit_status::ok, "the engine refused the request");
     bool cancelled = false;
     std::optional<std::chrono::steady_clock::time_point> t_first; // the first token sampled
-    for (;;) {
+    if (p.beam.width > 0) r.beams.resize(size_t(n_seqs));
+    for (int32_t n_done = 0;;) {
         engine_event ev;
         {
             std::unique_lock lock(mu);
             cv.wait(lock, [&] { return !events.empty(); });
             ev = std::move(events.front());
             events.pop_front();
+        }
+        if (p.beam.width > 0) { // the beams, best first, as the search ends
+            beam_result& b = r.beams[size_t(ev.index)];
+            b.text += ev.text;
+            if (!ev.done) {
+                b.tokens.push_back(ev.id);
+                continue;
+            }
+            TANDEM_CHECK(ev.finish_reason != "error", "generation failed: {}", ev.error);
+            if (ev.final_token >= 0) b.tokens.push_back(ev.final_token);
+            b.finish_reason = ev.finish_reason;
+            b.score = ev.score;
+            b.cumulative_logprob = ev.cumulative_logprob;
+            if (++n_done < n_seqs) continue;
+            r.tokens = r.beams[0].tokens;
+            r.text = r.beams[0].text;
+            r.finish_reason = r.beams[0].finish_reason;
+            if (on_text && !r.text.empty()) on_text(r.text);
+            // The search's steps are one token of every beam: all of it counts as decode.
+            r.decode_s = std::chrono::duration<double>(ev.t - t0).count();
+            r.n_decode_steps = int32_t(r.tokens.size());
+            return r;
         }
         if (!ev.text.empty()) {
             r.text += ev.text;

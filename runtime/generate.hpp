@@ -3,6 +3,7 @@
 #pragma once
 
 #include "runtime/draft.hpp"
+#include "runtime/engine.hpp"
 #include "runtime/model.hpp"
 #include "runtime/sampler.hpp"
 
@@ -75,6 +76,18 @@ struct generate_params {
     int draft_threads = 1;
     // Guided generation: the processor that masks each next token (engine_request::make_processor).
     std::function<std::unique_ptr<logits_processor>()> make_processor;
+    // Beam search (engine_request::beam; the sampling knobs then do not apply): the n_beams
+    // best of beam.width beams come back, the best as the result's tokens and text.
+    beam_params beam;
+    int32_t n_beams = 1;
+};
+
+// A finished beam of beam search, best first.
+struct beam_result {
+    std::vector<token_id> tokens;     // including a final EOS
+    std::string text;
+    std::string finish_reason;
+    double score = 0, cumulative_logprob = 0;
 };
 
 struct generate_result {
@@ -86,14 +99,16 @@ struct generate_result {
     double decode_s = 0;
     int32_t n_decode_steps = 0;
     int32_t n_draft_tokens = 0, n_accepted_tokens = 0; // speculative drafts computed, accepted
+    std::vector<beam_result> beams;   // beam search: the beams returned, best first (the first is tokens, text)
 
     double prefill_tok_s() const { return prefill_s > 0 ? double(prompt_tokens.size()) / prefill_s : 0; }
     double decode_tok_s() const { return decode_s > 0 ? double(n_decode_steps) / decode_s : 0; }
 };
 
 // The engine's decode loop (make_local_engine) on `ctx`, with this one request. on_text
-// receives each piece of text as soon as it is complete, on the caller's thread; returning
-// false cancels. Throws tandem::error on a bad prompt or a failed step.
+// receives each piece of text as soon as it is complete (beam search: the best beam's, when
+// the search ends), on the caller's thread; returning false cancels. Throws tandem::error on a
+// bad prompt or a failed step.
 generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, std::vector<token_id> prompt,
                          const generate_params& p,
                          const std::function<bool(std::string_view)>& on_text = {});

@@ -263,6 +263,14 @@ double rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 sampler::sampler(sampling_params p)
     : p_(std::move(p)), seed_(p_.seed ? *p_.seed : random_seed()), rng_(seed_), chain_(make_processors(p_)) {}
 
+sampler sampler::clone() const {
+    sampler c(p_);
+    c.seed_ = seed_;
+    c.rng_ = rng_;
+    c.chain_ = chain_.clone();
+    return c;
+}
+
 void sampler::process(std::span<float> logits, std::span<const token_id> history) {
     chain_.apply(logits, history);
     for (float& x : logits) x = x == x ? x : -inf; // NaN -> -inf; a blend, so it vectorizes

@@ -86,6 +86,9 @@ public:
 
     static constexpr token_id none = -1;
 
+    // An independent copy, its rng stream and processors' state included (a forked beam).
+    sampler clone() const;
+
     const sampling_params& params() const { return p_; }
     uint64_t seed() const { return seed_; }
 

@@ -110,11 +110,12 @@ void scheduler::truncate(uint64_t id, int32_t n_tokens) {
 
 void scheduler::fork(uint64_t parent, uint64_t child) {
     seq& p = get(parent);
-    TANDEM_ASSERT(p.running && p.busy < 0 && !seqs_.contains(child), "fork {} into {}", parent, child);
+    TANDEM_ASSERT(p.busy < 0 && !seqs_.contains(child), "fork {} into {}", parent, child);
     auto c = std::make_unique<seq>(p);
     c->id = child;
     for (int32_t page : c->pages) pool_.add_ref(page);
-    running_.push_back(c.get());
+    // A preempted parent (no pages) has a waiting child: both are recomputed when admitted.
+    (p.running ? running_ : waiting_).push_back(c.get());
     seqs_.emplace(child, std::move(c));
 }
 

@@ -76,9 +76,10 @@ public:
     // there are uncomputed again, pages past the end are released, and a page whose positions
     // will be rewritten gets a new generation (or, when shared or cached, is copied first).
     void truncate(uint64_t id, int32_t n_tokens);
-    // A new running sequence `child` with the tokens, computed positions and pages of running
-    // `parent` (pages shared: the first write to a shared page copies it). Neither may be
-    // busy; the child runs beyond max_running if it must (a request's group stays whole).
+    // A new sequence `child` with the tokens, computed positions and pages of `parent` (pages
+    // shared: the first write to a shared page copies it). Neither may be busy; the child of
+    // a running parent runs beyond max_running if it must (a request's group stays whole), the
+    // child of a preempted one waits with it.
     void fork(uint64_t parent, uint64_t child);
     // Tokens at positions >= pos want logits when they are computed (drafts to verify, a
     // prompt to score); the last token always does. Default: only the last.

@@ -29,6 +29,9 @@ struct collector {
     std::string finish;
     int32_t n_generated = -1;
     int32_t n_draft_tokens = 0, n_accepted_tokens = 0; // summed over the sequences
+    std::vector<std::string> finishes;         // [index] each sequence's finish reason
+    std::vector<token_id> final_tokens;        // [index] the EOS that ended it, or -1
+    std::vector<double> scores, sums;          // [index] beam search: score, cumulative logprob
     int32_t n_seqs = 1, n_done = 0;            // done once n_seqs done events came (a request's n)
     bool done = false;
 
@@ -48,6 +51,17 @@ struct collector {
             }
             finish = ev.finish_reason;
             n_generated = ev.n_generated;
+            const size_t k = size_t(ev.index);
+            if (finishes.size() <= k) {
+                finishes.resize(k + 1);
+                final_tokens.resize(k + 1, -1);
+                scores.resize(k + 1);
+                sums.resize(k + 1);
+            }
+            finishes[k] = ev.finish_reason;
+            final_tokens[k] = ev.final_token;
+            scores[k] = ev.score;
+            sums[k] = ev.cumulative_logprob;
             n_draft_tokens += ev.n_draft_tokens;
             n_accepted_tokens += ev.n_accepted_tokens;
             if (++n_done < n_seqs) return;
