@@ -451,6 +451,32 @@ std::optional<api_error> read_constraint(const json& body, std::optional<found_c
     return std::nullopt;
 }
 
+// use_beam_search (a search of width best_of), length_penalty and early_stopping (true, false
+// or "never"), which only beam search takes.
+std::optional<api_error> read_beam(const json& body, int64_t width, beam_params& out) {
+    bool on = false;
+    TRY(read_bool(body, "use_beam_search", on));
+    if (!on) {
+        for (const char* key : {"length_penalty", "early_stopping"})
+            if (body.contains(key) && !body[key].is_null())
+                return bad(fmt::format("'{}' applies only to beam search ('use_beam_search': true)", key), key);
+        return std::nullopt;
+    }
+    out.width = int32_t(width);
+    double lp = 1;
+    TRY(read_number(body, "length_penalty", -10, 10, lp));
+    out.length_penalty = float(lp);
+    if (auto it = body.find("early_stopping"); it != body.end() && !it->is_null()) {
+        if (it->is_boolean())
+            out.early_stopping = it->get<bool>() ? beam_params::stopping::early : beam_params::stopping::heuristic;
+        else if (*it == "never")
+            out.early_stopping = beam_params::stopping::never;
+        else
+            return bad("'early_stopping' must be true, false or \"never\"", "early_stopping");
+    }
+    return std::nullopt;
+}
+
 // Every field a generation request may carry; any other is a 400 that names it, so nothing a
 // client asks for is silently ignored.
 std::optional<api_error> check_fields(const json& body, bool chat) {
@@ -458,7 +484,8 @@ std::optional<api_error> check_fields(const json& body, bool chat) {
         "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop",
         "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "user",
         "ignore_eos", "priority", "speculative", "best_of", "response_format", "structured_outputs", "guided_json",
-        "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", "functions", "function_call"};
+        "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", "functions", "function_call",
+        "use_beam_search", "length_penalty", "early_stopping"};
     static const std::set<std::string, std::less<>> chat_only{"messages",          "max_completion_tokens",
                                                               "top_logprobs",      "tools",
                                                               "tool_choice",       "parallel_tool_calls"};
@@ -495,7 +522,6 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
                        unsupported);
     bool echo = false;
     TRY(read_bool(body, "echo", echo));
-    if (echo) return bad("'echo' is not supported", "echo");
 
     TRY(read_bool(body, "stream", plan.stream));
     if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
@@ -533,7 +559,9 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     // sampling and limits
     engine_request base;
     int64_t max_tokens = chat ? ms.max_tokens_limit : 16; // OpenAI's defaults: 16, chat until the end
-    TRY(read_int(body, "max_tokens", 1, ms.max_tokens_limit, max_tokens));
+    if (!echo && body.contains("max_tokens") && body["max_tokens"] == 0)
+        return bad("'max_tokens' 0 needs 'echo': true (which scores the prompt)", "max_tokens");
+    TRY(read_int(body, "max_tokens", echo ? 0 : 1, ms.max_tokens_limit, max_tokens)); // echo and 0: the prompt scored
     if (chat) TRY(read_int(body, "max_completion_tokens", 1, ms.max_tokens_limit, max_tokens));
     base.max_tokens = int32_t(max_tokens);
     double temperature = 1, top_p = 1, min_p = 0, rep = 1, presence = 0, frequency = 0;
@@ -545,7 +573,21 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     TRY(read_number(body, "presence_penalty", -2, 2, presence));
     TRY(read_number(body, "frequency_penalty", -2, 2, frequency));
     TRY(read_int(body, "top_k", -1, tok.n_vocab(), top_k));
-    TRY(read_int(body, "n", 1, cfg.max_n, n));
+    TRY(read_int(body, "n", 1, std::numeric_limits<int32_t>::max(), n));
+    int64_t best_of = n;
+    TRY(read_int(body, "best_of", 1, std::numeric_limits<int32_t>::max(), best_of));
+    for (const auto& [key, v] : {std::pair{"n", n}, std::pair{"best_of", best_of}})
+        if (v > cfg.max_n)
+            return bad(fmt::format("'{}' ({}) is over this daemon's limit of {} sequences a prompt (max_n in "
+                                   "tandemd.conf; a beam search's width is best_of, or n)",
+                                   key, v, cfg.max_n),
+                       key);
+    if (best_of < n)
+        return bad(fmt::format("'best_of' ({}) must be at least 'n' ({})", best_of, n), "best_of");
+    beam_params beam;
+    TRY(read_beam(body, best_of, beam));
+    if (beam.width == 0 && best_of > n && plan.stream)
+        return bad("'best_of' greater than 'n' cannot stream: the best are known only at the end", "best_of");
     bool has_seed = body.contains("seed") && !body["seed"].is_null();
     TRY(read_int(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed));
     TRY(read_bool(body, "ignore_eos", base.ignore_eos));
@@ -555,8 +597,19 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     TRY(read_speculative(body, cfg, base.draft_tokens, base.drafts));
     TRY(read_stop(body, base.stop));
     TRY(read_logit_bias(body, tok.n_vocab(), base.sampling.logit_bias));
-    if (auto it = body.find("best_of"); it != body.end() && !it->is_null() && *it != json(n))
-        return bad("'best_of' other than n is not supported", "best_of");
+    if (beam.width > 0) { // beam search is deterministic: no sampling knobs, nothing to verify
+        const std::pair<const char*, bool> sampling[] = {
+            {"temperature", temperature > 0}, {"top_p", top_p < 1}, {"top_k", top_k > 0}, {"min_p", min_p > 0}};
+        for (const auto& [key, set] : sampling)
+            if (body.contains(key) && set)
+                return bad(fmt::format("'{}' does not apply to beam search, which is deterministic (leave it out, or "
+                                       "give temperature 0)",
+                                       key),
+                           key);
+        temperature = 0;
+        if (body.contains("speculative") && !body["speculative"].is_null() && base.draft_tokens != 0)
+            return bad("speculative decoding does not apply to beam search", "speculative");
+    }
 
     // logprobs: completions take an int (0..20), chat a bool plus top_logprobs
     if (chat) {
@@ -615,18 +668,65 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
         }
     }
 
-    base.n = int32_t(n);
     plan.n = int32_t(n);
+    plan.beam = beam.width > 0;
+    plan.n_seqs = plan.beam ? int32_t(n) : int32_t(best_of); // beams come back ranked by the engine
+    base.n = plan.n_seqs;
+    base.beam = beam;
+    // echo with logprobs scores the prompt (and with max_tokens 0 is only that)
+    base.score_prompt = echo && (plan.logprobs || max_tokens == 0);
     if (has_seed) base.sampling.seed = uint64_t(seed); // sequence i samples with seed + i
     for (const auto& p : prompts) {
         engine_request r = base;
         r.prompt = p;
+        if (echo) plan.echo.push_back(tok.decode(p));
         plan.requests.push_back(std::move(r));
     }
     return plan;
 }
 
 #undef TRY
+
+json add_prompt_logprobs(choice_state& c, std::span<const prompt_token> prompt, const std::string& echo,
+                         const tokenizer& tok) {
+    // Offsets: where each token's text starts in echo, which is the concatenated pieces less
+    // the space prefix that decoding strips (so a stripped token starts at the text's start).
+    const int64_t base = c.n_chars();
+    stream_decoder dec(tok);
+    std::string pieces;
+    std::vector<size_t> starts;
+    for (const prompt_token& t : prompt) {
+        starts.push_back(pieces.size());
+        pieces += dec.push(t.id);
+    }
+    pieces += dec.flush();
+    const size_t stripped = pieces.size() >= echo.size() ? pieces.size() - echo.size() : 0;
+    const auto chars = [](std::string_view s) {
+        return int64_t(std::count_if(s.begin(), s.end(), [](char ch) { return (uint8_t(ch) & 0xC0) != 0x80; }));
+    };
+    json lp = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+               {"text_offset", json::array()}};
+    for (size_t j = 0; j < prompt.size(); ++j) {
+        const prompt_token& t = prompt[j];
+        json top = nullptr;
+        if (j > 0 && !t.top.empty()) {
+            top = json::object();
+            for (const auto& a : t.top) top[tok.piece(a.id)] = a.logprob;
+        }
+        const size_t at = std::max(starts[j], stripped) - stripped;
+        const int64_t offset = base + chars(std::string_view(echo).substr(0, std::min(at, echo.size())));
+        lp["tokens"].push_back(tok.piece(t.id));
+        lp["token_logprobs"].push_back(std::isnan(t.logprob) ? json(nullptr) : json(t.logprob));
+        lp["top_logprobs"].push_back(top);
+        lp["text_offset"].push_back(offset);
+        c.lp_tokens.push_back(lp["tokens"].back());
+        c.lp_token_logprobs.push_back(lp["token_logprobs"].back());
+        c.lp_top.push_back(top);
+        c.lp_offsets.push_back(offset);
+    }
+    c.text += echo;
+    return lp;
+}
 
 json add_logprobs(choice_state& c, const engine_event& ev, bool chat, const tokenizer& tok) {
     const std::string piece = tok.piece(ev.id);
@@ -745,10 +845,31 @@ int64_t choice_state::n_chars() {
     return n_chars_;
 }
 
+std::vector<size_t> returned_sequences(const generation_plan& plan, const std::vector<choice_state>& cs) {
+    std::vector<size_t> out;
+    const size_t m = size_t(plan.n_seqs);
+    for (size_t k = 0; k < plan.requests.size(); ++k) {
+        std::vector<size_t> group(m);
+        for (size_t i = 0; i < m; ++i) group[i] = k * m + i;
+        if (plan.ranked()) // OpenAI's best_of: the highest log probability per token
+            std::stable_sort(group.begin(), group.end(), [&](size_t a, size_t b) {
+                const auto mean = [&](size_t i) { return cs[i].cumulative_logprob / std::max(1, cs[i].n_generated); };
+                return mean(a) > mean(b);
+            });
+        out.insert(out.end(), group.begin(), group.begin() + plan.n);
+    }
+    return out;
+}
+
+void add_beam_fields(json& choice, const choice_state& c) {
+    choice["score"] = c.score;
+    choice["cumulative_logprob"] = c.cumulative_logprob;
+}
+
 json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan) {
     int64_t prompt = 0, cached = 0, completion = 0, drafted = 0, accepted = 0;
-    for (size_t i = 0; i < cs.size(); ++i) {
-        if (i % size_t(plan.n) == 0) { // each prompt once
+    for (size_t i = 0; i < cs.size(); ++i) { // every sequence's tokens count, returned or not
+        if (i % size_t(plan.n_seqs) == 0) { // each prompt once
             prompt += cs[i].n_prompt;
             cached += cs[i].n_cached;
         }
@@ -770,8 +891,9 @@ json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan
 json final_response(const std::string& id, const std::string& model, const generation_plan& plan,
                     const std::vector<choice_state>& cs) {
     json choices = json::array();
-    for (size_t i = 0; i < cs.size(); ++i) {
-        const choice_state& c = cs[i];
+    const std::vector<size_t> returned = returned_sequences(plan, cs);
+    for (size_t i = 0; i < returned.size(); ++i) {
+        const choice_state& c = cs[returned[i]];
         json lp = nullptr;
         if (plan.logprobs) {
             if (plan.chat)
@@ -798,6 +920,7 @@ json final_response(const std::string& id, const std::string& model, const gener
             ch["message"] = {{"role", "assistant"}, {"content", c.text}};
         else
             ch["text"] = c.text;
+        if (plan.beam) add_beam_fields(ch, c);
         choices.push_back(ch);
     }
     return json{{"id", id},

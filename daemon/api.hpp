@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <optional>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -51,16 +52,21 @@ struct tool_plan {
 };
 
 // A validated /v1/completions or /v1/chat/completions request: one engine request per prompt,
-// each with n sequences; choice k * n + i is sequence i of request k.
+// each reporting n_seqs sequences; sequence i of request k is k * n_seqs + i. Each prompt
+// returns n choices: its sequences, or with best_of > n (sampling) the n best of them.
 struct generation_plan {
     bool chat = false;
     bool stream = false;
     bool include_usage = false;       // stream_options.include_usage
     bool logprobs = false;
+    bool beam = false;                // use_beam_search: choices carry score and cumulative_logprob
     std::vector<engine_request> requests;
     std::optional<tool_plan> tools;
+    std::vector<std::string> echo;    // echo: each prompt's text, which its choices start with
     int32_t n = 1;                    // choices per prompt
-    size_t n_choices() const { return requests.size() * size_t(n); }
+    int32_t n_seqs = 1;               // sequences per prompt (best_of when it ranks them)
+    bool ranked() const { return n_seqs > n; }
+    size_t n_sequences() const { return requests.size() * size_t(n_seqs); }
 };
 
 std::variant<generation_plan, api_error> parse_generation(const json& body, bool chat, const model_state& ms,
@@ -74,6 +80,8 @@ struct choice_state {
     int32_t n_cached = 0;             // of n_prompt, from the prefix cache
     int32_t n_generated = 0;
     int32_t n_drafted = 0, n_accepted = 0; // speculative drafts verified, kept
+    double score = 0;                 // beam search: the beam's score
+    double cumulative_logprob = 0;    // the sum of its tokens' logprobs
     bool done = false;
     bool sent_role = false;           // chat streaming: the first delta carries the role
     json logprobs_content = json::array();                // chat format
@@ -98,6 +106,15 @@ private:
 // Adds one token event's logprobs to `c` and returns them in the request's format (for a
 // streaming chunk).
 json add_logprobs(choice_state& c, const engine_event& ev, bool chat, const tokenizer& tok);
+// Echo with logprobs (completions): the prompt's text `echo` starts c's text, and its tokens
+// their logprobs (the first's null, as nothing predicts it); returns them for a streaming chunk.
+json add_prompt_logprobs(choice_state& c, std::span<const prompt_token> prompt, const std::string& echo,
+                         const tokenizer& tok);
+// The sequences a request returns, in choice order: all of them, or (ranked) each prompt's n
+// with the highest mean token logprob, best first.
+std::vector<size_t> returned_sequences(const generation_plan& plan, const std::vector<choice_state>& cs);
+// Beam search's extension fields of a finished choice (score, cumulative_logprob).
+void add_beam_fields(json& choice, const choice_state& c);
 
 // A piece of a chat reply as the client sees it: content, and (with tools) tool-call deltas in
 // OpenAI's streaming form ([{"index", "id", "type", "function": {"name", "arguments"}}], the

@@ -85,6 +85,9 @@ struct run_opts {
     std::vector<std::string> stop;
     int threads = default_threads();
     bool json = false, parse_special = false, ignore_eos = false;
+    int32_t beams = 0;                // beam search of this width (0: sampling)
+    float length_penalty = 1.0f;
+    std::string early_stopping = "false"; // true, false or never (Hugging Face's)
     load_options load;
     // Guided generation (at most one): a JSON Schema file, a regex, a GBNF file, choices.
     std::string json_schema, regex, grammar;
@@ -147,6 +150,15 @@ int cmd_run(const run_opts& o) {
     p.sampling.frequency_penalty = o.frequency_penalty;
     p.sampling.seed = o.seed;
     set_speculation(o, draft ? &*draft : nullptr, p);
+    if (o.beams > 0) { // every beam comes back; the best is the text
+        p.beam.width = o.beams;
+        p.beam.length_penalty = o.length_penalty;
+        p.beam.early_stopping = o.early_stopping == "true"    ? beam_params::stopping::early
+                                : o.early_stopping == "never" ? beam_params::stopping::never
+                                                              : beam_params::stopping::heuristic;
+        p.n_beams = o.beams;
+        p.sampling.temperature = 0;
+    }
     if (const auto c = run_constraint(o)) {
         auto cache = std::make_shared<grammar::mask_cache>(grammar::compile(*c), grammar::vocab_trie::of(*b.tok));
         p.make_processor = [cache] { return grammar::make_grammar_processor(cache); };
@@ -164,6 +176,16 @@ int cmd_run(const run_opts& o) {
                          {"text", r.text},                   {"finish_reason", r.finish_reason},
                          {"prefill_tok_s", r.prefill_tok_s()}, {"decode_tok_s", r.decode_tok_s()},
                          {"draft_tokens", r.n_draft_tokens},   {"accepted_tokens", r.n_accepted_tokens}};
+        if (o.beams > 0) {
+            j.erase("prefill_tok_s"); // the search reports only when it ends: all its time counts as decode
+            j["beams"] = nlohmann::json::array();
+            for (const beam_result& br : r.beams)
+                j["beams"].push_back({{"text", br.text},
+                                      {"tokens", br.tokens},
+                                      {"finish_reason", br.finish_reason},
+                                      {"score", br.score},
+                                      {"cumulative_logprob", br.cumulative_logprob}});
+        }
         std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
         write_out("\n");
@@ -244,6 +266,21 @@ void register_offline(CLI::App& app, registry& reg) {
     run->add_flag("--parse-special", ro->parse_special, "parse special-token text in the prompt");
     run->add_flag("--ignore-eos", ro->ignore_eos, "keep generating past EOS");
     run->add_flag("--json", ro->json, "print one JSON object instead of streaming text");
+    auto* beams = run->add_option("--beams", ro->beams,
+                                  "beam search of this width: the likeliest output (the best beam; --json lists "
+                                  "them all with their scores)")
+                      ->check(CLI::Range(1, 64));
+    for (const char* sampling : {"--temp", "--top-k", "--top-p", "--min-p", "--draft-tokens", "--draft-model", "--speculative"})
+        beams->excludes(sampling);
+    run->add_option("--length-penalty", ro->length_penalty,
+                    "beam search: a beam scores sum(logprob) / length^this (default 1; 0: the sum)")
+        ->check(CLI::Range(-10.0f, 10.0f))
+        ->needs(beams);
+    run->add_option("--early-stopping", ro->early_stopping,
+                    "beam search ends with width beams finished: true (at once), false (when no live beam can "
+                    "beat them now, the default) or never (nor later)")
+        ->check(CLI::IsMember({"true", "false", "never"}))
+        ->needs(beams);
     add_precision_flags(run, ro->load);
     reg.push_back({run, [ro] { return cmd_run(*ro); }});
 

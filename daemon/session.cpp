@@ -298,7 +298,7 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
     ch->this_ptr = ch;
     std::vector<uint64_t> ids;
     for (size_t k = 0; k < plan.requests.size(); ++k) {
-        const int first = int(k) * plan.n; // the request's sequence i is choice first + i
+        const int first = int(k) * plan.n_seqs; // the request's sequence i is first + i
         const submit_result r = ms.eng->submit(plan.requests[k], [ch, first](engine_event&& ev) {
             const int choice = first + ev.index;
             ch->push(choice, std::move(ev));
@@ -323,10 +323,10 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
     asio::co_spawn(socket_.get_executor(), watch_peer(ch), asio::detached);
 
     const std::string id = new_id(chat);
-    std::vector<choice_state> cs(plan.n_choices());
+    std::vector<choice_state> cs(plan.n_sequences()); // the choices, when nothing ranks them
     if (plan.tools)
         for (auto& c : cs) c.parser.emplace(plan.tools->syntax);
-    std::vector<clock_type::time_point> last_t(plan.n_choices());
+    std::vector<clock_type::time_point> last_t(plan.n_sequences());
     size_t n_done = 0;
     bool write_failed = false;
     error_code ec;
@@ -356,6 +356,17 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
         co_await http::async_write_header(socket_, sr, redirect_error(use_awaitable, ec));
         if (ec) write_failed = true;
     }
+    // echo: each choice starts with its prompt's text (with logprobs, when the prompt is scored)
+    const auto echo_of = [&](size_t i) -> const std::string& { return plan.echo[i / size_t(plan.n_seqs)]; };
+    if (!plan.echo.empty() && !plan.logprobs)
+        for (size_t i = 0; i < cs.size(); ++i) {
+            cs[i].text = echo_of(i);
+            if (!plan.stream) continue;
+            // (named: GCC 12 mishandles a braced temporary inside a co_await expression)
+            const reply_delta d{echo_of(i), nullptr};
+            const std::string chunk = sse(stream_chunk(id, ms.id, chat, int(i), cs[i], d, nullptr, "", plan.include_usage));
+            co_await send(chunk);
+        }
 
     while (n_done < cs.size()) {
         if (ch->peer_gone || write_failed || closed_) {
@@ -377,6 +388,17 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
         }
         for (auto& [i, ev] : batch) {
             choice_state& c = cs[size_t(i)];
+            if (!ev.prompt.empty()) { // the prompt scored (echo with logprobs): every sequence of it starts so
+                if (plan.echo.empty() || !plan.logprobs) continue;
+                for (int j = i; j < i + plan.n_seqs; ++j) {
+                    const json lp = add_prompt_logprobs(cs[size_t(j)], ev.prompt, echo_of(size_t(j)), *ms.bundle.tok);
+                    if (!plan.stream) continue;
+                    const reply_delta d{echo_of(size_t(j)), nullptr};
+                    const std::string chunk = sse(stream_chunk(id, ms.id, chat, j, cs[size_t(j)], d, lp, "", plan.include_usage));
+                    co_await send(chunk);
+                }
+                continue;
+            }
             if (!ev.done) {
                 if (c.n_generated == 0 && last_t[size_t(i)] == clock_type::time_point{})
                     st_.met.ttft(secs(ev.t - t_received));
@@ -399,13 +421,17 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
             c.n_generated = ev.n_generated;
             c.n_drafted = ev.n_draft_tokens;
             c.n_accepted = ev.n_accepted_tokens;
+            c.score = ev.score;
+            c.cumulative_logprob = ev.cumulative_logprob;
             c.done = true;
             ++n_done;
             if (ev.t_admitted != clock_type::time_point{}) st_.met.queue_time(secs(ev.t_admitted - t_received));
             st_.met.finished(ev.finish_reason);
-            if (plan.stream)
-                co_await send(sse(
-                    stream_chunk(id, ms.id, chat, i, c, d, nullptr, client_finish_reason(c), plan.include_usage)));
+            if (plan.stream) {
+                json last = stream_chunk(id, ms.id, chat, i, c, d, nullptr, client_finish_reason(c), plan.include_usage);
+                if (plan.beam) add_beam_fields(last["choices"][0], c);
+                co_await send(sse(last));
+            }
         }
     }
     ch->finished = true;

@@ -114,6 +114,8 @@ struct request_state {
     steady_time t_admitted{};
     std::vector<std::unique_ptr<seq_state>> seqs; // [n]; beam search: [slot] its live beams, null when free
     std::vector<beam_hypothesis> finished;        // beam search: the best finished beams, at most width
+    std::vector<prompt_token> scored;             // score_prompt: the prompt's tokens scored so far
+    bool prompt_sent = false;                     // score_prompt: its event is sent
 
     bool beam() const { return req.beam.width > 0; }
 
@@ -176,7 +178,7 @@ public:
         const int32_t n_prompt = int32_t(req.prompt.size());
         TANDEM_ASSERT(req.n >= 1 && req.n < (1 << seq_bits), "n = {}", req.n);
         if (n_prompt == 0 || n_prompt >= opts_.n_ctx) return {submit_status::too_long, 0};
-        const int32_t max_tokens = std::clamp(req.max_tokens, 1, opts_.n_ctx - n_prompt);
+        const int32_t max_tokens = std::clamp(req.max_tokens, req.score_prompt ? 0 : 1, opts_.n_ctx - n_prompt);
         TANDEM_ASSERT(req.beam.width == 0 || (req.n <= req.beam.width && 2 * req.beam.width < (1 << seq_bits)),
                       "n = {}, beam width {}", req.n, req.beam.width);
         req.draft_tokens = req.draft_tokens < 0 ? opts_.max_draft_tokens : std::min(req.draft_tokens, opts_.max_draft_tokens);
@@ -253,6 +255,10 @@ private:
                 stopping = stopping_;
                 for (auto& s : incoming_) {
                     sched_->add(seq_id_of(s->id, 0), s->req.prompt, s->req.priority, clock_type::now());
+                    if (s->req.score_prompt) {
+                        sched_->set_logits_from(seq_id_of(s->id, 0), 0); // a row for every prompt token
+                        s->scored.push_back({s->req.prompt[0], std::numeric_limits<float>::quiet_NaN(), {}});
+                    }
                     reqs_.emplace(s->id, std::move(s));
                 }
                 incoming_.clear();
@@ -400,12 +406,23 @@ private:
             auto it = reqs_.find(id);
             if (it != reqs_.end() && it->second->cancel_pending) finish(id, "cancelled");
         }
+        executor& ex = *parts_.executors[size_t(slot)];
+        for (int32_t i = 0; i < b.n_seqs(); ++i)
+            if (auto it = reqs_.find(request_of(b.seq_id[size_t(i)])); it != reqs_.end() && it->second->req.score_prompt &&
+                                                                             !it->second->prompt_sent)
+                score_prompt(*it->second, b, i, ex);
         for (uint64_t sid : due) {
             auto it = reqs_.find(request_of(sid));
             if (it == reqs_.end()) continue;
             request_state& r = *it->second;
-            executor& ex = *parts_.executors[size_t(slot)];
             const int32_t i = index.at(sid), row_end = b.logits_begin[size_t(i) + 1];
+            if (r.req.score_prompt && !r.prompt_sent) { // the prompt is computed: its scores go first
+                send_prompt_scores(r, sid);
+                if (r.max_tokens == 0) {
+                    finish(r.id, "length");
+                    continue;
+                }
+            }
             if (r.beam()) { // (may end the request: r is not used after it)
                 beam_row(r, *r.seqs[size_t(index_of(sid))], ex.logits(row_end - 1));
                 continue;
@@ -578,8 +595,7 @@ private:
         row_.assign(logits.begin(), logits.end());
         engine_event ev;
         ev.index = q.index;
-        const bool want_lp = r.req.n_top_logprobs >= 0;
-        if (want_lp && r.req.n_top_logprobs > 0) ev.top = top_logprobs(logits, r.req.n_top_logprobs);
+        if (r.req.n_top_logprobs > 0) ev.top = top_logprobs(logits, r.req.n_top_logprobs);
         const auto history = tokens.first(size_t(n_history));
         const token_id id = draft == sampler::none ? q.smp.sample(row_, history) : q.smp.verify(row_, history, draft, draft_q);
         if (id == sampler::none) { // every token banned: nothing can follow
@@ -588,6 +604,8 @@ private:
         }
         ++n_generated_tokens_;
         ++q.n_generated;
+        ev.logprob = logprob_of(logits, id);
+        q.sum_logprob += ev.logprob;
         if (!r.req.ignore_eos && tok_.is_eog(id)) {
             q.final_token = id;
             finish_seq(r, q, "stop");
@@ -603,7 +621,6 @@ private:
         }
         q.smp.accept(id);
         ev.id = id;
-        if (want_lp) ev.logprob = logprob_of(logits, id);
         ev.text = q.stops.push(q.dec.push(id));
         ev.t = clock_type::now();
         const bool stopped = (r.req.observer && !r.req.observer->on_token(ev)) || q.stops.stopped();
@@ -612,6 +629,38 @@ private:
         if (stopped) finish_seq(r, q, "stop");
         else if (full) finish_seq(r, q, "length");
         return kept && !q.done;
+    }
+
+    // Batch row i (sequence 0 of r, computing its prompt) has rows for prompt positions: each
+    // scores the next prompt token. Positions scored before (recomputed after a preemption)
+    // are passed over.
+    void score_prompt(request_state& r, const batch& b, int32_t i, executor& ex) {
+        int32_t row = b.logits_begin[size_t(i)];
+        for (int32_t t = b.tok_begin[size_t(i)]; t < b.tok_begin[size_t(i) + 1]; ++t) {
+            if (!b.wants_logits[size_t(t)]) continue;
+            const int32_t next = b.pos[size_t(t)] + 1; // the prompt token this row predicts
+            const auto logits = ex.logits(row++);
+            if (next != int32_t(r.scored.size()) || next >= r.n_prompt) continue;
+            const token_id id = r.req.prompt[size_t(next)];
+            r.scored.push_back({id, logprob_of(logits, id),
+                                r.req.n_top_logprobs > 0 ? top_logprobs(logits, r.req.n_top_logprobs)
+                                                         : std::vector<token_logprob>{}});
+        }
+    }
+
+    // r's prompt is computed and scored: the event with its scores, and from here only the
+    // last token of sequence `sid` wants a row.
+    void send_prompt_scores(request_state& r, uint64_t sid) {
+        TANDEM_ASSERT(int32_t(r.scored.size()) == r.n_prompt, "{} of {} prompt tokens scored", r.scored.size(),
+                      r.n_prompt);
+        sched_->set_logits_from(sid, std::numeric_limits<int32_t>::max());
+        engine_event ev;
+        ev.index = 0;
+        ev.id = -1;
+        ev.prompt = std::move(r.scored);
+        ev.t = clock_type::now();
+        r.prompt_sent = true;
+        r.sink(std::move(ev));
     }
 
     // Beam q of r has its row: its best continuations (the processed logits' log-softmax: the
@@ -623,6 +672,7 @@ private:
         row_.assign(logits.begin(), logits.end());
         q.smp.process(row_, history);
         q.cand = top_logprobs(row_, std::max(2 * r.req.beam.width, r.req.n_top_logprobs));
+        std::erase_if(q.cand, [](const token_logprob& t) { return !std::isfinite(t.logprob); }); // banned (a grammar)
         q.has_cand = true;
         for (const auto& b : r.seqs)
             if (b && !b->has_cand) return;
@@ -845,6 +895,7 @@ private:
         ev.final_token = q.final_token;
         ev.n_draft_tokens = q.n_drafted;
         ev.n_accepted_tokens = q.n_accepted;
+        ev.cumulative_logprob = q.sum_logprob;
         ev.t = clock_type::now();
         ev.t_admitted = r.t_admitted;
         const uint64_t sid = seq_id_of(r.id, q.index);

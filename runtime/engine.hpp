@@ -61,11 +61,15 @@ struct beam_params {
 // One generation: everything the engine needs, already validated by the front end.
 struct engine_request {
     std::vector<token_id> prompt;     // non-empty
-    int32_t max_tokens = 16;          // >= 1; cut to what the context still holds
+    int32_t max_tokens = 16;          // >= 1 (0 with score_prompt: the prompt only); cut to what the context holds
     sampling_params sampling;
     std::vector<std::string> stop;    // stop strings (not part of the output)
     bool ignore_eos = false;
     int32_t n_top_logprobs = -1;      // -1: no logprobs; 0: the chosen token's; n: and the top n
+    // Prompt scoring: every prompt token's logprob given the tokens before it (and the top
+    // n_top_logprobs alternatives), sent as one event (engine_event::prompt) once the prompt
+    // is computed. Its positions are computed, never taken from the prefix cache.
+    bool score_prompt = false;
     int32_t priority = 0;             // higher joins first; waiting raises it (no starvation)
     int32_t n = 1;                    // sequences sampled from the prompt (computed once, its pages shared);
                                       // sequence k samples with seed + k when a seed is set; with
@@ -87,10 +91,18 @@ struct engine_request {
     std::vector<token_id> replay;     // draft_source::replay: the drafts after generated token i are replay[i + 1 ..]
 };
 
+// A prompt token scored (engine_request::score_prompt).
+struct prompt_token {
+    token_id id = -1;
+    float logprob = 0;                // NaN for the first token: nothing predicts it
+    std::vector<token_logprob> top;   // the likeliest tokens at its position (none for the first)
+};
+
 // What the engine reports about one request, per sequence (index) in order: zero or more
 // token events, then exactly one event with done set. The request is over when each of its
 // n sequences has sent its done event. Beam search sends every event when the search ends,
-// index k being the k-th best beam.
+// index k being the k-th best beam. With score_prompt, sequence 0's first event carries the
+// scored prompt (not a token: id -1) for all of them.
 struct engine_event {
     bool done = false;
     int32_t index = 0;                // the sequence of the request (0..n-1)
@@ -109,7 +121,8 @@ struct engine_event {
     int32_t n_draft_tokens = 0;       // speculative drafts computed for the sequence
     int32_t n_accepted_tokens = 0;    // of those, accepted
     double score = 0;                 // beam search: the beam's score (its rank's order)
-    double cumulative_logprob = 0;    // beam search: the sum of its tokens' logprobs (EOS included)
+    double cumulative_logprob = 0;    // the sum of its tokens' logprobs, EOS included (done events)
+    std::vector<prompt_token> prompt; // score_prompt: the prompt scored (index 0, before any token event; id -1)
     steady_time t_admitted{};         // when the request joined the batch (zero if it never did)
 };
 

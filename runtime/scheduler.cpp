@@ -151,7 +151,8 @@ bool scheduler::try_admit(seq& s) {
     std::vector<uint64_t> hashes;
     if (o_.prefix_cache) {
         uint64_t parent = o_.prefix_seed;
-        for (int32_t j = 0; int64_t(j + 1) * ps <= n_tok; ++j) {
+        // (positions that want logits rows, a prompt to score, are computed, not reused)
+        for (int32_t j = 0; int64_t(j + 1) * ps <= std::min(n_tok, s.logits_from); ++j) {
             const auto chunk = std::span(s.tokens).subspan(size_t(j) * size_t(ps), size_t(ps));
             const uint64_t h = prefix_hash(parent, chunk);
             const auto p = pool_.lookup(h);

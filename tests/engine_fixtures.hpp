@@ -31,7 +31,8 @@ struct collector {
     int32_t n_draft_tokens = 0, n_accepted_tokens = 0; // summed over the sequences
     std::vector<std::string> finishes;         // [index] each sequence's finish reason
     std::vector<token_id> final_tokens;        // [index] the EOS that ended it, or -1
-    std::vector<double> scores, sums;          // [index] beam search: score, cumulative logprob
+    std::vector<double> scores, sums;          // [index] beam search's score; cumulative logprob
+    std::vector<prompt_token> prompt;          // score_prompt: the scored prompt
     int32_t n_seqs = 1, n_done = 0;            // done once n_seqs done events came (a request's n)
     bool done = false;
 
@@ -39,6 +40,10 @@ struct collector {
         return [this](engine_event&& ev) {
             std::lock_guard lock(mu);
             text += ev.text;
+            if (!ev.prompt.empty()) { // the scored prompt (score_prompt): not a token
+                prompt = ev.prompt;
+                return;
+            }
             if (!ev.done) {
                 ids.push_back(ev.id);
                 if (by_seq.size() <= size_t(ev.index)) {

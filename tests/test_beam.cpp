@@ -1,7 +1,7 @@
 // Beam search: the engine's search equals a readable reference search over the reference
 // forward (ids and scores), width 1 is greedy, a hand-built bigram model where greedy is not
 // the best sequence, the same beams alone and in a busy batch, stop strings, cancellation,
-// pages released.
+// pages released; prompt scoring; cumulative logprobs of sampled sequences.
 #include "engine_fixtures.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/engine.hpp"
@@ -493,4 +493,67 @@ TEST_CASE("beam search: stop strings end beams, cancellation ends the request, o
     CHECK(gr.beams[0].score == doctest::Approx(plain.scores[0]).epsilon(1e-6));
     CHECK(gr.beams[0].score >= gr.beams[1].score);
     CHECK(gr.beams[1].score >= gr.beams[2].score);
+}
+
+TEST_CASE("prompt scoring: each prompt token's logprob and top alternatives equal the reference forward's") {
+    model_bundle& b = stories_f32();
+    engine_options eo = beam_engine_options(4);
+    eo.prefix_cache = true;
+    eo.step_tokens = 8;              // the prompt is computed in several chunks
+    auto eng = make_local_engine(*b.mdl, *b.tok, eo);
+    const std::string text = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.";
+    engine_request req = greedy(text, 0);
+    const auto& prompt = req.prompt;
+    REQUIRE(prompt.size() > 2 * size_t(eo.step_tokens));
+    // A plain request first, so that the prompt's pages are in the prefix cache: scoring
+    // computes them anyway.
+    collector warm;
+    REQUIRE(eng->submit(greedy(text, 2), warm.sink()).status == submit_status::ok);
+    REQUIRE(warm.wait());
+
+    req.score_prompt = true;
+    req.n_top_logprobs = 3;
+    collector c;
+    REQUIRE(eng->submit(req, c.sink()).status == submit_status::ok);
+    REQUIRE(c.wait());
+    CHECK(c.ids.empty());             // max_tokens 0: the prompt only
+    CHECK(c.finish == "length");
+    CHECK(c.n_generated == 0);
+    REQUIRE(c.prompt.size() == prompt.size());
+    CHECK(std::isnan(c.prompt[0].logprob));
+    CHECK(c.prompt[0].top.empty());
+    for (size_t p = 1; p < prompt.size(); ++p) {
+        CAPTURE(p);
+        const std::vector<token_id> before(prompt.begin(), prompt.begin() + ptrdiff_t(p));
+        const std::vector<double> lp = next_logprobs(*b.mdl, before, {}, -1, 0);
+        CHECK(c.prompt[p].id == prompt[p]);
+        CHECK(c.prompt[p].logprob == doctest::Approx(lp[size_t(prompt[p])]).epsilon(1e-4));
+        REQUIRE(c.prompt[p].top.size() == 3);
+        CHECK(c.prompt[p].top[0].id == token_id(std::max_element(lp.begin(), lp.end()) - lp.begin()));
+        CHECK(c.prompt[p].top[0].logprob >= c.prompt[p].top[1].logprob);
+    }
+
+    // With tokens to generate and n = 2: the scores come first, then each sequence's tokens,
+    // greedy's; a sampled sequence's cumulative logprob is the sum of its tokens'.
+    req.max_tokens = 6;
+    req.n = 2;
+    req.n_top_logprobs = 0;
+    collector g;
+    g.n_seqs = 2;
+    REQUIRE(eng->submit(req, g.sink()).status == submit_status::ok);
+    REQUIRE(g.wait());
+    REQUIRE(g.prompt.size() == prompt.size());
+    for (size_t p = 1; p < prompt.size(); ++p) CHECK(g.prompt[p].logprob == doctest::Approx(c.prompt[p].logprob).epsilon(1e-5));
+    collector plain;
+    REQUIRE(eng->submit(greedy(text, 6), plain.sink()).status == submit_status::ok);
+    REQUIRE(plain.wait());
+    REQUIRE(g.by_seq.size() == 2);
+    for (size_t k = 0; k < 2; ++k) {
+        CHECK(g.by_seq[k] == plain.ids);
+        double sum = 0;
+        for (float x : g.logprobs[k]) sum += x;
+        CHECK(g.sums[k] == doctest::Approx(sum).epsilon(1e-5));
+        CHECK(g.sums[k] < 0);
+    }
+    CHECK(eng->stats().n_pages_used == 0);
 }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 using namespace tandem;
@@ -332,4 +333,36 @@ TEST_CASE("tandem run --draft-model / --speculative, and synth --vocab-from: a d
     CHECK(with({"--speculative", "medusa"}).rc != 0);
     // --vocab-from and --vocab together: CLI11 refuses.
     CHECK(run_tandem({"synth", "-o", dir.file("x.gguf"), "--vocab-from", stories, "--vocab", "600"}).rc != 0);
+}
+
+TEST_CASE("tandem run --beams: the beams best first with their scores; width 1 is greedy; sampling flags refused") {
+    const std::vector<std::string> base{"run", "-m", stories, "-p", "Once upon a time", "-n", "12", "--json",
+                                        "--weights", "f32", "--kv", "f32"};
+    const auto with = [&](std::vector<std::string> extra) {
+        std::vector<std::string> args = base;
+        args.insert(args.end(), extra.begin(), extra.end());
+        return run_tandem(args);
+    };
+    const auto r = with({"--beams", "3", "--length-penalty", "0.5"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const json j = json::parse(r.out);
+    REQUIRE(j["beams"].size() == 3);
+    CHECK(j["text"] == j["beams"][0]["text"]);
+    CHECK(j["tokens"] == j["beams"][0]["tokens"]);
+    for (size_t k = 0; k < 3; ++k) {
+        const json& b = j["beams"][k];
+        CHECK(b["cumulative_logprob"].get<double>() < 0);
+        const double length = double(b["tokens"].size()) - (b["finish_reason"] == "stop" ? 1 : 0); // EOS not counted
+        CHECK(b["score"].get<double>() == doctest::Approx(b["cumulative_logprob"].get<double>() / std::sqrt(length)));
+        if (k > 0) CHECK(b["score"].get<double>() <= j["beams"][k - 1]["score"].get<double>());
+    }
+    const auto one = with({"--beams", "1"});
+    REQUIRE(one.rc == 0);
+    const json j1 = json::parse(one.out);
+    CHECK(j1["tokens"].get<std::vector<token_id>>() ==
+          reference_greedy(stories, j1["prompt_tokens"].get<std::vector<token_id>>(), 12));
+    CHECK(with({"--beams", "2", "--temp", "0.7"}).rc != 0); // beam search does not sample
+    CHECK(with({"--length-penalty", "2"}).rc != 0);          // without --beams
+    CHECK(with({"--beams", "2", "--early-stopping", "sometimes"}).rc != 0);
 }

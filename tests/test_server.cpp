@@ -413,6 +413,150 @@ TEST_CASE("logprobs: completions (int) and chat (bool + top_logprobs)") {
               .status == 400);
 }
 
+TEST_CASE("beam search over the API: best first with scores, as the offline search; streamed at the end; errors say why") {
+    const auto& s = shared_socket();
+    const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 12}, {"use_beam_search", true}, {"n", 2},
+                       {"best_of", 4}, {"length_penalty", 0.5}, {"early_stopping", "never"}};
+    auto r = post(s, "/v1/completions", body);
+    REQUIRE(r.status == 200);
+    const json ch = r.j()["choices"];
+    REQUIRE(ch.size() == 2);
+    // The offline search (the same engine path in-process) with the same width and knobs.
+    static model_bundle b = load_model(model_path("stories260K.gguf"));
+    cpu::thread_pool pool(1);
+    generate_params p;
+    p.n_predict = 12;
+    p.beam = {4, 0.5f, beam_params::stopping::never};
+    p.n_beams = 2;
+    const generate_result off =
+        generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode("Once upon a time", true, false), p);
+    REQUIRE(off.beams.size() == 2);
+    for (size_t k = 0; k < 2; ++k) {
+        CAPTURE(k);
+        CHECK(ch[k]["index"] == k);
+        CHECK(ch[k]["text"] == off.beams[k].text);
+        CHECK(ch[k]["score"].get<double>() == doctest::Approx(off.beams[k].score));
+        CHECK(ch[k]["cumulative_logprob"].get<double>() == doctest::Approx(off.beams[k].cumulative_logprob));
+    }
+    CHECK(ch[0]["score"].get<double>() >= ch[1]["score"].get<double>());
+
+    // Streamed: the same choices, sent when the search ends; the last chunk of each has its score.
+    json sb = body;
+    sb["stream"] = true;
+    auto st = post(s, "/v1/completions", sb);
+    REQUIRE(st.status == 200);
+    bool done = false;
+    const auto events = sse_events(st.body, &done);
+    CHECK(done);
+    int n_scored = 0;
+    for (const auto& e : events)
+        for (const auto& c : e["choices"]) n_scored += c.contains("score");
+    CHECK(n_scored == 2);
+    for (int k = 0; k < 2; ++k) CHECK(stream_text(events, false, k) == ch[size_t(k)]["text"]);
+
+    // Chat: the same fields.
+    auto c = post(s, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Tell a story"}}}},
+                                              {"max_tokens", 8}, {"use_beam_search", true}, {"n", 3}});
+    REQUIRE(c.status == 200);
+    const json cc = c.j()["choices"];
+    REQUIRE(cc.size() == 3);
+    for (const auto& x : cc) {
+        CHECK(x["message"]["content"].is_string());
+        CHECK(x["cumulative_logprob"].get<double>() < 0);
+    }
+
+    // Wrong combinations: a 400 that names the field and says why.
+    const auto refused = [&](json extra, const std::string& param, const std::string& says) {
+        json q = body;
+        for (const auto& [k, v] : extra.items()) q[k] = v;
+        auto e = post(s, "/v1/completions", q);
+        CAPTURE(extra.dump());
+        CHECK(e.status == 400);
+        CHECK(e.j()["error"]["param"] == param);
+        CHECK(e.j()["error"]["message"].get<std::string>().find(says) != std::string::npos);
+    };
+    refused({{"temperature", 0.7}}, "temperature", "deterministic");
+    refused({{"top_p", 0.9}}, "top_p", "deterministic");
+    refused({{"n", 5}}, "best_of", "at least 'n'");
+    refused({{"best_of", 9}}, "best_of", "max_n");
+    refused({{"early_stopping", "sometimes"}}, "early_stopping", "\"never\"");
+    refused({{"use_beam_search", false}}, "length_penalty", "only to beam search");
+    CHECK(post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 4}, {"use_beam_search", true}, {"temperature", 0}})
+              .status == 200);
+}
+
+TEST_CASE("best_of samples more than it returns; echo returns the prompt, with logprobs the prompt's; max_tokens 0 scores it") {
+    const auto& s = shared_socket();
+    // best_of 3, n 1: the returned choice is the one of the three (seeds s, s+1, s+2) with the
+    // highest mean token logprob; usage counts all three.
+    const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 10}, {"seed", 7}, {"ignore_eos", true}};
+    json all = base;
+    all["n"] = 3;
+    all["logprobs"] = 0;
+    auto a = post(s, "/v1/completions", all);
+    REQUIRE(a.status == 200);
+    const json aj = a.j();
+    size_t best = 0;
+    double best_mean = -1e30;
+    for (size_t k = 0; k < 3; ++k) {
+        double sum = 0;
+        for (const auto& x : aj["choices"][k]["logprobs"]["token_logprobs"]) sum += x.get<double>();
+        if (sum / 10 > best_mean) {
+            best_mean = sum / 10;
+            best = k;
+        }
+    }
+    CHECK(best != 0); // (seed 7: the first is not the best, so ranking is seen to happen)
+    json one = base;
+    one["best_of"] = 3;
+    auto r = post(s, "/v1/completions", one);
+    REQUIRE(r.status == 200);
+    REQUIRE(r.j()["choices"].size() == 1);
+    CHECK(r.j()["choices"][0]["index"] == 0);
+    CHECK(r.j()["choices"][0]["text"] == aj["choices"][best]["text"]);
+    CHECK(r.j()["usage"]["completion_tokens"] == 30);
+    one["stream"] = true;
+    CHECK(post(s, "/v1/completions", one).status == 400); // the best are known only at the end
+
+    // echo: the prompt's text first; with logprobs its tokens too, the first with none.
+    auto e = post(s, "/v1/completions",
+                  {{"prompt", "Once upon a time"}, {"max_tokens", 5}, {"temperature", 0}, {"echo", true}});
+    REQUIRE(e.status == 200);
+    CHECK(e.j()["choices"][0]["text"] == "Once upon a time" + offline_text("Once upon a time", 5));
+    auto tk = post(s, "/tokenize", {{"content", "Once upon a time"}, {"add_special", true}});
+    REQUIRE(tk.status == 200);
+    const size_t n_prompt = tk.j()["tokens"].size();
+    REQUIRE(n_prompt > 2);
+    json scored = {{"prompt", "Once upon a time"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}};
+    auto sc = post(s, "/v1/completions", scored);
+    REQUIRE(sc.status == 200);
+    const json lp = sc.j()["choices"][0]["logprobs"];
+    CHECK(sc.j()["choices"][0]["text"] == "Once upon a time");
+    CHECK(sc.j()["usage"]["completion_tokens"] == 0);
+    REQUIRE(lp["tokens"].size() == n_prompt);
+    CHECK(lp["token_logprobs"][0].is_null());
+    CHECK(lp["top_logprobs"][0].is_null());
+    for (size_t i = 1; i < n_prompt; ++i) {
+        CHECK(lp["token_logprobs"][i].get<double>() < 0);
+        CHECK(lp["top_logprobs"][i].size() == 2);
+        CHECK(lp["text_offset"][i].get<int>() >= lp["text_offset"][i - 1].get<int>());
+    }
+    // The prompt's scores are the model's: "upon" after "Once" is likelier than after "Twice".
+    scored["prompt"] = "Twice upon a time";
+    auto other = post(s, "/v1/completions", scored);
+    REQUIRE(other.status == 200);
+    CHECK(other.j()["choices"][0]["logprobs"]["token_logprobs"].back().get<double>() !=
+          lp["token_logprobs"].back().get<double>());
+    // Streamed, echo and logprobs: the same text.
+    json stream = {{"prompt", "Once upon a time"}, {"max_tokens", 5}, {"temperature", 0}, {"echo", true},
+                   {"logprobs", 1}, {"stream", true}, {"n", 2}};
+    auto ss = post(s, "/v1/completions", stream);
+    REQUIRE(ss.status == 200);
+    const auto events = sse_events(ss.body);
+    for (int k = 0; k < 2; ++k) CHECK(stream_text(events, false, k) == e.j()["choices"][0]["text"]);
+    CHECK(post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 0}}).status == 400); // 0 needs echo
+}
+
 TEST_CASE("16 concurrent streams all complete, each equal to its solo output at temperature 0") {
     const auto& s = shared_socket();
     const char* starts[] = {"Once upon a time", "The cat", "One day", "Tom and Sue", "A little bird", "The sun",

@@ -29,15 +29,20 @@ scratch_dir& scratch() {
     return d;
 }
 
-std::string offline_text(const std::string& prompt, int n) {
+// The offline loop's output for `prompt`: greedy, or with `beams` (a width) the beams' texts.
+generate_result offline(const std::string& prompt, int n, int beams = 0) {
     static model_bundle b = load_model(model_path("stories260K.gguf"));
     static cpu::thread_pool pool(1);
     generate_params p;
     p.n_predict = n;
     p.sampling.temperature = 0;
     p.ignore_eos = true;
-    return generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(prompt, true, false), p).text;
+    p.beam.width = beams;
+    p.n_beams = std::max(beams, 1);
+    return generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(prompt, true, false), p);
 }
+
+std::string offline_text(const std::string& prompt, int n) { return offline(prompt, n).text; }
 
 // The pid of the daemon's worker with this role, or -1.
 pid_t worker_pid(pid_t daemon, const std::string& role) {
@@ -479,6 +484,47 @@ TEST_CASE("workers: a pool smaller than the load preempts, and every request sti
     if (st.contains("preemptions")) CHECK(st["preemptions"].get<int>() > 0);
     CHECK(d.stop() == 0);
     CHECK_FALSE(std::filesystem::exists(d.sock + ".kv")); // kv_pool_persist=false removes it
+}
+
+TEST_CASE("workers: beam search through the workers equals the offline search, across a killed decode worker and preemption") {
+    // Four beams of 80 tokens and four streams beside them do not fit this 24-page pool, so
+    // sequences are preempted and recomputed (beams among them, forking from preempted ones);
+    // a decode worker killed mid-search costs a retry.
+    daemon_process d;
+    d.start(scratch().file("b.sock"), {"--set", "kv_pages=24", "--set", "n_ctx=256", "--set", "kv_pool_persist=false"});
+    REQUIRE(d.wait_ready());
+    const int n = 80;
+    const auto beams = [&](const std::string& prompt) {
+        return post(d.sock, "/v1/completions", {{"prompt", prompt}, {"max_tokens", n}, {"use_beam_search", true},
+                                                {"n", 4}, {"ignore_eos", true}});
+    };
+    for (bool kill : {false, true}) {
+        CAPTURE(kill);
+        auto search = std::async(std::launch::async, [&] { return beams(prompts[0]); });
+        std::vector<std::future<streamed>> others;
+        for (size_t i = 1; i < 5; ++i) // (these alone need 28 pages)
+            others.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 100); }));
+        if (kill) {
+            REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+            REQUIRE(::kill(worker_pid(d.pid, "decode"), SIGKILL) == 0);
+        }
+        const auto r = search.get();
+        REQUIRE(r.status == 200);
+        const generate_result want = offline(prompts[0], n, 4);
+        const json ch = r.j()["choices"];
+        REQUIRE(ch.size() == 4);
+        for (size_t k = 0; k < 4; ++k) {
+            CHECK_MESSAGE(ch[k]["text"] == want.beams[k].text, "beam ", k);
+            CHECK(ch[k]["score"].get<double>() == doctest::Approx(want.beams[k].score));
+        }
+        for (size_t i = 0; i < others.size(); ++i) CHECK(others[i].get().text == offline_text(prompts[i + 1], 100));
+        CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+    }
+    const json st = status(d.sock);
+    if (st.contains("preemptions")) CHECK(st["preemptions"].get<int>() > 0);
+    CHECK(st["worker_restarts"] == 1);
+    CHECK(d.stop() == 0);
 }
 
 TEST_CASE("workers: GPU prefill + CPU or GPU decode gives the cpu/cpu tokens, or fails to start cleanly without a GPU") {

@@ -1,5 +1,5 @@
-// The OpenAI Node SDK against tandemd: guided generation through response_format, and tool
-// calls with tool_choice "required", plain and streamed. Run by scripts/sdk-check.sh (it needs the npm registry once, so it is not in CI).
+// The OpenAI Node SDK against tandemd: guided generation through response_format, tool
+// calls with tool_choice "required", plain and streamed; beam search and prompt scoring. Run by scripts/sdk-check.sh (it needs the npm registry once, so it is not in CI).
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -94,5 +94,26 @@ await assert.rejects(
   client.chat.completions.create({ model: 'stories260K', messages, max_tokens: 5,
     response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'array', uniqueItems: true } } } }),
   (e) => e.status === 400 && /uniqueItems/.test(e.message));
+// Beam search as extra body fields: the choices best first, each with its score; streamed,
+// the same choices (sent when the search ends). Prompt scoring: echo, logprobs, max_tokens 0.
+const beamReq = { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 12, n: 2, best_of: 4,
+  use_beam_search: true, length_penalty: 1.0, early_stopping: true };
+const beams = await client.completions.create(beamReq);
+assert.equal(beams.choices.length, 2);
+assert.ok(beams.choices.every((c) => typeof c.score === 'number' && c.cumulative_logprob < 0));
+assert.ok(beams.choices[0].score >= beams.choices[1].score);
+const texts = ['', ''];
+for await (const chunk of await client.completions.create({ ...beamReq, stream: true }))
+  for (const c of chunk.choices) texts[c.index] += c.text;
+assert.deepEqual(texts, beams.choices.map((c) => c.text), 'streamed beams differ');
+const scored = await client.completions.create({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 0,
+  echo: true, logprobs: 1 });
+assert.equal(scored.choices[0].text, 'Once upon a time');
+assert.equal(scored.choices[0].logprobs.token_logprobs[0], null);
+assert.ok(scored.choices[0].logprobs.token_logprobs.slice(1).every((x) => x < 0));
+await assert.rejects(client.completions.create({ ...beamReq, temperature: 0.8 }),
+  (e) => e.status === 400 && /temperature/.test(e.message));
+
 const { version } = JSON.parse(readFileSync(new URL('./node_modules/openai/package.json', import.meta.url)));
-console.log(`openai ${version}: ${n} schema-valid replies and ${nCalls} valid tool calls (plain and streamed), and the 400`);
+console.log(`openai ${version}: ${n} schema-valid replies and ${nCalls} valid tool calls (plain and streamed), ` +
+  `${beams.choices.length} beams with scores (plain and streamed), a scored prompt, and the 400s`);
