@@ -853,56 +853,56 @@ private:
                     cut = (r.req.observer && !r.req.observer->on_token(ev)) || stops.stopped();
                     r.sink(std::move(ev));
                 }
-                if (!stops.stopped()) {
-                    done.text = stops.push(dec.flush());
-                    if (!stops.stopped()) done.text += stops.flush();
-                }
+                done.text = flush_text(dec, stops);
                 done.finish_reason = h.finish_reason;
                 done.n_generated = int32_t(h.tokens.size()) + (h.final_token >= 0 ? 1 : 0);
                 done.final_token = h.final_token;
                 done.score = h.score;
                 done.cumulative_logprob = h.sum_logprob;
             }
-            done.n_prompt = r.n_prompt;
-            done.n_cached = r.n_cached;
-            done.t = clock_type::now();
-            done.t_admitted = r.t_admitted;
-            if (r.req.observer) r.req.observer->on_done(done);
-            done_.push_back({r.sink, std::move(done)});
+            queue_done(r, std::move(done));
         }
     }
 
-    // Sequence q ends: its pages go, and its done event is sent once the stats are published
-    // (so a caller that sees it sees the pages free).
+    // What a sequence's decoder and stop matcher still hold, unless a stop string ended it.
+    static std::string flush_text(stream_decoder& dec, stop_matcher& stops) {
+        if (stops.stopped()) return {};
+        std::string text = stops.push(dec.flush());
+        if (!stops.stopped()) text += stops.flush();
+        return text;
+    }
+
+    // A sequence's done event, completed with the request's counts, is sent once the stats
+    // are published (so a caller that sees it sees the pages free).
+    void queue_done(const request_state& r, engine_event&& ev) {
+        ev.n_prompt = r.n_prompt;
+        ev.n_cached = r.n_cached;
+        ev.t = clock_type::now();
+        ev.t_admitted = r.t_admitted;
+        if (r.req.observer) r.req.observer->on_done(ev);
+        done_.push_back({r.sink, std::move(ev)});
+    }
+
+    // Sequence q ends: its pages go, and its done event is queued.
     void finish_seq(request_state& r, seq_state& q, const char* reason, const std::string& error = {}) {
         if (q.done) return;
         q.done = true;
         --r.n_live;
-        std::string text;
-        if (!q.stops.stopped()) {
-            text += q.stops.push(q.dec.flush());
-            if (!q.stops.stopped()) text += q.stops.flush();
-        }
         engine_event ev;
         ev.done = true;
         ev.index = q.index;
-        ev.text = std::move(text);
+        ev.text = flush_text(q.dec, q.stops);
         ev.finish_reason = reason;
         ev.error = error;
-        ev.n_prompt = r.n_prompt;
-        ev.n_cached = r.n_cached;
         ev.n_generated = q.n_generated;
         ev.final_token = q.final_token;
         ev.n_draft_tokens = q.n_drafted;
         ev.n_accepted_tokens = q.n_accepted;
         ev.cumulative_logprob = q.sum_logprob;
-        ev.t = clock_type::now();
-        ev.t_admitted = r.t_admitted;
         const uint64_t sid = seq_id_of(r.id, q.index);
         if (sched_->contains(sid)) sched_->remove(sid);
         if (drafter_) drafter_->forget(sid);
-        if (r.req.observer) r.req.observer->on_done(ev);
-        done_.push_back({r.sink, std::move(ev)});
+        queue_done(r, std::move(ev));
     }
 
     // Ends every sequence of the request still live, and the request.
