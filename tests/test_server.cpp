@@ -465,6 +465,19 @@ TEST_CASE("beam search over the API: best first with scores, as the offline sear
         CHECK(x["cumulative_logprob"].get<double>() < 0);
     }
 
+    // Guided beams: each beam's processors fork with it, and banned tokens are never proposed,
+    // so every beam is one of the choices (beams are token sequences: two may spell one text).
+    const std::vector<std::string> options{"a cat", "a dog", "the sun"};
+    auto g = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"use_beam_search", true},
+                                         {"n", 3}, {"structured_outputs", {{"choice", options}}}});
+    REQUIRE(g.status == 200);
+    const json gc = g.j()["choices"];
+    REQUIRE(gc.size() == 3);
+    for (const auto& x : gc) {
+        CHECK(std::find(options.begin(), options.end(), x["text"].get<std::string>()) != options.end());
+        CHECK(x["finish_reason"] == "stop");
+    }
+
     // Wrong combinations: a 400 that names the field and says why.
     const auto refused = [&](json extra, const std::string& param, const std::string& says) {
         json q = body;
