@@ -11,6 +11,7 @@
 #include "runtime/gguf.hpp"
 #include "runtime/grammar/guide.hpp"
 #include "runtime/log.hpp"
+#include "runtime/logits_processor.hpp"
 #include "runtime/quantize_file.hpp"
 
 #include <nlohmann/json.hpp>
@@ -134,6 +135,7 @@ struct bench_opts {
     int32_t speculative = 0; // --speculative K: the speculative-decoding mode
     std::string draft_model; // --draft-model: the speculative mode also drafts from it
     bool guided = false;     // --guided-decode: decode under a JSON schema vs without
+    int32_t beams = 0;       // --beams W: the beam-search mode
 };
 
 // Read bandwidth in GB/s, measured by streaming over the weight matrices themselves (well
@@ -214,6 +216,18 @@ std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
     std::vector<token_id> v(static_cast<size_t>(n));
     for (auto& t : v) t = token_id(3 + g() % uint32_t(n_vocab - 3));
     return v;
+}
+
+// The median and range of a few runs' figures (the runs interleaved with what they are
+// compared with: on a noisy machine the range says how far to trust the median).
+struct spread {
+    double median = 0, min = 0, max = 0;
+};
+
+spread spread_of(std::vector<double> v) {
+    TANDEM_ASSERT(!v.empty());
+    std::sort(v.begin(), v.end());
+    return {v[v.size() / 2], v.front(), v.back()};
 }
 
 // A profiled forward's ops, largest time first, and as JSON.
@@ -424,7 +438,8 @@ int cmd_bench(const bench_opts& o) {
 }
 
 // One run of requests on an in-process engine: wall time, tokens, the engine's counters, and
-// the decode window (from when every sequence has its first token to the end).
+// the decode window (from when every sequence has its first token to the end; a beam search,
+// whose events all come when it ends: from when its prompt's row is taken, see beam_watch).
 struct engine_run {
     double seconds = 0;
     int32_t n_tokens = 0;
@@ -432,6 +447,37 @@ struct engine_run {
     double decode_seconds = 0;
     int32_t n_decode_tokens = 0;
     std::vector<token_id> tokens;     // sequence 0's
+    int32_t peak_pages = 0;           // beam search: KV pages in use at most, over every step
+};
+
+// Watches a beam search from inside the engine, with no thread of its own to disturb it: a
+// logits processor that edits nothing, called for every beam's row on the engine thread as
+// each step's result is taken. Its first call is the prompt's row, where decode starts. The
+// stats it reads were published after the step whose rows these are, so it sees the pages in
+// use during every step.
+struct beam_watch {
+    const engine* eng = nullptr;
+    clock_type::time_point t_decode{}; // the prompt's row taken
+    uint64_t n_steps_prompt = 0;       // steps run by then: the prompt's
+    int32_t peak_pages = 0;
+};
+
+class beam_watch_processor final : public logits_processor {
+public:
+    explicit beam_watch_processor(std::shared_ptr<beam_watch> w) : w_(std::move(w)) {}
+    std::string_view name() const override { return "beam_watch"; }
+    void apply(std::span<float>, std::span<const token_id>) override {
+        const engine_stats s = w_->eng->stats();
+        if (w_->t_decode == clock_type::time_point{}) {
+            w_->t_decode = clock_type::now();
+            w_->n_steps_prompt = s.n_steps;
+        }
+        w_->peak_pages = std::max(w_->peak_pages, s.n_pages_used);
+    }
+    std::unique_ptr<logits_processor> clone() const override { return std::make_unique<beam_watch_processor>(w_); }
+
+private:
+    std::shared_ptr<beam_watch> w_; // shared by the beams (read once the request is done)
 };
 
 // `n_seqs` copies of `req` (sequence i seeded with i) decoding together.
@@ -440,8 +486,11 @@ engine_run run_engine(model_bundle& b, int threads, const engine_request& req, i
     eo.n_threads = threads;
     eo.max_draft_tokens = req.draft_tokens;
     eo.draft_model = draft;
-    eo.max_running = std::max(eo.max_running, n_seqs);
+    eo.max_running = std::max(eo.max_running, n_seqs * std::max(1, req.beam.width)); // every beam in every step
     auto eng = make_local_engine(*b.mdl, *b.tok, eo);
+    TANDEM_ASSERT(req.beam.width == 0 || (n_seqs == 1 && !req.make_processor));
+    auto watch = std::make_shared<beam_watch>();
+    watch->eng = eng.get();
     std::promise<void> done;
     std::mutex mu;
     engine_run r;
@@ -451,6 +500,7 @@ engine_run run_engine(model_bundle& b, int threads, const engine_request& req, i
     for (int i = 0; i < n_seqs; ++i) {
         engine_request q = req;
         q.sampling.seed = uint64_t(i);
+        if (req.beam.width > 0) q.make_processor = [watch] { return std::make_unique<beam_watch_processor>(watch); };
         TANDEM_CHECK(eng->submit(q, [&, first = true, i](engine_event&& ev) mutable {
                              std::lock_guard lock(mu);
                              if (ev.done) {
@@ -465,9 +515,15 @@ engine_run run_engine(model_bundle& b, int threads, const engine_request& req, i
                      "the benchmark's request was refused");
     }
     done.get_future().wait();
-    r.seconds = since(t0);
-    r.decode_seconds = since(all_started);
+    const auto t_end = clock_type::now();
+    r.seconds = std::chrono::duration<double>(t_end - t0).count();
     r.stats = eng->stats();
+    if (req.beam.width == 0) r.decode_seconds = std::chrono::duration<double>(t_end - all_started).count();
+    else { // the steps after the prompt's, each one token of every beam (ignore_eos keeps them all)
+        r.decode_seconds = std::chrono::duration<double>(t_end - watch->t_decode).count();
+        r.n_decode_tokens = int32_t(r.stats.n_steps - watch->n_steps_prompt) * req.beam.width;
+        r.peak_pages = watch->peak_pages;
+    }
     eng->stop();
     return r;
 }
@@ -485,6 +541,84 @@ engine_run run_greedy(model_bundle& b, int threads, const std::vector<token_id>&
     req.drafts = drafts;
     req.replay = std::move(replay);
     return run_engine(b, threads, req, 1, draft);
+}
+
+// `tandem bench --beams W`: beam search of width W against width 1 (greedy's tokens, on the
+// same path and timed the same way) on one prompt of -p random tokens, -n tokens a beam
+// (ignore_eos: every run takes every step), three runs of each interleaved. Decode rates are
+// aggregate: W tokens for each step after the prompt's, over the time from the prompt's row
+// to the end (beam_watch), so the prefill is not in them; one step reads the weights once for
+// all W beams. The beams share the prompt's pages and whatever history they have in common:
+// the peak of pages in use (over every step) against W unshared copies of -p + -n tokens.
+int cmd_bench_beams(const bench_opts& o) {
+    cpu::ensure_passive_openmp();
+    model_bundle b = load_model(resolve_model(o.model), o.load);
+    const int32_t W = o.beams;
+    engine_request req;
+    req.prompt = random_tokens(o.n_prompt, b.mdl->config().n_vocab, 1);
+    req.max_tokens = o.n_gen;
+    req.sampling.temperature = 0;
+    req.ignore_eos = true;
+    req.beam.width = W;
+    engine_request single = req;
+    single.beam.width = 1;
+    const auto tok_s = [](const engine_run& r) { return r.n_decode_tokens / r.decode_seconds; };
+    constexpr int reps = 3;
+    std::vector<double> rates_1, rates_w, ratios;
+    engine_run one, beams;
+    int32_t peak = 0;
+    for (int rep = 0; rep < reps; ++rep) { // alternating which goes first, against drift
+        if (rep % 2) one = run_engine(b, o.threads, single, 1);
+        beams = run_engine(b, o.threads, req, 1);
+        if (rep % 2 == 0) one = run_engine(b, o.threads, single, 1);
+        TANDEM_CHECK(int32_t(one.tokens.size()) == o.n_gen && int32_t(beams.tokens.size()) == o.n_gen,
+                     "a search ended after {} and {} of {} tokens", one.tokens.size(), beams.tokens.size(), o.n_gen);
+        rates_1.push_back(tok_s(one));
+        rates_w.push_back(tok_s(beams));
+        ratios.push_back(rates_w.back() / rates_1.back());
+        peak = std::max(peak, beams.peak_pages);
+    }
+    const spread r1 = spread_of(rates_1), rw = spread_of(rates_w), ratio = spread_of(ratios);
+    const int32_t page = beams.stats.page_size, unshared = W * ((o.n_prompt + o.n_gen + page - 1) / page);
+    const int32_t steps = beams.n_decode_tokens / W;
+    const nlohmann::json j{{"model", resolve_model(o.model)},
+                           {"threads", o.threads},
+                           {"n_prompt", o.n_prompt},
+                           {"n_gen", o.n_gen},
+                           {"width", W},
+                           {"runs", reps},
+                           {"tok_s_width1", r1.median},
+                           {"tok_s_width1_min", r1.min},
+                           {"tok_s_width1_max", r1.max},
+                           {"tok_s_beam", rw.median},
+                           {"tok_s_beam_min", rw.min},
+                           {"tok_s_beam_max", rw.max},
+                           {"speedup", ratio.median},
+                           {"speedup_min", ratio.min},
+                           {"speedup_max", ratio.max},
+                           {"steps_timed", steps},
+                           {"page_size", page},
+                           {"peak_pages", peak},
+                           {"peak_pages_width1", one.peak_pages},
+                           {"unshared_pages", unshared},
+                           {"pages_ratio", double(peak) / double(unshared)}};
+    if (o.json) {
+        std::cout << j.dump() << "\n";
+        return 0;
+    }
+    std::cout << fmt::format("model        {}, {} threads, prompt {} random tokens, {} generated a beam (ignore_eos), "
+                             "{} runs of each, interleaved\n",
+                             j["model"].get<std::string>(), o.threads, o.n_prompt, o.n_gen, reps);
+    std::cout << fmt::format("width 1      decode {:.2f} tok/s ({:.2f}-{:.2f}), beam search of width 1 (greedy's tokens)\n",
+                             r1.median, r1.min, r1.max);
+    std::cout << fmt::format("width {:<2}     decode {:.2f} tok/s aggregate ({:.2f}-{:.2f}) over {} steps: {:.2f}x width 1 "
+                             "({:.2f}-{:.2f})\n",
+                             W, rw.median, rw.min, rw.max, steps, ratio.median, ratio.min, ratio.max);
+    std::cout << fmt::format("KV pages     peak {} ({}-token pages) for {} beams; {} unshared copies {} ({} x {}): {:.1f}%; "
+                             "width 1 peak {}\n",
+                             peak, page, W, W, unshared, W, unshared / W, 100.0 * double(peak) / double(unshared),
+                             one.peak_pages);
+    return 0;
 }
 
 
@@ -640,15 +774,15 @@ int cmd_bench_speculative(const bench_opts& o) {
                 if (rep % 2 == 0) plain = run_greedy(b, o.threads, prompt, o.n_gen, 0);
                 ratios.push_back(decode_tok_s(spec) / decode_tok_s(plain));
             }
-            std::sort(ratios.begin(), ratios.end());
+            const spread speedup = spread_of(ratios);
             const uint64_t drafted = spec.stats.n_draft_tokens, accepted = spec.stats.n_accepted_tokens;
             const auto slash = config.find('/');
             nlohmann::json& at = slash == std::string::npos ? j[config][name] : j[config.substr(0, slash)][config.substr(slash + 1)];
             at = {{"tok_s_plain", decode_tok_s(plain)},
                   {"tok_s_speculative", decode_tok_s(spec)},
-                  {"speedup", ratios[ratios.size() / 2]},
-                  {"speedup_min", ratios.front()},
-                  {"speedup_max", ratios.back()},
+                  {"speedup", speedup.median},
+                  {"speedup_min", speedup.min},
+                  {"speedup_max", speedup.max},
                   {"drafted", drafted},
                   {"accepted", accepted},
                   {"acceptance", drafted ? double(accepted) / double(drafted) : 0.0},
@@ -723,7 +857,7 @@ void register_bench(CLI::App& app, registry& reg) {
         "bench", "load time, prefill and decode speed, roofline, memory; with --serve, a running daemon under load");
     bench->add_option("-m,--model", bo->model, "GGUF model (default: $TANDEM_MODEL)");
     bench->add_option("-p,--n-prompt", bo->n_prompt, "prefill tokens")->check(CLI::Range(1, 1 << 16));
-    bench->add_option("-n,--n-gen", bo->n_gen, "decode steps per batch size")->check(CLI::Range(1, 1 << 16));
+    bench->add_option("-n,--n-gen", bo->n_gen, "decode steps per batch size (with --beams: tokens a beam)")->check(CLI::Range(1, 1 << 16));
     bench->add_option("-t,--threads", bo->threads, "CPU threads")->check(CLI::PositiveNumber);
     bench->add_option("--batch", bo->batches, "decode batch sizes")->delimiter(',')->check(CLI::Range(1, 256));
     add_precision_flags(bench, bo->load);
@@ -736,15 +870,22 @@ void register_bench(CLI::App& app, registry& reg) {
     bench->add_option("--draft-model", bo->draft_model, "with --speculative: also draft from this model")
         ->check(CLI::ExistingFile)
         ->needs("--speculative");
+    auto* beams = bench->add_option("--beams", bo->beams,
+                                    "beam search instead: width W against width 1 on one prompt of -p random tokens, "
+                                    "-n tokens a beam; aggregate decode rates and the peak of KV pages in use")
+                      ->check(CLI::Range(1, 64));
     bench->add_flag("--guided-decode", bo->guided,
                     "guided generation instead: decode on the engine under a JSON schema vs unconstrained, side by "
                     "side at each --batch size (-n tokens a sequence, temperature 1)");
     const bench_mode serve = add_bench_serve(bench, bo->json);
     const bench_mode guided = add_bench_grammar(bench, bo->model, bo->json);
+    for (const char* other : {"--batch", "--no-raw", "--speculative", "--guided-decode"}) beams->excludes(other);
+    beams->excludes(serve.flag)->excludes(guided.flag);
     reg.push_back({bench, [bo, serve, guided] {
                        if (serve.flag->count()) return serve.run();
                        if (guided.flag->count()) return guided.run();
                        if (bo->guided) return cmd_bench_guided(*bo);
+                       if (bo->beams > 0) return cmd_bench_beams(*bo);
                    return bo->speculative > 0 ? cmd_bench_speculative(*bo) : cmd_bench(*bo);
                    }});
 }

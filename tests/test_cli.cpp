@@ -293,6 +293,39 @@ TEST_CASE("tandem bench --speculative: the verify cost per k and batch, and prom
     CHECK(dm["accepted"] == dm["drafted"]);
 }
 
+TEST_CASE("tandem bench --beams: width W against width 1, aggregate rates, and pages shared between the beams") {
+    // 64 prompt tokens (4 pages of 16), 64 tokens a beam: a copy of one sequence is 8 pages.
+    auto r = run_tandem({"bench", "-m", stories, "--beams", "3", "-p", "64", "-n", "64", "-t", "1", "--json"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const json j = json::parse(r.out);
+    CHECK(j["width"].get<int>() == 3);
+    CHECK(j["runs"].get<int>() == 3);
+    for (const char* k : {"tok_s_width1", "tok_s_beam", "speedup"}) {
+        INFO(k);
+        CHECK(j[k].get<double>() > 0);
+        CHECK(j[std::string(k) + "_min"].get<double>() <= j[k].get<double>());
+        CHECK(j[k].get<double>() <= j[std::string(k) + "_max"].get<double>());
+    }
+    // Timed: the decode steps, every one after the prompt's (the 64th token is never computed).
+    CHECK(j["steps_timed"].get<int>() == 63);
+    CHECK(j["page_size"].get<int>() == 16);
+    CHECK(j["unshared_pages"].get<int>() == 3 * 8);
+    // One sequence holds its 8 pages (at most: the last token is never computed); the beams share
+    // the prompt's 4 pages, so they hold at most 4 + 3 x (4 pages of generated tokens + one copied
+    // on write) = 19, below the 24 of three copies.
+    const int peak = j["peak_pages"].get<int>(), peak1 = j["peak_pages_width1"].get<int>();
+    CHECK(peak1 > 4);
+    CHECK(peak1 <= 8);
+    CHECK(peak > peak1);
+    CHECK(peak <= 4 + 3 * (4 + 1));
+    CHECK(j["pages_ratio"].get<double>() == doctest::Approx(double(peak) / 24));
+    // Options that --beams would drop are refused, and the width is 1..64.
+    CHECK(run_tandem({"bench", "-m", stories, "--beams", "2", "--batch", "1,2"}).rc != 0);
+    CHECK(run_tandem({"bench", "-m", stories, "--beams", "2", "--speculative", "2"}).rc != 0);
+    CHECK(run_tandem({"bench", "-m", stories, "--beams", "0"}).rc != 0);
+}
+
 TEST_CASE("tandem run --draft-model / --speculative, and synth --vocab-from: a draft model for a model") {
     test::scratch_dir dir("cli-draft");
     const std::string draft = dir.file("draft.gguf");
