@@ -477,6 +477,53 @@ std::optional<api_error> read_beam(const json& body, int64_t width, beam_params&
     return std::nullopt;
 }
 
+// documents (chat): [{"text", "id"?, "title"?}] (ids default to the index), and
+// citation_options: {"mode": "fast" | "off", "min_tokens"} (strict mode is not built yet).
+std::optional<api_error> read_grounding(const json& body, grounding& out) {
+    const auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
+    if (!given("documents")) {
+        if (given("citation_options")) return bad("'citation_options' needs 'documents'", "citation_options");
+        return std::nullopt;
+    }
+    const json& docs = body["documents"];
+    if (!docs.is_array()) return bad("'documents' must be an array of objects", "documents");
+    for (size_t i = 0; i < docs.size(); ++i) {
+        const std::string p = fmt::format("documents[{}]", i);
+        if (!docs[i].is_object()) return bad(p + " must be an object", p);
+        document d;
+        d.id = std::to_string(i);
+        for (const auto& [key, v] : docs[i].items()) {
+            const std::string q = p + "." + key;
+            if (key != "text" && key != "id" && key != "title")
+                return bad(fmt::format("'{}' is not supported (a document has text, id and title)", q), q);
+            if (!v.is_string()) return bad(fmt::format("'{}' must be a string", q), q);
+            (key == "text" ? d.text : key == "id" ? d.id : d.title) = v.get<std::string>();
+        }
+        if (!docs[i].contains("text")) return bad(fmt::format("'{}.text' is required", p), p + ".text");
+        out.documents.push_back(std::move(d));
+    }
+    if (!given("citation_options")) return std::nullopt;
+    const json& o = body["citation_options"];
+    if (!o.is_object()) return bad("'citation_options' must be an object", "citation_options");
+    for (const auto& [key, v] : o.items())
+        if (key != "mode" && key != "min_tokens")
+            return bad(fmt::format("'citation_options.{}' is not supported (mode, min_tokens)", key),
+                       "citation_options." + key);
+    if (o.contains("mode") && !o["mode"].is_null()) {
+        const json& m = o["mode"];
+        if (m == "strict")
+            return bad("'citation_options.mode' \"strict\" is not supported yet (\"fast\" or \"off\")",
+                       "citation_options.mode");
+        if (m != "fast" && m != "off")
+            return bad("'citation_options.mode' must be \"fast\" or \"off\"", "citation_options.mode");
+        out.cite = m == "fast";
+    }
+    int64_t min_tokens = out.min_tokens;
+    TRY(read_int(o, "min_tokens", 1, 256, min_tokens));
+    out.min_tokens = int32_t(min_tokens);
+    return std::nullopt;
+}
+
 // Every field a generation request may carry; any other is a 400 that names it, so nothing a
 // client asks for is silently ignored.
 std::optional<api_error> check_fields(const json& body, bool chat) {
@@ -488,7 +535,8 @@ std::optional<api_error> check_fields(const json& body, bool chat) {
         "use_beam_search", "length_penalty", "early_stopping"};
     static const std::set<std::string, std::less<>> chat_only{"messages",          "max_completion_tokens",
                                                               "top_logprobs",      "tools",
-                                                              "tool_choice",       "parallel_tool_calls"};
+                                                              "tool_choice",       "parallel_tool_calls",
+                                                              "documents",         "citation_options"};
     static const std::set<std::string, std::less<>> completion_only{"prompt", "echo", "suffix"};
     for (const auto& [key, value] : body.items())
         if (!common.contains(key) && !(chat ? chat_only : completion_only).contains(key))
@@ -533,10 +581,16 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     std::vector<std::vector<token_id>> prompts;
     std::vector<std::string> stops;
     tools_request tools;
+    grounding ground;
     if (chat) {
         std::vector<chat_message> messages;
         TRY(read_messages(body, messages));
         TRY(read_tools(body, tools));
+        TRY(read_grounding(body, ground));
+        if (!ground.documents.empty()) {
+            if (tools.active()) return bad("'documents' and 'tools' cannot be used together yet", "documents");
+            add_documents(ground.documents, messages);
+        }
         // tool_choice "none": the model is not told of the tools, so it writes a message
         const std::string text =
             ms.tmpl.render(messages, true, tools.active() ? std::span(tools.defs) : std::span<const std::string>{});
@@ -675,6 +729,10 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     base.beam = beam;
     // echo with logprobs scores the prompt (and with max_tokens 0 is only that)
     base.score_prompt = echo && (plan.logprobs || max_tokens == 0);
+    if (!ground.documents.empty() && ground.cite) {
+        base.observer = make_citation_observer(ground);
+        plan.documents = ground.documents;
+    }
     if (has_seed) base.sampling.seed = uint64_t(seed); // sequence i samples with seed + i
     for (const auto& p : prompts) {
         engine_request r = base;
@@ -861,6 +919,13 @@ std::vector<size_t> returned_sequences(const generation_plan& plan, const std::v
     return out;
 }
 
+json add_citations(choice_state& c, const engine_event& ev, const generation_plan& plan) {
+    json out = json::array();
+    for (const citation& x : ev.citations) out.push_back(citation_json(x, plan.documents));
+    for (const json& x : out) c.citations.push_back(x);
+    return out;
+}
+
 void add_beam_fields(json& choice, const choice_state& c) {
     choice["score"] = c.score;
     choice["cumulative_logprob"] = c.cumulative_logprob;
@@ -918,6 +983,7 @@ json final_response(const std::string& id, const std::string& model, const gener
             ch["message"] = std::move(msg);
         } else if (plan.chat)
             ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+        if (plan.cites()) ch["message"]["citations"] = c.citations;
         else
             ch["text"] = c.text;
         if (plan.beam) add_beam_fields(ch, c);

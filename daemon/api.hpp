@@ -1,6 +1,7 @@
 // The HTTP API's JSON side: request validation into engine requests, responses, errors.
 #pragma once
 
+#include "daemon/grounding.hpp"
 #include "daemon/state.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/grammar/tool_call.hpp"
@@ -63,6 +64,8 @@ struct generation_plan {
     std::vector<engine_request> requests;
     std::optional<tool_plan> tools;
     std::vector<std::string> echo;    // echo: each prompt's text, which its choices start with
+    std::vector<document> documents;  // chat with documents (citation_options.mode not "off"): choices carry citations
+    bool cites() const { return !documents.empty(); }
     int32_t n = 1;                    // choices per prompt
     int32_t n_seqs = 1;               // sequences per prompt (best_of when it ranks them)
     bool ranked() const { return n_seqs > n; }
@@ -82,6 +85,7 @@ struct choice_state {
     int32_t n_drafted = 0, n_accepted = 0; // speculative drafts verified, kept
     double score = 0;                 // beam search: the beam's score
     double cumulative_logprob = 0;    // the sum of its tokens' logprobs
+    json citations = json::array();   // grounded chat: every citation of the reply so far
     bool done = false;
     bool sent_role = false;           // chat streaming: the first delta carries the role
     json logprobs_content = json::array();                // chat format
@@ -115,6 +119,8 @@ json add_prompt_logprobs(choice_state& c, std::span<const prompt_token> prompt, 
 std::vector<size_t> returned_sequences(const generation_plan& plan, const std::vector<choice_state>& cs);
 // Beam search's extension fields of a finished choice (score, cumulative_logprob).
 void add_beam_fields(json& choice, const choice_state& c);
+// The citations an event closed, added to c; returns them as the API writes them.
+json add_citations(choice_state& c, const engine_event& ev, const generation_plan& plan);
 
 // A piece of a chat reply as the client sees it: content, and (with tools) tool-call deltas in
 // OpenAI's streaming form ([{"index", "id", "type", "function": {"name", "arguments"}}], the

@@ -409,8 +409,12 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
                 if (plan.logprobs) lp = add_logprobs(c, ev, chat, *ms.bundle.tok);
                 c.text += ev.text;
                 const reply_delta d = read_reply(c, ev.text, false);
-                if (plan.stream && (!d.content.empty() || !d.tool_calls.is_null() || plan.logprobs))
-                    co_await send(sse(stream_chunk(id, ms.id, chat, i, c, d, lp, "", plan.include_usage)));
+                const json cites = add_citations(c, ev, plan); // (closed spans: their text was sent before)
+                if (plan.stream && (!d.content.empty() || !d.tool_calls.is_null() || plan.logprobs || !cites.empty())) {
+                    json chunk = stream_chunk(id, ms.id, chat, i, c, d, lp, "", plan.include_usage);
+                    if (!cites.empty()) chunk["choices"][0]["delta"]["citations"] = cites;
+                    co_await send(sse(chunk));
+                }
                 continue;
             }
             c.text += ev.text;
@@ -427,9 +431,12 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
             ++n_done;
             if (ev.t_admitted != clock_type::time_point{}) st_.met.queue_time(secs(ev.t_admitted - t_received));
             st_.met.finished(ev.finish_reason);
+            const json cites = add_citations(c, ev, plan);
             if (plan.stream) {
                 json last = stream_chunk(id, ms.id, chat, i, c, d, nullptr, client_finish_reason(c), plan.include_usage);
                 if (plan.beam) add_beam_fields(last["choices"][0], c);
+                if (!cites.empty()) last["choices"][0]["delta"]["citations"] = cites;
+                if (plan.cites()) last["choices"][0]["citations"] = c.citations; // all of them
                 co_await send(sse(last));
             }
         }

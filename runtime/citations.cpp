@@ -3,24 +3,17 @@
 // date a byte at a time; when the next byte cannot extend it, that match was maximal).
 #include "runtime/citations.hpp"
 
-#include "runtime/error.hpp"
+#include "runtime/unicode.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace tandem {
 namespace {
 
-bool is_space(uint8_t b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r' || b == '\f' || b == '\v' || b == 0; }
-
-// Letters, digits, '_' and every byte of a multi-byte character: a span never starts or ends
-// inside a run of them.
-bool is_word(uint8_t b) {
-    return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || b == '_' || b >= 0x80;
-}
-
-// Whether a span may not start at byte i of s (it would cut a word: word bytes on both sides).
-bool inside_word(std::string_view s, int64_t i) {
-    return i > 0 && i < int64_t(s.size()) && is_word(uint8_t(s[size_t(i) - 1])) && is_word(uint8_t(s[size_t(i)]));
+// Whether a span may not start (or end) at byte i: it would cut a word, word bytes on both sides.
+bool inside_word(const normalized_text& t, int64_t i) {
+    return i > 0 && i < int64_t(t.text.size()) && t.word[size_t(i) - 1] && t.word[size_t(i)];
 }
 
 constexpr uint8_t separator = 0; // between documents: normalisation turns a reply's NULs into spaces
@@ -28,20 +21,39 @@ constexpr uint8_t separator = 0; // between documents: normalisation turns a rep
 } // namespace
 
 void normalized_text::append(std::string_view original) {
-    for (char ch : original) {
-        const uint8_t b = uint8_t(ch);
-        if ((b & 0xC0) != 0x80 || n_code_points == 0) ++n_code_points; // a character starts here (or a stray byte)
-        const int64_t cp = n_code_points - 1, at = n_bytes++;
-        if (is_space(b)) {
-            if (in_space) continue;
-            in_space = true;
-            text.push_back(' ');
-        } else {
-            in_space = false;
-            text.push_back(b >= 'A' && b <= 'Z' ? char(b - 'A' + 'a') : ch);
-        }
+    pending_ += original;
+    size_t i = 0;
+    const size_t complete = pending_.size() - unicode::incomplete_tail(pending_);
+    while (i < complete) {
+        const unicode::decoded d = unicode::decode_utf8(pending_, i);
+        add(std::string_view(pending_).substr(i, d.len), d.cpt, d.valid);
+        i += d.len;
+    }
+    pending_.erase(0, i);
+}
+
+void normalized_text::flush() {
+    for (char ch : std::exchange(pending_, {})) add(std::string_view(&ch, 1), unicode::replacement, false);
+}
+
+void normalized_text::add(std::string_view ch, char32_t cpt, bool valid) {
+    const int64_t cp = n_code_points++, begin = n_bytes, end = (n_bytes += int64_t(ch.size()));
+    const size_t from = text.size();
+    if (cpt == 0 || unicode::is_whitespace(cpt)) {
+        if (in_space_) return;
+        in_space_ = true;
+        text.push_back(' ');
+    } else {
+        in_space_ = false;
+        if (valid) unicode::append_utf8(text, unicode::to_lower(cpt));
+        else text += ch; // as it is
+    }
+    const bool is_word = valid && (cpt == '_' || (unicode::flags_of(cpt) & (unicode::letter | unicode::number | unicode::mark)));
+    for (size_t k = from; k < text.size(); ++k) {
         code_point.push_back(cp);
-        byte.push_back(at);
+        byte.push_back(begin);
+        byte_end.push_back(end);
+        word.push_back(is_word);
     }
 }
 
@@ -52,6 +64,7 @@ document_index::document_index(const std::vector<std::string>& documents) {
     for (size_t d = 0; d < documents.size(); ++d) {
         normalized_text n;
         n.append(documents[d]);
+        n.flush();
         if (d > 0) extend(out, last, separator, pos++);
         begin_.push_back(pos);
         for (char c : n.text) extend(out, last, uint8_t(c), pos++);
@@ -112,6 +125,22 @@ std::vector<citation> citation_finder::push(std::string_view text) {
     original_ += text;
     reply_.append(text);
     token_end_.push_back(int64_t(reply_.text.size()));
+    match(out);
+    return out;
+}
+
+std::vector<citation> citation_finder::finish() {
+    std::vector<citation> out;
+    reply_.flush(); // (a split sequence still waiting: part of the last token)
+    if (!token_end_.empty()) token_end_.back() = int64_t(reply_.text.size());
+    match(out);
+    close(int64_t(reply_.text.size()), out);
+    state_ = 0;
+    length_ = 0;
+    return out;
+}
+
+void citation_finder::match(std::vector<citation>& out) {
     for (; n_matched_ < reply_.text.size(); ++n_matched_) {
         const uint8_t c = uint8_t(reply_.text[n_matched_]);
         if (const int32_t t = docs_->next(state_, c); t >= 0) { // the match goes on
@@ -125,43 +154,44 @@ std::vector<citation> citation_finder::push(std::string_view text) {
         state_ = s == -1 ? 0 : docs_->next(s, c);
         length_ = s == -1 ? 0 : docs_->at(s).length + 1;
     }
-    return out;
-}
-
-std::vector<citation> citation_finder::finish() {
-    std::vector<citation> out;
-    close(int64_t(reply_.text.size()), out);
-    state_ = 0;
-    length_ = 0;
-    return out;
 }
 
 void citation_finder::close(int64_t end, std::vector<citation>& out) {
     if (length_ == 0) return;
-    const std::string_view r = reply_.text;
-    // reply bytes [s0, end) equal document bytes [d0, d0 + length) of the concatenation
-    const int64_t s0 = end - length_, d0 = int64_t(docs_->at(state_).first_end) - length_ + 1;
-    const int32_t d = docs_->document_of(d0);
-    const int64_t doc_begin = d0 - docs_->document_offset(d0);
-    const std::string_view doc = docs_->document(d).text;
-    const auto doc_at = [&](int64_t i) { return i - s0 + d0 - doc_begin; }; // reply byte i -> document byte
-    int64_t s = std::max(s0, last_end_), e = end;                           // not over an earlier citation
+    const normalized_text& r = reply_;
+    // Reply bytes [s0, end) are document d's bytes from d_s0 on.
+    const int64_t s0 = end - length_;
+    int64_t at = int64_t(docs_->at(state_).first_end) - length_ + 1;
+    int32_t d = docs_->document_of(at);
+    int64_t d_s0 = docs_->document_offset(at);
+    const auto doc_at = [&](int64_t i) { return i - s0 + d_s0; }; // reply byte i -> document d's byte
+    int64_t s = std::max(s0, last_end_), e = end;                  // not over an earlier citation
     // whole words: from a word's first byte to a word's last, in the reply and the document
-    while (s < e && (!is_word(uint8_t(r[size_t(s)])) || inside_word(r, s) || inside_word(doc, doc_at(s)))) ++s;
-    while (e > s && (!is_word(uint8_t(r[size_t(e) - 1])) || inside_word(r, e) || inside_word(doc, doc_at(e)))) --e;
+    while (s < e && (!r.word[size_t(s)] || inside_word(r, s) || inside_word(docs_->document(d), doc_at(s)))) ++s;
+    while (e > s && (!r.word[size_t(e) - 1] || inside_word(r, e) || inside_word(docs_->document(d), doc_at(e)))) --e;
     if (s >= e) return;
     // tokens whose text overlaps [s, e)
     const auto first = std::upper_bound(token_end_.begin(), token_end_.end(), s);
     const auto last = std::lower_bound(token_end_.begin(), token_end_.end(), e);
     if (last - first + 1 < min_tokens_) return;
+    // The span's first occurrence (the earliest document) when it is whole words there too.
+    int32_t st = 0;
+    for (int64_t i = s; i < e; ++i) st = docs_->next(st, uint8_t(r.text[size_t(i)]));
+    at = int64_t(docs_->at(st).first_end) - (e - s) + 1;
+    const int32_t fd = docs_->document_of(at);
+    const int64_t f_s = docs_->document_offset(at);
+    if (!inside_word(docs_->document(fd), f_s) && !inside_word(docs_->document(fd), f_s + (e - s))) {
+        d = fd;
+        d_s0 = f_s - (s - s0);
+    }
+    const normalized_text& doc = docs_->document(d);
     citation c;
-    c.start = reply_.code_point[size_t(s)];
-    c.end = reply_.code_point[size_t(e) - 1] + 1;
-    c.text = original_.substr(size_t(reply_.byte[size_t(s)]), size_t(reply_.byte[size_t(e) - 1] + 1 - reply_.byte[size_t(s)]));
+    c.start = r.code_point[size_t(s)];
+    c.end = r.code_point[size_t(e) - 1] + 1;
+    c.text = original_.substr(size_t(r.byte[size_t(s)]), size_t(r.byte_end[size_t(e) - 1] - r.byte[size_t(s)]));
     c.document = d;
-    const normalized_text& nd = docs_->document(d);
-    c.document_start = nd.code_point[size_t(doc_at(s))];
-    c.document_end = nd.code_point[size_t(doc_at(e) - 1)] + 1;
+    c.document_start = doc.code_point[size_t(doc_at(s))];
+    c.document_end = doc.code_point[size_t(doc_at(e) - 1)] + 1;
     last_end_ = e;
     found_.push_back(c);
     out.push_back(std::move(c));

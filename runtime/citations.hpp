@@ -22,19 +22,28 @@ struct citation {
     int64_t document_start = 0, document_end = 0;
 };
 
-// Text as matching sees it: ASCII letters lowercased, each run of whitespace one space. Every
-// byte of it remembers where it came from: the code point and byte of the original (a
-// collapsed run: its first whitespace character).
+// Text as matching sees it: lowercased (Unicode's simple mapping), each run of whitespace one
+// space. Every byte of it remembers the character of the original it came from (a collapsed
+// run: its first whitespace character): its code point index, its bytes, and whether it is
+// part of a word (a letter, digit, mark or '_').
 struct normalized_text {
     std::string text;
     std::vector<int64_t> code_point;  // [text.size()]
-    std::vector<int64_t> byte;        // [text.size()]
+    std::vector<int64_t> byte, byte_end; // [text.size()] the character's bytes in the original
+    std::vector<uint8_t> word;        // [text.size()]
     int64_t n_code_points = 0;        // of the original, so far
     int64_t n_bytes = 0;
-    bool in_space = false;            // the last original byte was whitespace
 
-    // Appends the next piece of the original (pieces may split a UTF-8 sequence).
+    // Appends the next piece of the original. A UTF-8 sequence split between pieces waits for
+    // its last byte; an invalid one counts a character a byte.
     void append(std::string_view original);
+    // The original ended: a sequence still waiting goes in as it is.
+    void flush();
+
+private:
+    std::string pending_;             // the start of a split sequence
+    bool in_space_ = false;           // the last character was whitespace
+    void add(std::string_view ch, char32_t cpt, bool valid);
 };
 
 // The documents, indexed for matching: a suffix automaton over their normalised texts, one
@@ -93,6 +102,7 @@ private:
     std::vector<citation> found_;
     int64_t last_end_ = 0;             // in reply_.text bytes: where the last citation ends
 
+    void match(std::vector<citation>& out);             // walks the reply's new bytes
     void close(int64_t end, std::vector<citation>& out); // the match ending before byte `end` broke
 };
 

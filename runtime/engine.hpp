@@ -1,6 +1,7 @@
 // The engine service: requests in, token events out; continuous batching behind an interface.
 #pragma once
 
+#include "runtime/citations.hpp"
 #include "runtime/draft.hpp"
 #include "runtime/logits_processor.hpp"
 #include "runtime/model_config.hpp"
@@ -123,6 +124,7 @@ struct engine_event {
     double score = 0;                 // beam search: the beam's score (its rank's order)
     double cumulative_logprob = 0;    // the sum of its tokens' logprobs, EOS included (done events)
     std::vector<prompt_token> prompt; // score_prompt: the prompt scored (index 0, before any token event; id -1)
+    std::vector<citation> citations;  // set by a citation observer: the citations that closed with this event
     steady_time t_admitted{};         // when the request joined the batch (zero if it never did)
 };
 

@@ -99,6 +99,14 @@ bool is_whitespace(char32_t cpt) {
     return cpt < 256 ? (latin1().flags[cpt] & whitespace) != 0 : lookup_whitespace(cpt);
 }
 
+char32_t to_lower(char32_t cpt) {
+    if (cpt < 0x80) return cpt >= 'A' && cpt <= 'Z' ? cpt + 32 : cpt;
+    const auto* first = detail::lowercase_pairs;
+    const auto* last = first + detail::n_lowercase_pairs;
+    const auto* it = std::lower_bound(first, last, cpt, [](const char32_t (&p)[2], char32_t c) { return p[0] < c; });
+    return it != last && (*it)[0] == cpt ? (*it)[1] : cpt;
+}
+
 std::string_view unicode_version() {
     return detail::unicode_version;
 }

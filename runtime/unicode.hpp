@@ -1,4 +1,5 @@
-// Unicode for the tokenizers: UTF-8 coding, general categories, GPT-2's byte-to-unicode map.
+// Unicode for the tokenizers and citations: UTF-8 coding, general categories, lowercase,
+// GPT-2's byte-to-unicode map.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,9 @@ inline bool is_number(char32_t cpt) { return flags_of(cpt) & number; }
 inline bool is_punctuation(char32_t cpt) { return flags_of(cpt) & punctuation; }
 inline bool is_symbol(char32_t cpt) { return flags_of(cpt) & symbol; }
 inline bool is_mark(char32_t cpt) { return flags_of(cpt) & mark; }
+// The simple lowercase mapping (one code point to one: 'A' -> 'a', U+00C9 -> U+00E9, U+0416 ->
+// U+0436); a code point without one maps to itself.
+char32_t to_lower(char32_t cpt);
 
 std::string_view unicode_version(); // of the generated tables, e.g. "14.0.0"
 
@@ -66,6 +70,8 @@ extern const uint32_t category_runs[];
 extern const size_t n_category_runs;
 extern const char32_t whitespace_ranges[][2];
 extern const size_t n_whitespace_ranges;
+extern const char32_t lowercase_pairs[][2];
+extern const size_t n_lowercase_pairs;
 } // namespace detail
 
 } // namespace tandem::unicode

@@ -16,6 +16,7 @@ namespace {
 std::string normalise(std::string_view s) {
     normalized_text n;
     n.append(s);
+    n.flush();
     return n.text;
 }
 
@@ -183,4 +184,53 @@ TEST_CASE("citations: random replies spliced from documents keep every promise, 
         n_citations += int(cs.size());
     }
     CHECK(n_citations > 300);
+}
+
+TEST_CASE("citations: precision and recall on the hand-labelled set (tests/data/citations.json) are at least 0.95") {
+    std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/tests/data/citations.json");
+    REQUIRE(in);
+    const nlohmann::json set = nlohmann::json::parse(in);
+    REQUIRE(set["cases"].size() >= 30);
+    // Character overlap (bytes of the reply) between what the finder marks and what a person
+    // marked, over every case: precision = right / found, recall = right / marked. The reply is
+    // pushed a word (and its following space) at a time, like tokens, and the labels' least
+    // span is 6 words.
+    int64_t found = 0, marked = 0, right = 0;
+    for (const auto& c : set["cases"]) {
+        CAPTURE(c["name"].get<std::string>());
+        const auto docs = c["documents"].get<std::vector<std::string>>();
+        const std::string reply = c["reply"];
+        std::vector<char> want(reply.size(), 0), got(reply.size(), 0);
+        for (const auto& s : c["spans"]) {
+            const std::string text = s["text"];
+            const size_t at = reply.find(text);
+            REQUIRE(at != std::string::npos);
+            std::fill(want.begin() + ptrdiff_t(at), want.begin() + ptrdiff_t(at + text.size()), char(1 + s["document"].get<int>()));
+        }
+        citation_finder f(std::make_shared<document_index>(docs), 6);
+        std::vector<citation> cs;
+        size_t from = 0;
+        for (size_t i = 0; i <= reply.size(); ++i)
+            if (i == reply.size() || (std::isspace(uint8_t(reply[i])) && i + 1 < reply.size() && !std::isspace(uint8_t(reply[i + 1])))) {
+                for (auto& x : f.push(std::string_view(reply).substr(from, i + 1 - from - (i == reply.size())))) cs.push_back(x);
+                from = i + 1;
+            }
+        for (auto& x : f.finish()) cs.push_back(x);
+        check_citations(cs, reply, docs);
+        for (const citation& x : cs) {
+            const size_t at = cp_slice(reply, 0, x.start).size();
+            std::fill(got.begin() + ptrdiff_t(at), got.begin() + ptrdiff_t(at + x.text.size()), char(1 + x.document));
+        }
+        for (size_t i = 0; i < reply.size(); ++i) {
+            found += got[i] != 0;
+            marked += want[i] != 0;
+            right += got[i] != 0 && got[i] == want[i]; // the right document too
+        }
+    }
+    const double precision = double(right) / double(std::max<int64_t>(found, 1)),
+                 recall = double(right) / double(std::max<int64_t>(marked, 1));
+    MESSAGE("citations on ", set["cases"].size(), " labelled cases: precision ", precision, ", recall ", recall);
+    CHECK(marked > 1000);
+    CHECK(precision >= 0.95);
+    CHECK(recall >= 0.95);
 }

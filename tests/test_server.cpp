@@ -1,6 +1,7 @@
 // tandemd end to end: the real daemon on a scratch socket with stories260K, driven over HTTP.
 #include "cpu/thread_pool.hpp"
 #include "daemon_client.hpp"
+#include "runtime/citations.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
 
@@ -568,6 +569,110 @@ TEST_CASE("best_of samples more than it returns; echo returns the prompt, with l
     const auto events = sse_events(ss.body);
     for (int k = 0; k < 2; ++k) CHECK(stream_text(events, false, k) == e.j()["choices"][0]["text"]);
     CHECK(post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 0}}).status == 400); // 0 needs echo
+}
+
+TEST_CASE("grounding: citations index the reply and the documents in code points, plain and streamed; the documents are a cached prefix") {
+    const auto& s = shared_socket();
+    // A document holding the model's own story (so replies copy from it), after multi-byte text
+    // (so code points and bytes differ); replies start with multi-byte text too (a regex).
+    const std::string story = offline_text("Once upon a time", 200);
+    const std::vector<std::string> docs{"Zoë's café: crème brûlée 🍰 on Sundays.", "Crème brûlée 🍰 for Zoë." + story};
+    json documents = json::array();
+    documents.push_back({{"id", "menu"}, {"text", docs[0]}});
+    documents.push_back({{"text", docs[1]}, {"title", "A story"}});
+    const auto request = [&](int seed, bool stream) {
+        json b = {{"messages", {{{"role", "user"}, {"content", "Tell me the story."}}}},
+                  {"max_tokens", 120},
+                  {"documents", documents},
+                  {"citation_options", {{"min_tokens", 3}}},
+                  {"structured_outputs", {{"regex", "Été 🍰, [a-zA-Z ,.'!]+"}}}};
+        if (seed >= 0) b["seed"] = seed;
+        else b["temperature"] = 0;
+        if (stream) b["stream"] = true;
+        return post(s, "/v1/chat/completions", b);
+    };
+    const auto code_points = [](const std::string& t) {
+        std::vector<size_t> at;
+        for (size_t i = 0; i < t.size(); ++i)
+            if ((uint8_t(t[i]) & 0xC0) != 0x80) at.push_back(i);
+        at.push_back(t.size());
+        return at;
+    };
+    const auto slice = [&](const std::string& t, int64_t a, int64_t b) {
+        const auto at = code_points(t);
+        REQUIRE(a >= 0);
+        REQUIRE(a <= b);
+        REQUIRE(size_t(b) < at.size());
+        return t.substr(at[size_t(a)], at[size_t(b)] - at[size_t(a)]);
+    };
+    const auto norm = [](const std::string& t) {
+        normalized_text n;
+        n.append(t);
+        n.flush();
+        return n.text;
+    };
+    int n_citations = 0;
+    for (int seed : {-1, 1, 2, 3, 4, 5}) {
+        CAPTURE(seed);
+        auto r = request(seed, false);
+        REQUIRE(r.status == 200);
+        const json m = r.j()["choices"][0]["message"];
+        const std::string content = m["content"];
+        REQUIRE(content.starts_with("Été 🍰, "));
+        for (const auto& c : m["citations"]) {
+            CAPTURE(c.dump());
+            CHECK(slice(content, c["start"], c["end"]) == c["text"].get<std::string>());
+            const int d = c["document_index"];
+            REQUIRE((d == 0 || d == 1));
+            CHECK(c["document_id"] == (d == 0 ? "menu" : "1"));
+            CHECK(norm(slice(docs[size_t(d)], c["document_start"], c["document_end"])) == norm(c["text"]));
+            ++n_citations;
+        }
+        // Streamed: the same reply; each citation comes in the chunk where its span closed, and
+        // the last chunk lists them all.
+        auto st = request(seed, true);
+        REQUIRE(st.status == 200);
+        json streamed = json::array(), listed;
+        for (const auto& e : sse_events(st.body))
+            for (const auto& c : e["choices"]) {
+                if (c["delta"].contains("citations"))
+                    for (const auto& x : c["delta"]["citations"]) streamed.push_back(x);
+                if (c.contains("citations")) listed = c["citations"];
+            }
+        CHECK(stream_text(sse_events(st.body), true) == content);
+        CHECK(streamed == m["citations"]);
+        CHECK(listed == m["citations"]);
+    }
+    CHECK(n_citations >= 6);
+
+    // The second question about the same documents reuses their pages.
+    json q = {{"messages", {{{"role", "user"}, {"content", "Who had the café?"}}}}, {"max_tokens", 4},
+              {"documents", documents}};
+    auto first = post(s, "/v1/chat/completions", q);
+    q["messages"][0]["content"] = "What happened on Sundays?";
+    auto second = post(s, "/v1/chat/completions", q);
+    REQUIRE(second.status == 200);
+    const json u = second.j()["usage"];
+    CHECK(u["prompt_tokens_details"]["cached_tokens"].get<int>() > u["prompt_tokens"].get<int>() / 2);
+
+    // mode "off": no citations field; what is not built or not allowed is a 400 naming it.
+    q["citation_options"] = {{"mode", "off"}};
+    auto off = post(s, "/v1/chat/completions", q);
+    REQUIRE(off.status == 200);
+    CHECK_FALSE(off.j()["choices"][0]["message"].contains("citations"));
+    const auto refused = [&](const json& body, const std::string& route, const std::string& param) {
+        auto e = post(s, route, body);
+        CAPTURE(body.dump());
+        CHECK(e.status == 400);
+        CHECK(e.j()["error"]["param"] == param);
+    };
+    const json msgs = {{{"role", "user"}, {"content", "Hi"}}};
+    refused({{"messages", msgs}, {"documents", {{{"text", "x"}}}}, {"citation_options", {{"mode", "strict"}}}},
+            "/v1/chat/completions", "citation_options.mode");
+    refused({{"messages", msgs}, {"citation_options", {{"mode", "fast"}}}}, "/v1/chat/completions", "citation_options");
+    refused({{"messages", msgs}, {"documents", {{{"text", "x"}, {"url", "y"}}}}}, "/v1/chat/completions", "documents[0].url");
+    refused({{"messages", msgs}, {"documents", {{{"title", "x"}}}}}, "/v1/chat/completions", "documents[0].text");
+    refused({{"prompt", "Hi"}, {"documents", {{{"text", "x"}}}}}, "/v1/completions", "documents");
 }
 
 TEST_CASE("16 concurrent streams all complete, each equal to its solo output at temperature 0") {

@@ -142,6 +142,23 @@ TEST_CASE("unicode categories") {
     }
 }
 
+TEST_CASE("unicode lowercase: the simple mapping") {
+    CHECK(uni::to_lower('A') == 'a');
+    CHECK(uni::to_lower('a') == 'a');
+    CHECK(uni::to_lower('1') == '1');
+    CHECK(uni::to_lower(0x00C9) == 0x00E9);   // É
+    CHECK(uni::to_lower(0x0416) == 0x0436);   // Ж
+    CHECK(uni::to_lower(0x03A3) == 0x03C3);   // Σ: σ (the final form is context's, not the mapping's)
+    CHECK(uni::to_lower(0x1E9E) == 0x00DF);   // ẞ
+    CHECK(uni::to_lower(0x0130) == 0x0130);   // İ lowercases to two code points: left as it is
+    CHECK(uni::to_lower(0x4E2D) == 0x4E2D);   // 中
+    CHECK(uni::to_lower(0x1F600) == 0x1F600);
+    CHECK(uni::to_lower(0x10400) == 0x10428); // Deseret, past the BMP
+    int n_changed = 0;
+    for (char32_t c = 0; c < 0x10000; ++c) n_changed += uni::to_lower(c) != c;
+    CHECK(n_changed > 1000);
+}
+
 TEST_CASE("utf-8 coding") {
     const auto d = uni::decode_utf8("\xF0\x9F\xA6\x99", 0); // 🦙
     CHECK(d.valid);
