@@ -1,5 +1,6 @@
 // The OpenAI Node SDK against tandemd: guided generation through response_format, tool
-// calls with tool_choice "required", plain and streamed; beam search and prompt scoring. Run by scripts/sdk-check.sh (it needs the npm registry once, so it is not in CI).
+// calls with tool_choice "required", plain and streamed; beam search and prompt scoring;
+// documents and citations. Run by scripts/sdk-check.sh (it needs the npm registry once, so it is not in CI).
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -114,6 +115,21 @@ assert.ok(scored.choices[0].logprobs.token_logprobs.slice(1).every((x) => x < 0)
 await assert.rejects(client.completions.create({ ...beamReq, temperature: 0.8 }),
   (e) => e.status === 400 && /temperature/.test(e.message));
 
+// Grounding: documents as an extra body field, citations read from the raw response.
+const story = (await client.completions.create({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 120,
+  temperature: 0 })).choices[0].text;
+const grounded = await client.chat.completions.create({ model: 'stories260K', max_tokens: 120, seed: 2,
+  messages: [{ role: 'user', content: 'Tell me the story.' }], documents: [{ id: 'story', text: story }],
+  citation_options: { min_tokens: 3 } });
+const { citations } = grounded.choices[0].message;
+assert.ok(Array.isArray(citations) && citations.length > 0, 'no citations');
+const content = [...grounded.choices[0].message.content];
+for (const c of citations) {
+  assert.equal(content.slice(c.start, c.end).join(''), c.text);
+  assert.equal(c.document_id, 'story');
+}
+
 const { version } = JSON.parse(readFileSync(new URL('./node_modules/openai/package.json', import.meta.url)));
 console.log(`openai ${version}: ${n} schema-valid replies and ${nCalls} valid tool calls (plain and streamed), ` +
-  `${beams.choices.length} beams with scores (plain and streamed), a scored prompt, and the 400s`);
+  `${beams.choices.length} beams with scores (plain and streamed), a scored prompt, ` +
+  `${citations.length} citations, and the 400s`);
