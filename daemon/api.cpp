@@ -478,7 +478,7 @@ std::optional<api_error> read_beam(const json& body, int64_t width, beam_params&
 }
 
 // documents (chat): [{"text", "id"?, "title"?}] (ids default to the index), and
-// citation_options: {"mode": "fast" | "off", "min_tokens"} (strict mode is not built yet).
+// citation_options: {"mode": "fast" | "strict" | "off", "min_tokens"}.
 std::optional<api_error> read_grounding(const json& body, grounding& out) {
     const auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
     if (!given("documents")) {
@@ -511,12 +511,10 @@ std::optional<api_error> read_grounding(const json& body, grounding& out) {
                        "citation_options." + key);
     if (o.contains("mode") && !o["mode"].is_null()) {
         const json& m = o["mode"];
-        if (m == "strict")
-            return bad("'citation_options.mode' \"strict\" is not supported yet (\"fast\" or \"off\")",
-                       "citation_options.mode");
-        if (m != "fast" && m != "off")
-            return bad("'citation_options.mode' must be \"fast\" or \"off\"", "citation_options.mode");
-        out.cite = m == "fast";
+        if (m != "fast" && m != "strict" && m != "off")
+            return bad("'citation_options.mode' must be \"fast\", \"strict\" or \"off\"", "citation_options.mode");
+        out.cite = m != "off";
+        out.strict = m == "strict";
     }
     int64_t min_tokens = out.min_tokens;
     TRY(read_int(o, "min_tokens", 1, 256, min_tokens));
@@ -710,6 +708,16 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
             anchored = grammar::layout_of(syntax).anchored;
         }
         plan.tools = tool_plan{syntax};
+    }
+    if (ground.strict) { // quotes masked to document text: the one processor a request may add
+        if (constraint)
+            return bad(fmt::format("'{}' and strict citations cannot be used together", constraint->first),
+                       constraint->first);
+        std::vector<std::string> texts;
+        for (const document& d : ground.documents) texts.push_back(d.text);
+        base.make_processor = [docs = std::make_shared<const document_index>(texts, true),
+                               vocab = &ms.guides->vocab()] { return make_strict_quotes(docs, *vocab); };
+        plan.strict = true;
     }
     if (constraint) {
         try {
@@ -984,6 +992,7 @@ json final_response(const std::string& id, const std::string& model, const gener
         } else if (plan.chat)
             ch["message"] = {{"role", "assistant"}, {"content", c.text}};
         if (plan.cites()) ch["message"]["citations"] = c.citations;
+        if (plan.strict) ch["message"]["unsupported"] = unsupported_sentences(c.text, c.citations);
         else
             ch["text"] = c.text;
         if (plan.beam) add_beam_fields(ch, c);

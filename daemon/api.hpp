@@ -66,6 +66,7 @@ struct generation_plan {
     std::vector<std::string> echo;    // echo: each prompt's text, which its choices start with
     std::vector<document> documents;  // chat with documents (citation_options.mode not "off"): choices carry citations
     bool cites() const { return !documents.empty(); }
+    bool strict = false;              // citation_options.mode "strict": choices list their unsupported sentences
     int32_t n = 1;                    // choices per prompt
     int32_t n_seqs = 1;               // sequences per prompt (best_of when it ranks them)
     bool ranked() const { return n_seqs > n; }

@@ -5,6 +5,7 @@
 #include "runtime/chat_template.hpp"
 #include "runtime/citations.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/grammar/token_mask.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -22,7 +23,8 @@ struct document {
 
 struct grounding {
     std::vector<document> documents;
-    bool cite = true;                 // citation_options.mode "fast" (the default) or "off"
+    bool cite = true;                 // citation_options.mode "fast" (the default) or "strict"; not "off"
+    bool strict = false;              // "strict": quotations are verbatim document text
     int32_t min_tokens = 8;           // a citation's least length, in generated tokens
 };
 
@@ -34,6 +36,17 @@ void add_documents(const std::vector<document>& docs, std::vector<chat_message>&
 // An observer that finds each sequence's citations as its text is released: token and done
 // events carry the citations that closed with them.
 std::shared_ptr<output_observer> make_citation_observer(const grounding& g);
+
+// Strict mode's mask for one sequence: between ASCII double quotes the reply can only write
+// text that continues a verbatim substring of one document (each token's bytes walked through
+// a suffix automaton of the documents as they are, the vocabulary's trie pruning the walk),
+// and cannot end; outside them, a token that opens a quote must start one that exists.
+std::unique_ptr<logits_processor> make_strict_quotes(std::shared_ptr<const document_index> verbatim,
+                                                     const grammar::vocab_trie& vocab);
+
+// Strict mode's `unsupported`: the reply's sentences that no citation overlaps, as
+// {start, end, text} in code points.
+nlohmann::ordered_json unsupported_sentences(const std::string& reply, const nlohmann::ordered_json& citations);
 
 // A citation as the API returns it (offsets in code points of the reply and the document).
 nlohmann::ordered_json citation_json(const citation& c, const std::vector<document>& docs);

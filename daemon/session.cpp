@@ -437,6 +437,7 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
                 if (plan.beam) add_beam_fields(last["choices"][0], c);
                 if (!cites.empty()) last["choices"][0]["delta"]["citations"] = cites;
                 if (plan.cites()) last["choices"][0]["citations"] = c.citations; // all of them
+                if (plan.strict) last["choices"][0]["unsupported"] = unsupported_sentences(c.text, c.citations);
                 co_await send(sse(last));
             }
         }

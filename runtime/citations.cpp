@@ -39,7 +39,9 @@ void normalized_text::flush() {
 void normalized_text::add(std::string_view ch, char32_t cpt, bool valid) {
     const int64_t cp = n_code_points++, begin = n_bytes, end = (n_bytes += int64_t(ch.size()));
     const size_t from = text.size();
-    if (cpt == 0 || unicode::is_whitespace(cpt)) {
+    if (verbatim) {
+        text += ch;
+    } else if (cpt == 0 || unicode::is_whitespace(cpt)) {
         if (in_space_) return;
         in_space_ = true;
         text.push_back(' ');
@@ -57,12 +59,13 @@ void normalized_text::add(std::string_view ch, char32_t cpt, bool valid) {
     }
 }
 
-document_index::document_index(const std::vector<std::string>& documents) {
+document_index::document_index(const std::vector<std::string>& documents, bool verbatim) {
     std::vector<std::vector<std::pair<uint8_t, int32_t>>> out(1); // each state's transitions while building
     states_.push_back({});
     int32_t last = 0, pos = 0;
     for (size_t d = 0; d < documents.size(); ++d) {
         normalized_text n;
+        n.verbatim = verbatim;
         n.append(documents[d]);
         n.flush();
         if (d > 0) extend(out, last, separator, pos++);

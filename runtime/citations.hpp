@@ -33,6 +33,7 @@ struct normalized_text {
     std::vector<uint8_t> word;        // [text.size()]
     int64_t n_code_points = 0;        // of the original, so far
     int64_t n_bytes = 0;
+    bool verbatim = false;            // keep case and whitespace (the text is the original's)
 
     // Appends the next piece of the original. A UTF-8 sequence split between pieces waits for
     // its last byte; an invalid one counts a character a byte.
@@ -46,12 +47,12 @@ private:
     void add(std::string_view ch, char32_t cpt, bool valid);
 };
 
-// The documents, indexed for matching: a suffix automaton over their normalised texts, one
-// after another with a separator no reply contains. Built once per request (shared by its
-// sequences), read-only after.
+// The documents, indexed for matching: a suffix automaton over their normalised texts (or,
+// verbatim, their texts as they are), one after another with a separator no reply contains.
+// Built once per request (shared by its sequences), read-only after.
 class document_index {
 public:
-    explicit document_index(const std::vector<std::string>& documents);
+    explicit document_index(const std::vector<std::string>& documents, bool verbatim = false);
 
     struct state {
         int32_t link = -1;            // the suffix link

@@ -667,12 +667,51 @@ TEST_CASE("grounding: citations index the reply and the documents in code points
         CHECK(e.j()["error"]["param"] == param);
     };
     const json msgs = {{{"role", "user"}, {"content", "Hi"}}};
-    refused({{"messages", msgs}, {"documents", {{{"text", "x"}}}}, {"citation_options", {{"mode", "strict"}}}},
+    refused({{"messages", msgs}, {"documents", {{{"text", "x"}}}}, {"citation_options", {{"mode", "exact"}}}},
             "/v1/chat/completions", "citation_options.mode");
+    refused({{"messages", msgs}, {"documents", {{{"text", "x"}}}}, {"citation_options", {{"mode", "strict"}}},
+             {"structured_outputs", {{"regex", "a+"}}}},
+            "/v1/chat/completions", "structured_outputs.regex");
     refused({{"messages", msgs}, {"citation_options", {{"mode", "fast"}}}}, "/v1/chat/completions", "citation_options");
     refused({{"messages", msgs}, {"documents", {{{"text", "x"}, {"url", "y"}}}}}, "/v1/chat/completions", "documents[0].url");
     refused({{"messages", msgs}, {"documents", {{{"title", "x"}}}}}, "/v1/chat/completions", "documents[0].text");
     refused({{"prompt", "Hi"}, {"documents", {{{"text", "x"}}}}}, "/v1/completions", "documents");
+}
+
+TEST_CASE("grounding, strict mode: every quotation of sampled replies is document text; unsupported sentences carry no citation") {
+    const auto& s = shared_socket();
+    const std::string story = offline_text("Once upon a time", 300);
+    const std::vector<std::string> docs{story, "Ben said, \"The sun is hot today.\" Mia said, \"Let us swim.\""};
+    json documents = json::array();
+    for (const auto& d : docs) documents.push_back({{"text", d}});
+    int n_quotes = 0;
+    for (int seed = 1; seed <= 12; ++seed) {
+        CAPTURE(seed);
+        auto r = post(s, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Tell me the story."}}}},
+                                                  {"max_tokens", 150}, {"seed", seed}, {"temperature", 1},
+                                                  {"documents", documents},
+                                                  {"citation_options", {{"mode", "strict"}, {"min_tokens", 4}}}});
+        REQUIRE(r.status == 200);
+        const json m = r.j()["choices"][0]["message"];
+        const std::string content = m["content"];
+        // the text between the 1st and 2nd, 3rd and 4th, ... double quote (the last may be cut
+        // by max_tokens: a prefix of document text is document text too)
+        size_t open = content.find('"');
+        while (open != std::string::npos) {
+            const size_t close = content.find('"', open + 1);
+            const std::string quoted = content.substr(open + 1, close == std::string::npos ? std::string::npos : close - open - 1);
+            CAPTURE(quoted);
+            CHECK((docs[0].find(quoted) != std::string::npos || docs[1].find(quoted) != std::string::npos));
+            ++n_quotes;
+            open = close == std::string::npos ? close : content.find('"', close + 1);
+        }
+        for (const auto& u : m["unsupported"]) {
+            for (const auto& c : m["citations"])
+                CHECK((c["end"].get<int64_t>() <= u["start"].get<int64_t>() || c["start"].get<int64_t>() >= u["end"].get<int64_t>()));
+            CHECK(content.find(u["text"].get<std::string>()) != std::string::npos);
+        }
+    }
+    CHECK(n_quotes >= 5); // stories260K writes dialogue: quotes happen
 }
 
 TEST_CASE("16 concurrent streams all complete, each equal to its solo output at temperature 0") {
