@@ -19,8 +19,7 @@ isa detect_isa();
 isa active_isa();
 
 // The level TANDEM_ISA=value picks on a CPU that supports hw: "" or an unknown value (then
-// *unknown is set) gives the default, hw but at most avx512 (AMX is opt-in); a known one, that
-// level or hw if lower.
+// *unknown is set) gives the default, hw; a known one, that level or hw if lower.
 isa isa_from_env(std::string_view value, isa hw, bool* unknown = nullptr);
 
 // For tests: forces a level (clamped to detect_isa()); returns the level now active.

@@ -265,6 +265,40 @@ TEST_CASE("int8 matmul on shapes large enough to split across threads, and close
     }
 }
 
+// Batch invariance: a token's output is the same bits whichever kernel its batch size picks
+// (the VNNI GEMV for one or two tokens, AMX tiles from three where the CPU has them, oneDNN
+// from 64), so greedy output does not depend on what else is in the batch, and speculation's
+// verify steps see plain decoding's logits.
+TEST_CASE("int8 matmul: every batch size gives each token the same bits as alone") {
+    const cpu::isa hw = cpu::detect_isa();
+    for (int64_t n_in : {64, 100, 257, 2048}) {
+        const int64_t n_out = 48 + n_in % 5;
+        const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in + 1));
+        const weight w = quantize_weight(wf.data(), n_out, n_in);
+        weight b{randn(size_t(n_out), 4), n_out, 1};
+        for (int64_t n_tok : {2, 3, 4, 5, 8, 16, 17, 33, 63}) {
+            const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok * 5 + n_in));
+            std::vector<int8_t> qx(x.size());
+            std::vector<float> sx(static_cast<size_t>(n_tok));
+            ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
+            cpu::thread_pool pool(2);
+            const exec_ctx ctx{backend::cpu, &pool};
+            std::vector<float> batched(size_t(n_tok * n_out));
+            ops::matmul_i8(ctx, batched.data(), qx.data(), sx.data(), n_tok, w, &b);
+            for (int64_t t = 0; t < n_tok; ++t) {
+                std::vector<float> alone(static_cast<size_t>(n_out));
+                ops::matmul_i8(ctx, alone.data(), qx.data() + t * n_in, sx.data() + t, 1, w, &b);
+                CAPTURE(n_in);
+                CAPTURE(n_tok);
+                CAPTURE(t);
+                REQUIRE(std::memcmp(alone.data(), batched.data() + t * n_out, alone.size() * sizeof(float)) == 0);
+            }
+        }
+    }
+    MESSAGE("batch invariance checked at ", std::string(cpu::name_of(cpu::active_isa())), " (this CPU: ",
+            std::string(cpu::name_of(hw)), ")");
+}
+
 // The AMX kernel (16-row x 64-byte weight tiles, 16-token activation tiles, K tail shifted back,
 // rows past the last 16-row block on the GEMV): on a scalar model of the tiles everywhere, and
 // on the tiles themselves where the CPU has them.

@@ -212,6 +212,15 @@ void tile_vnni(const int8_t* const* w, const uint8_t* x, int64_t n_in, int nt, c
 // 32 rows to the down projection (two int8 terms), which went to oneDNN at the old bound of 32.
 constexpr int64_t dnnl_min_tokens = 64;
 
+// Batches from this size go to the AMX tiles where the CPU has them; one or two tokens run
+// faster on the VNNI GEMV. Measured on the 1.1B shape, two threads (issue 15, helper runs of
+// 2026-12-02): the AMX kernel for every size made the one-token step 45-47 ms against 40-42
+// on the GEMV; from 3 tokens it made a 5-token verify step 1.23x a one-token step against
+// 1.31-1.33x, and batch-16 decode 220-229 tok/s against 200-201. Bit for bit the same sums
+// and epilogue as the GEMV (test_backend_ops: every batch size gives each token the same bits
+// as alone).
+constexpr int64_t amx_min_tokens = 5;
+
 // The driver both GEMVs share: tiles of tile_rows weight rows x tile_tok tokens, each tile's
 // rows (a few KiB) kept in L1 while every token block passes over them, and chunks of
 // ~128 KiB of weights handed out dynamically (the cores may be shared); a matrix too small
@@ -385,7 +394,8 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
         }
     }
     int64_t done = 0; // rows the AMX kernel took; the GEMV does the rest
-    if (level == isa::amx && amx_fits(w)) done = matmul_i8_amx(pool, out, qx, sx, n_tok, w, bias, amx_exec::hardware);
+    if (level == isa::amx && n_tok >= amx_min_tokens && amx_fits(w))
+        done = matmul_i8_amx(pool, out, qx, sx, n_tok, w, bias, amx_exec::hardware);
     small_gemm_rows(pool, out, qx, sx, n_tok, w, bias, std::min(level, isa::avx512), done);
 }
 
