@@ -424,7 +424,13 @@ private:
                 }
             }
             if (r.beam()) { // (may end the request: r is not used after it)
-                beam_row(r, *r.seqs[size_t(index_of(sid))], ex.logits(row_end - 1));
+                // An earlier row of this batch may have stepped the search (beams recomputed
+                // after a preemption had their rows already): a beam it removed, or one it gave
+                // a new token, has no row here any more.
+                const size_t k = size_t(index_of(sid));
+                if (k < r.seqs.size() && r.seqs[k] && sched_->contains(sid) &&
+                    sched_->n_computed(sid) == int32_t(sched_->tokens(sid).size()))
+                    beam_row(r, *r.seqs[k], ex.logits(row_end - 1));
                 continue;
             }
             if (!r.forked) { // the prompt is computed: the group shares its pages from here
@@ -666,7 +672,7 @@ private:
     // Beam q of r has its row: its best continuations (the processed logits' log-softmax: the
     // bias, penalties and grammar apply), twice the width of them, as Hugging Face's search
     // takes (so width of them remain whatever ends). The group steps once every live beam has
-    // them.
+    // them and none is in a batch.
     void beam_row(request_state& r, seq_state& q, std::span<const float> logits) {
         const auto history = sched_->tokens(seq_id_of(r.id, q.index));
         row_.assign(logits.begin(), logits.end());
@@ -676,6 +682,9 @@ private:
         q.has_cand = true;
         for (const auto& b : r.seqs)
             if (b && !b->has_cand) return;
+        // A beam preempted after its row came is recomputed, perhaps in the other executor's
+        // batch now: it cannot grow or fork until that batch is done (its row comes again).
+        if (busy(r)) return;
         beam_step(r);
     }
 
