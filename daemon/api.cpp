@@ -516,6 +516,8 @@ std::optional<api_error> read_grounding(const json& body, grounding& out) {
         out.cite = m != "off";
         out.strict = m == "strict";
     }
+    if (!out.cite && o.contains("min_tokens") && !o["min_tokens"].is_null())
+        return bad("'citation_options.min_tokens' has no meaning with mode \"off\"", "citation_options.min_tokens");
     int64_t min_tokens = out.min_tokens;
     TRY(read_int(o, "min_tokens", 1, 256, min_tokens));
     out.min_tokens = int32_t(min_tokens);
@@ -715,8 +717,10 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
                        constraint->first);
         std::vector<std::string> texts;
         for (const document& d : ground.documents) texts.push_back(d.text);
-        base.make_processor = [docs = std::make_shared<const document_index>(texts, true),
-                               vocab = &ms.guides->vocab()] { return make_strict_quotes(docs, *vocab); };
+        // built once (its table of tokens that open a quote too); each sequence gets a copy
+        std::shared_ptr<const logits_processor> strict =
+            make_strict_quotes(std::make_shared<const document_index>(texts, true), ms.guides->vocab());
+        base.make_processor = [strict] { return strict->clone(); };
         plan.strict = true;
     }
     if (constraint) {

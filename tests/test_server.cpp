@@ -673,6 +673,8 @@ TEST_CASE("grounding: citations index the reply and the documents in code points
              {"structured_outputs", {{"regex", "a+"}}}},
             "/v1/chat/completions", "structured_outputs.regex");
     refused({{"messages", msgs}, {"citation_options", {{"mode", "fast"}}}}, "/v1/chat/completions", "citation_options");
+    refused({{"messages", msgs}, {"documents", {{{"text", "x"}}}}, {"citation_options", {{"mode", "off"}, {"min_tokens", 4}}}},
+            "/v1/chat/completions", "citation_options.min_tokens");
     refused({{"messages", msgs}, {"documents", {{{"text", "x"}, {"url", "y"}}}}}, "/v1/chat/completions", "documents[0].url");
     refused({{"messages", msgs}, {"documents", {{{"title", "x"}}}}}, "/v1/chat/completions", "documents[0].text");
     refused({{"prompt", "Hi"}, {"documents", {{{"text", "x"}}}}}, "/v1/completions", "documents");
