@@ -141,7 +141,7 @@ void encode_run(uint64_t batch_id, const batch& b, std::vector<uint8_t>& out) {
         put(out, b.seq_id[size_t(i)]);
         put(out, b.n_past(i));
         put_span(out, toks);
-        put_bytes(out, std::span(b.wants_logits).subspan(size_t(b.tok_begin[size_t(i)]), toks.size()));
+        put_bytes(out, std::span(b.wants_row).subspan(size_t(b.tok_begin[size_t(i)]), toks.size()));
         put_span(out, table);
         put_span(out, b.table_generations(i));
     }
@@ -181,7 +181,7 @@ std::optional<run_msg> decode_run(std::span<const uint8_t> in) {
         const auto wants = r.get_array<uint8_t>(max_seq_tokens);
         const auto table = r.get_i32s(max_blocks, no_page);
         const auto gens = r.get_array<uint32_t>(max_blocks);
-        for (uint8_t w : wants) r.ok = r.ok && w <= 1;
+        r.ok = r.ok && batch::rows_valid(wants);
         if (!r.ok || n_past < 0 || int64_t(n_past) + int64_t(tokens.size()) > std::numeric_limits<int32_t>::max() ||
             tokens.empty() || wants.size() != tokens.size() || gens.size() != table.size())
             return std::nullopt;

@@ -3,6 +3,8 @@
 
 #include "runtime/error.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace tandem {
@@ -26,7 +28,7 @@ void batch::clear() {
     tokens.clear();
     pos.clear();
     seq.clear();
-    wants_logits.clear();
+    wants_row.clear();
     seq_id.clear();
     tok_begin.assign(1, 0);
     table_begin.assign(1, 0);
@@ -36,21 +38,24 @@ void batch::clear() {
 }
 
 void batch::add_seq(uint64_t id, int32_t n_past, std::span<const token_id> new_tokens, std::span<const int32_t> table,
-                    std::span<const uint32_t> gens, int32_t logits_from) {
-    const size_t at = wants_logits.size();
+                    std::span<const uint32_t> gens, int32_t logits_from, row_kind kind) {
+    TANDEM_ASSERT(kind != row_kind::none);
+    const size_t at = wants_row.size();
     add_seq(id, n_past, new_tokens, table, gens, std::span<const uint8_t>{});
     int32_t n = 0;
     for (size_t t = 0; t < new_tokens.size(); ++t) {
         const bool w = n_past + int32_t(t) >= logits_from;
-        wants_logits[at + t] = w;
+        wants_row[at + t] = w ? uint8_t(kind) : uint8_t(row_kind::none);
         n += w;
     }
+    if (kind == row_kind::pooled) n = std::min(n, 1);
     logits_begin.back() += n;
 }
 
 void batch::add_seq(uint64_t id, int32_t n_past, std::span<const token_id> new_tokens, std::span<const int32_t> table,
                     std::span<const uint32_t> gens, std::span<const uint8_t> wants) {
     TANDEM_ASSERT(!new_tokens.empty() && (wants.empty() || wants.size() == new_tokens.size()));
+    TANDEM_ASSERT(rows_valid(wants), "a sequence's row kinds");
     // One batch has generations for every sequence or for none.
     const bool known = gens.size() == table.size() && generations.size() == tables.size();
     TANDEM_CHECK(known || (gens.empty() && generations.empty()), "generations for {} of {} pages", gens.size(),
@@ -61,9 +66,9 @@ void batch::add_seq(uint64_t id, int32_t n_past, std::span<const token_id> new_t
         tokens.push_back(new_tokens[t]);
         pos.push_back(n_past + int32_t(t));
         seq.push_back(i);
-        const bool w = !wants.empty() && wants[t] != 0;
-        wants_logits.push_back(w);
-        n_logits += w;
+        const uint8_t w = wants.empty() ? uint8_t(row_kind::none) : wants[t];
+        wants_row.push_back(w);
+        n_logits += w != 0 && (w != uint8_t(row_kind::pooled) || n_logits == 0);
     }
     seq_id.push_back(id);
     tables.insert(tables.end(), table.begin(), table.end());
@@ -71,6 +76,16 @@ void batch::add_seq(uint64_t id, int32_t n_past, std::span<const token_id> new_t
     tok_begin.push_back(n_tokens());
     table_begin.push_back(int32_t(tables.size()));
     logits_begin.push_back(logits_begin.back() + n_logits);
+}
+
+bool batch::rows_valid(std::span<const uint8_t> wants) {
+    bool pooled = false, other = false;
+    for (uint8_t w : wants) {
+        if (w > uint8_t(row_kind::pooled)) return false;
+        pooled = pooled || w == uint8_t(row_kind::pooled);
+        other = other || w == uint8_t(row_kind::logits) || w == uint8_t(row_kind::hidden);
+    }
+    return !(pooled && other);
 }
 
 std::optional<std::string> batch::check(int32_t page_size, int32_t n_pages, int32_t n_vocab) const {

@@ -116,6 +116,9 @@ struct request_state {
     std::vector<beam_hypothesis> finished;        // beam search: the best finished beams, at most width
     std::vector<prompt_token> scored;             // score_prompt: the prompt's tokens scored so far
     bool prompt_sent = false;                     // score_prompt: its event is sent
+    std::vector<double> pooled;                   // embed: the hidden states pooled so far [n_embd]
+    int32_t n_pooled = 0;                         // embed (mean): the prompt positions in `pooled`
+    std::vector<float> embedding;                 // embed: the result, for sequence 0's done event
 
     bool beam() const { return req.beam.width > 0; }
 
@@ -136,7 +139,7 @@ struct request_state {
 class engine_impl final : public engine {
 public:
     engine_impl(const model_config& cfg, const tokenizer& tok, const engine_options& o, engine_parts parts)
-        : tok_(tok), opts_(o), parts_(std::move(parts)) {
+        : tok_(tok), opts_(o), parts_(std::move(parts)), n_embd_(cfg.n_embd) {
         TANDEM_ASSERT(!parts_.executors.empty());
         opts_ = resolve(opts_, cfg);
         scheduler_options so;
@@ -178,7 +181,10 @@ public:
         const int32_t n_prompt = int32_t(req.prompt.size());
         TANDEM_ASSERT(req.n >= 1 && req.n < (1 << seq_bits), "n = {}", req.n);
         if (n_prompt == 0 || n_prompt >= opts_.n_ctx) return {submit_status::too_long, 0};
-        const int32_t max_tokens = std::clamp(req.max_tokens, req.score_prompt ? 0 : 1, opts_.n_ctx - n_prompt);
+        TANDEM_ASSERT(!req.embed || (req.n == 1 && req.beam.width == 0 && !req.score_prompt), "an embedding generates nothing");
+        if (req.embed) req.max_tokens = req.draft_tokens = 0;
+        const int32_t max_tokens =
+            std::clamp(req.max_tokens, req.score_prompt || req.embed ? 0 : 1, opts_.n_ctx - n_prompt);
         TANDEM_ASSERT(req.beam.width == 0 || (req.n <= req.beam.width && 2 * req.beam.width < (1 << seq_bits)),
                       "n = {}, beam width {}", req.n, req.beam.width);
         req.draft_tokens = req.draft_tokens < 0 ? opts_.max_draft_tokens : std::min(req.draft_tokens, opts_.max_draft_tokens);
@@ -258,6 +264,13 @@ private:
                     if (s->req.score_prompt) {
                         sched_->set_logits_from(seq_id_of(s->id, 0), 0); // a row for every prompt token
                         s->scored.push_back({s->req.prompt[0], std::numeric_limits<float>::quiet_NaN(), {}});
+                    }
+                    if (s->req.embed) { // mean: one pooled row a chunk; cls: every position's; last: the last's
+                        const pooling_type how = *s->req.embed;
+                        sched_->set_logits_from(seq_id_of(s->id, 0),
+                                                how == pooling_type::last ? std::numeric_limits<int32_t>::max() : 0,
+                                                how == pooling_type::mean ? row_kind::pooled : row_kind::hidden);
+                        s->pooled.assign(size_t(n_embd_), 0.0);
                     }
                     reqs_.emplace(s->id, std::move(s));
                 }
@@ -407,15 +420,22 @@ private:
             if (it != reqs_.end() && it->second->cancel_pending) finish(id, "cancelled");
         }
         executor& ex = *parts_.executors[size_t(slot)];
-        for (int32_t i = 0; i < b.n_seqs(); ++i)
-            if (auto it = reqs_.find(request_of(b.seq_id[size_t(i)])); it != reqs_.end() && it->second->req.score_prompt &&
-                                                                             !it->second->prompt_sent)
-                score_prompt(*it->second, b, i, ex);
+        for (int32_t i = 0; i < b.n_seqs(); ++i) {
+            auto it = reqs_.find(request_of(b.seq_id[size_t(i)]));
+            if (it == reqs_.end()) continue;
+            if (it->second->req.score_prompt && !it->second->prompt_sent) score_prompt(*it->second, b, i, ex);
+            if (it->second->req.embed) pool_rows(*it->second, b, i, ex);
+        }
         for (uint64_t sid : due) {
             auto it = reqs_.find(request_of(sid));
             if (it == reqs_.end()) continue;
             request_state& r = *it->second;
             const int32_t i = index.at(sid), row_end = b.logits_begin[size_t(i) + 1];
+            if (r.req.embed) { // the prompt is computed: its embedding is the request's answer
+                finish_embedding(r);
+                finish(r.id, "stop");
+                continue;
+            }
             if (r.req.score_prompt && !r.prompt_sent) { // the prompt is computed: its scores go first
                 send_prompt_scores(r, sid);
                 if (r.max_tokens == 0) {
@@ -643,7 +663,7 @@ private:
     void score_prompt(request_state& r, const batch& b, int32_t i, executor& ex) {
         int32_t row = b.logits_begin[size_t(i)];
         for (int32_t t = b.tok_begin[size_t(i)]; t < b.tok_begin[size_t(i) + 1]; ++t) {
-            if (!b.wants_logits[size_t(t)]) continue;
+            if (!b.wants_row[size_t(t)]) continue;
             const int32_t next = b.pos[size_t(t)] + 1; // the prompt token this row predicts
             const auto logits = ex.logits(row++);
             if (next != int32_t(r.scored.size()) || next >= r.n_prompt) continue;
@@ -652,6 +672,48 @@ private:
                                 r.req.n_top_logprobs > 0 ? top_logprobs(logits, r.req.n_top_logprobs)
                                                          : std::vector<token_logprob>{}});
         }
+    }
+
+    // Batch sequence i computed a chunk of embedding request r's prompt. Mean pooling has one
+    // row for it, the sum of its positions' hidden states, added on in order (a preempted
+    // prompt is computed again from position 0: the sum starts again); cls and last take the
+    // hidden-state row of the first or last position.
+    void pool_rows(request_state& r, const batch& b, int32_t i, executor& ex) {
+        const pooling_type how = *r.req.embed;
+        const int32_t first = b.n_past(i), row = b.logits_begin[size_t(i)];
+        if (how == pooling_type::mean) {
+            if (first == 0) {
+                std::fill(r.pooled.begin(), r.pooled.end(), 0.0);
+                r.n_pooled = 0;
+            }
+            TANDEM_ASSERT(first == r.n_pooled && b.n_seq_logits(i) == 1, "a chunk from {} after {} pooled", first,
+                          r.n_pooled);
+            const auto h = ex.logits(row).first(size_t(n_embd_));
+            for (size_t j = 0; j < h.size(); ++j) r.pooled[j] += double(h[j]);
+            r.n_pooled += b.n_new(i);
+            return;
+        }
+        const int32_t want = how == pooling_type::cls ? 0 : r.n_prompt - 1, k = want - first;
+        if (k < 0 || k >= b.n_new(i)) return;
+        int32_t at = row; // the wanted position's row: rows are the chunk's tokens from logits_from on
+        for (int32_t t = b.tok_begin[size_t(i)]; t < b.tok_begin[size_t(i)] + k; ++t) at += b.wants_row[size_t(t)] != 0;
+        const auto h = ex.logits(at).first(size_t(n_embd_));
+        std::copy(h.begin(), h.end(), r.pooled.begin());
+        r.n_pooled = r.n_prompt;
+    }
+
+    // r's prompt is computed: its pooled hidden state, L2-normalised, is its embedding.
+    void finish_embedding(request_state& r) {
+        TANDEM_ASSERT(r.n_pooled == r.n_prompt, "{} of {} prompt positions pooled", r.n_pooled, r.n_prompt);
+        const double n = *r.req.embed == pooling_type::mean ? double(r.n_prompt) : 1.0;
+        double norm = 0;
+        for (double& v : r.pooled) {
+            v /= n;
+            norm += v * v;
+        }
+        norm = std::sqrt(norm);
+        r.embedding.resize(r.pooled.size());
+        for (size_t j = 0; j < r.pooled.size(); ++j) r.embedding[j] = float(norm > 0 ? r.pooled[j] / norm : 0.0);
     }
 
     // r's prompt is computed and scored: the event with its scores, and from here only the
@@ -908,6 +970,7 @@ private:
         ev.n_draft_tokens = q.n_drafted;
         ev.n_accepted_tokens = q.n_accepted;
         ev.cumulative_logprob = q.sum_logprob;
+        if (q.index == 0) ev.embedding = std::move(r.embedding); // empty unless an embedding ended well
         const uint64_t sid = seq_id_of(r.id, q.index);
         if (sched_->contains(sid)) sched_->remove(sid);
         if (drafter_) drafter_->forget(sid);
@@ -981,6 +1044,7 @@ private:
     const tokenizer& tok_;
     engine_options opts_;
     engine_parts parts_;
+    int32_t n_embd_ = 0; // the width of a hidden-state row
     std::unique_ptr<scheduler> sched_;
     std::shared_ptr<spdlog::logger> log_;
     int wake_fd_ = -1;

@@ -71,6 +71,11 @@ struct engine_request {
     // n_top_logprobs alternatives), sent as one event (engine_event::prompt) once the prompt
     // is computed. Its positions are computed, never taken from the prefix cache.
     bool score_prompt = false;
+    // Embedding: the prompt's final hidden states (after the output norm) pooled so and
+    // L2-normalised, carried by the done event (engine_event::embedding); nothing is generated
+    // (max_tokens, n, beams, drafts and score_prompt do not apply). Mean pooling computes every
+    // position, never taking one from the prefix cache.
+    std::optional<pooling_type> embed;
     int32_t priority = 0;             // higher joins first; waiting raises it (no starvation)
     int32_t n = 1;                    // sequences sampled from the prompt (computed once, its pages shared);
                                       // sequence k samples with seed + k when a seed is set; with
@@ -125,6 +130,7 @@ struct engine_event {
     double cumulative_logprob = 0;    // the sum of its tokens' logprobs, EOS included (done events)
     std::vector<prompt_token> prompt; // score_prompt: the prompt scored (index 0, before any token event; id -1)
     std::vector<citation> citations;  // set by a citation observer: the citations that closed with this event
+    std::vector<float> embedding;     // embed: the prompt's embedding [n_embd] (its done event, when it ended "stop")
     steady_time t_admitted{};         // when the request joined the batch (zero if it never did)
 };
 

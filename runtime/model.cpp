@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace tandem {
 
@@ -56,14 +57,42 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
     int8_t* xq = s.take<int8_t>(2 * n_tok * std::max(e, ff));
     float* xs = s.take<float>(2 * n_tok);
     // The host inputs, staged before any op is queued (on CUDA a copy from pageable memory
-    // waits for the stream: the rows whose logits are wanted are staged here, not after the layers).
-    std::vector<int32_t> wanted;
-    if (n_rows < n_tok)
-        for (int32_t t = 0; t < n_tok; ++t)
-            if (b.wants_logits[size_t(t)]) wanted.push_back(t);
+    // waits for the stream: the rows wanted are staged here, not after the layers). The tokens
+    // whose final hidden state is needed (`wanted`, in token order) make the output rows: a
+    // logits or hidden row is one token's; a pooled row sums its sequence's pooled tokens
+    // (its only row, so they are consecutive in `wanted`).
+    struct out_row {
+        row_kind kind;
+        int32_t first, n; // of the wanted tokens
+    };
+    std::vector<int32_t> wanted, logit_src; // the tokens; which of them the logits rows take
+    std::vector<out_row> out;
+    for (int32_t i = 0; i < b.n_seqs(); ++i) {
+        bool pooling = false;
+        for (int32_t t = b.tok_begin[size_t(i)]; t < b.tok_begin[size_t(i) + 1]; ++t) {
+            const auto kind = row_kind(b.wants_row[size_t(t)]);
+            if (kind == row_kind::none) continue;
+            const int32_t src = int32_t(wanted.size());
+            wanted.push_back(t);
+            if (kind == row_kind::pooled && std::exchange(pooling, true)) {
+                ++out.back().n;
+                continue;
+            }
+            if (kind == row_kind::logits) logit_src.push_back(src);
+            out.push_back({kind, src, 1});
+        }
+    }
+    TANDEM_ASSERT(int64_t(out.size()) == n_rows, "{} rows for a batch of {}", out.size(), n_rows);
+    const int64_t n_src = int64_t(wanted.size());
+    const bool all_logits = logit_src.size() == out.size();
+    TANDEM_CHECK(all_logits || cfg_.n_embd <= cfg_.n_vocab, "hidden-state rows of {} floats do not fit rows of {} logits",
+                 cfg_.n_embd, cfg_.n_vocab);
+    if (n_src == n_tok) wanted.clear();    // every token: no gather
+    if (all_logits) logit_src.clear();     // every row: no second gather
     const int32_t* tokens = ops::stage(ctx, std::span<const int32_t>(b.tokens));
     const int32_t* pos = ops::stage(ctx, std::span<const int32_t>(b.pos));
     const int32_t* rows_wanted = ops::stage(ctx, std::span<const int32_t>(wanted));
+    const int32_t* rows_logits = ops::stage(ctx, std::span<const int32_t>(logit_src));
     const int32_t* tables = ops::stage(ctx, kv.tables);
 
     std::vector<attn_seq> seqs;
@@ -129,16 +158,50 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
         ops::add(ctx, x, proj, n_tok * e);
     }
 
-    // The output norm and vocab projection only for the rows whose logits are wanted.
+    // The output norm only for the tokens wanted, then the vocab projection for the logits rows.
     if (n_rows == 0) return;
     const float* rows = x;
-    if (n_rows < n_tok) {
-        float* last = s.take<float>(n_rows * e);
-        ops::gather_rows(ctx, last, x, rows_wanted, n_rows, e);
+    if (n_src < n_tok) {
+        float* last = s.take<float>(n_src * e);
+        ops::gather_rows(ctx, last, x, rows_wanted, n_src, e);
         rows = last;
     }
-    ops::rms_norm(ctx, xn, rows, w.output_norm.f32(), n_rows, e, cfg_.rms_eps);
+    ops::rms_norm(ctx, xn, rows, w.output_norm.f32(), n_src, e, cfg_.rms_eps);
+    if (all_logits) {
+        project_logits(ctx, w, xn, n_rows, logits, act);
+        return;
+    }
+    // Hidden, pooled or mixed rows: each goes to its own row of the output, n_vocab floats apart.
+    // A pooled row's tokens are summed in place, halving: the back half added onto the front.
+    for (const out_row& o : out)
+        if (o.kind == row_kind::pooled)
+            for (int64_t k = o.n; k > 1;) {
+                const int64_t h = k / 2;
+                ops::add(ctx, xn + o.first * e, xn + (o.first + k - h) * e, h * e);
+                k -= h;
+            }
+    const int64_t nv = cfg_.n_vocab, n_logit_rows = int64_t(logit_src.size());
+    float* projected = nullptr;
+    if (n_logit_rows > 0) {
+        float* in = s.take<float>(n_logit_rows * e);
+        ops::gather_rows(ctx, in, xn, rows_logits, n_logit_rows, e);
+        projected = s.take<float>(n_logit_rows * nv);
+        project_logits(ctx, w, in, n_logit_rows, projected, act);
+    }
+    int64_t next_logits = 0;
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const out_row& o = out[size_t(r)];
+        if (o.kind == row_kind::logits)
+            ops::copy(ctx, logits + r * nv, projected + next_logits++ * nv, size_t(nv) * sizeof(float));
+        else
+            ops::copy(ctx, logits + r * nv, xn + o.first * e, size_t(e) * sizeof(float));
+    }
+}
+
+void model::project_logits(const exec_ctx& ctx, const model_weights& w, const float* xn, int64_t n_rows, float* logits,
+                           const ops::act_i8& act) const {
     const weight& out_w = w.logits_weight();
+    const int64_t e = cfg_.n_embd;
     if (out_w.is_i8()) {
         // The logits' error moves the argmax directly, so their input goes in as two int8 terms
         // (the second quantizes the first's rounding error, as for the down projection), run as
@@ -147,9 +210,9 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
         // 3.97539; on the 1.1B shape at 16 rows with two threads it takes 6.7 ms against 10.1.
         // Integer dots make each row's logits independent of the batch it is in.
         const int64_t nv = cfg_.n_vocab;
-        const ops::act_i8 lo{xq + n_rows * e, xs + n_rows};
+        const ops::act_i8 lo{act.q + n_rows * e, act.s + n_rows};
         ops::quantize_rows_split(ctx, act, lo, xn, n_rows, e);
-        float* both = s.take<float>(2 * n_rows * nv);
+        float* both = ctx.scratch->take<float>(2 * n_rows * nv);
         ops::matmul_i8(ctx, both, act.q, act.s, 2 * n_rows, out_w);
         ops::add(ctx, both, both + n_rows * nv, n_rows * nv);
         ops::copy(ctx, logits, both, size_t(n_rows * nv) * sizeof(float));

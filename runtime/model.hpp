@@ -15,6 +15,8 @@
 
 namespace tandem {
 
+namespace ops { struct act_i8; }
+
 // The KV pages of one forward on the context's backend (attn_params without the sequences,
 // which come from the batch): the block tables are host memory, staged to the backend by
 // the forward, with where each of the batch's sequences starts in them (a runner that moves
@@ -42,9 +44,10 @@ public:
     void set_kv_type(kv_dtype kv) { kv_ = kv; }
 
     // Runs every new token of every sequence as one flat batch (matmuls over all tokens, one
-    // attention op for all sequences) and writes the logits of each token that wants them
-    // into logits [b.n_logits(), n_vocab], in token order. The batch, its token ids checked
-    // here, is host memory.
+    // attention op for all sequences) and writes the row of each token that wants one into
+    // logits [b.n_logits(), n_vocab], in token order: its logits, or its hidden state after
+    // the output norm in the row's first n_embd floats (row_kind::hidden, which needs
+    // n_embd <= n_vocab). The batch, its token ids checked here, is host memory.
     //
     // Any backend: weights `w` (this model's, or a view of a copy on the context's backend,
     // cuda::device_model_weights::view()), the pages and logits are backend memory, and the
@@ -56,6 +59,10 @@ public:
     void forward(const exec_ctx& ctx, const batch& b, kv_cache& kv, float* logits);
 
 private:
+    // logits [n_rows, n_vocab] from the normed rows xn [n_rows, n_embd]; act: INT8 scratch.
+    void project_logits(const exec_ctx& ctx, const model_weights& w, const float* xn, int64_t n_rows, float* logits,
+                        const ops::act_i8& act) const;
+
     model_config cfg_;
     model_weights w_;
     kv_dtype kv_;

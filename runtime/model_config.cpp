@@ -73,6 +73,11 @@ model_config model_config::from_gguf(const gguf::file& f) {
     }
     c.rope = c.arch == "qwen2" ? rope_style::neox : rope_style::normal;
 
+    if (auto pt = f.get_int(p + "pooling_type")) {
+        if (*pt == 2) c.pooling = pooling_type::cls;
+        else if (*pt == 3) c.pooling = pooling_type::last;
+    }
+
     // The vocabulary size comes from the tokenizer or the embedding; the loader checks both.
     if (auto nv = f.get_int(p + "vocab_size")) c.n_vocab = require_int(f, p + "vocab_size", 1, int64_t(1) << 24);
     else if (const auto* emb = f.find_tensor("token_embd.weight"); emb && emb->ne.size() == 2 && emb->ne[1] > 0 &&

@@ -12,6 +12,11 @@ namespace gguf { class file; }
 // neox: rotate x[i] with x[i + n_rot/2] (Qwen2 and other NeoX-style models).
 enum class rope_style { normal, neox };
 
+// How an embedding pools a text's final hidden states (GGUF's <arch>.pooling_type 1, 2, 3;
+// mean for a file without one, or with none (0) or rank (4), which a generative model's
+// embeddings cannot use).
+enum class pooling_type : uint8_t { mean, cls, last };
+
 struct model_config {
     std::string arch;      // general.architecture: llama, mistral, qwen2
     std::string name;      // general.name, or the file name
@@ -30,6 +35,7 @@ struct model_config {
     rope_style rope = rope_style::normal;
     bool qkv_bias = false;        // set by the loader when bias tensors exist
     bool tied_output = false;     // no output.weight: logits use token_embd
+    pooling_type pooling = pooling_type::mean;
 
     int32_t n_embd_kv() const { return n_head_kv * head_dim; }
     int32_t n_gqa() const { return n_head / n_head_kv; }

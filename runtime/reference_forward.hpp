@@ -18,6 +18,8 @@ public:
     // Runs token `tok` at position `pos` (positions must come in order from 0) and returns
     // the logits [n_vocab].
     const std::vector<float>& forward(token_id tok, int32_t pos);
+    // The last forward's final hidden state after the output norm [n_embd] (what embeddings pool).
+    const std::vector<float>& hidden() const { return x_; }
 
 private:
     const model_config& c_;

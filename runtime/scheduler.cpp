@@ -19,7 +19,8 @@ struct scheduler::seq {
     std::vector<token_id> tokens;     // prompt + generated
     int32_t n_prompt = 0;
     int32_t n_computed = 0;           // positions whose K/V are in the pages
-    int32_t logits_from = std::numeric_limits<int32_t>::max(); // positions from which tokens want logits
+    int32_t logits_from = std::numeric_limits<int32_t>::max(); // positions from which tokens want rows
+    row_kind rows = row_kind::logits;                            // what they hold
     std::vector<int32_t> pages;       // block table
     std::vector<uint32_t> gens;       // [pages] their generations, filled when a batch takes it
     std::vector<uint64_t> hashes;     // prefix hashes of the leading full computed pages
@@ -119,7 +120,11 @@ void scheduler::fork(uint64_t parent, uint64_t child) {
     seqs_.emplace(child, std::move(c));
 }
 
-void scheduler::set_logits_from(uint64_t id, int32_t pos) { get(id).logits_from = std::max(pos, 0); }
+void scheduler::set_logits_from(uint64_t id, int32_t pos, row_kind kind) {
+    seq& s = get(id);
+    s.logits_from = std::max(pos, 0);
+    s.rows = kind;
+}
 
 std::span<const token_id> scheduler::tokens(uint64_t id) const { return get(id).tokens; }
 
@@ -293,7 +298,7 @@ const batch& scheduler::plan(int slot, work_kind kind) {
         const int32_t n_tok = int32_t(s.tokens.size()), end = s.n_computed + n;
         int32_t r = std::max(0, end - std::max(s.logits_from, s.n_computed));
         if (end == n_tok && s.logits_from > n_tok - 1) ++r;
-        return r;
+        return s.rows == row_kind::pooled ? std::min(r, 1) : r; // pooled tokens share one row
     };
     // Takes n tokens of s if its pages can be had (growing may preempt, which edits running_).
     auto take = [&](seq& s, int32_t n) {
@@ -338,7 +343,7 @@ const batch& scheduler::plan(int slot, work_kind kind) {
         for (size_t j = 0; j < s->pages.size(); ++j) s->gens[j] = pool_.generation(s->pages[j]);
         const int32_t last = int32_t(s->tokens.size()) - 1;
         sb.b.add_seq(s->id, s->n_computed, std::span(s->tokens).subspan(size_t(s->n_computed), size_t(s->n_inflight)),
-                     s->pages, s->gens, std::min(s->logits_from, last));
+                     s->pages, s->gens, std::min(s->logits_from, last), s->rows);
     }
     return sb.b;
 }

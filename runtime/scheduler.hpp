@@ -81,9 +81,10 @@ public:
     // a running parent runs beyond max_running if it must (a request's group stays whole), the
     // child of a preempted one waits with it.
     void fork(uint64_t parent, uint64_t child);
-    // Tokens at positions >= pos want logits when they are computed (drafts to verify, a
-    // prompt to score); the last token always does. Default: only the last.
-    void set_logits_from(uint64_t id, int32_t pos);
+    // Tokens at positions >= pos want rows when they are computed (drafts to verify, a
+    // prompt to score or embed); the last token always does. Default: only the last. The
+    // rows are logits, or hidden states for an embedding (`kind`, for all of its rows).
+    void set_logits_from(uint64_t id, int32_t pos, row_kind kind = row_kind::logits);
     std::span<const token_id> tokens(uint64_t id) const;
     int32_t n_computed(uint64_t id) const;
 

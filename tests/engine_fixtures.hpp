@@ -33,6 +33,8 @@ struct collector {
     std::vector<token_id> final_tokens;        // [index] the EOS that ended it, or -1
     std::vector<double> scores, sums;          // [index] beam search's score; cumulative logprob
     std::vector<prompt_token> prompt;          // score_prompt: the scored prompt
+    std::vector<float> embedding;              // embed: the done event's embedding
+    int32_t n_cached = -1;                     // the done event's prefix-cache reuse
     int32_t n_seqs = 1, n_done = 0;            // done once n_seqs done events came (a request's n)
     bool done = false;
 
@@ -56,6 +58,8 @@ struct collector {
             }
             finish = ev.finish_reason;
             n_generated = ev.n_generated;
+            n_cached = ev.n_cached;
+            if (!ev.embedding.empty()) embedding = ev.embedding;
             const size_t k = size_t(ev.index);
             if (finishes.size() <= k) {
                 finishes.resize(k + 1);

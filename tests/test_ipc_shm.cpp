@@ -323,7 +323,7 @@ TEST_CASE("channel: a forked worker attaches by fd numbers, says hello, answers 
                 if (!run) return 6;
                 const batch& b = run->b;
                 for (int32_t t = 0, r = 0; t < b.n_tokens(); ++t) {
-                    if (!b.wants_logits[size_t(t)]) continue;
+                    if (!b.wants_row[size_t(t)]) continue;
                     float* row = w->logits_row(r++);
                     for (int v = 0; v < 100; ++v) row[v] = float(b.seq_id[size_t(b.seq[size_t(t)])]) + float(v) / 1000.0f;
                 }

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 
@@ -48,11 +49,15 @@ void check_close(const float* got, const std::vector<float>& want, const std::st
     CHECK(max_diff <= logits_rel_tol * std::max(1.0, max_abs));
 }
 
-// The reference's logits for every position of `toks`.
-std::vector<std::vector<float>> reference_logits(const model& m, const std::vector<token_id>& toks) {
+// The reference's logits for every position of `toks` (and, when asked, its final hidden states).
+std::vector<std::vector<float>> reference_logits(const model& m, const std::vector<token_id>& toks,
+                                                 std::vector<std::vector<float>>* hidden = nullptr) {
     reference_forward ref(m.config(), m.weights(), int32_t(toks.size()));
     std::vector<std::vector<float>> out;
-    for (size_t i = 0; i < toks.size(); ++i) out.push_back(ref.forward(toks[i], int32_t(i)));
+    for (size_t i = 0; i < toks.size(); ++i) {
+        out.push_back(ref.forward(toks[i], int32_t(i)));
+        if (hidden) hidden->push_back(ref.hidden());
+    }
     return out;
 }
 
@@ -61,7 +66,8 @@ void engine_matches_reference(const std::string& name, const std::string& path =
     model& m = *l.mdl;
     const int32_t n_vocab = m.config().n_vocab;
     const auto toks = test::random_ids(45, n_vocab, 42);
-    const auto want = reference_logits(m, toks);
+    std::vector<std::vector<float>> want_hidden;
+    const auto want = reference_logits(m, toks, &want_hidden);
 
     for (backend be : {backend::ref, backend::cpu}) {
         cpu::thread_pool pool(2);
@@ -78,6 +84,40 @@ void engine_matches_reference(const std::string& name, const std::string& path =
             s.add_seq(0, 0, toks, seq.block_table(), {}, 0);
             m.forward(ctx, s, kv, all.data());
             for (size_t i = 0; i < toks.size(); ++i) check_close(&all[i * size_t(n_vocab)], want[i], what + " pos " + std::to_string(i));
+
+            // rows of every kind in one step: none, hidden states (the row's first n_embd
+            // floats, what embeddings pool) and logits, each in its own row
+            std::vector<uint8_t> kinds(toks.size());
+            for (size_t i = 0; i < toks.size(); ++i)
+                kinds[i] = uint8_t(i % 3 == 0 ? row_kind::none : i % 3 == 1 ? row_kind::hidden : row_kind::logits);
+            batch mixed;
+            mixed.add_seq(0, 0, toks, seq.block_table(), {}, kinds);
+            std::fill(all.begin(), all.end(), std::numeric_limits<float>::quiet_NaN());
+            m.forward(ctx, mixed, kv, all.data());
+            int32_t row = 0, n_hidden = 0;
+            for (size_t i = 0; i < toks.size(); ++i) {
+                if (row_kind(kinds[i]) == row_kind::none) continue;
+                const bool hidden = row_kind(kinds[i]) == row_kind::hidden;
+                n_hidden += hidden;
+                check_close(&all[size_t(row++) * size_t(n_vocab)], hidden ? want_hidden[i] : want[i],
+                            what + (hidden ? " hidden state at " : " logits at ") + std::to_string(i));
+            }
+            CHECK(row == mixed.n_logits());
+            CHECK(n_hidden == int32_t(toks.size()) / 3);
+            // a step of hidden rows only, the last token's (last-token pooling)
+            batch last_only;
+            last_only.add_seq(0, 0, toks, seq.block_table(), {}, int32_t(toks.size()) - 1, row_kind::hidden);
+            m.forward(ctx, last_only, kv, all.data());
+            check_close(all.data(), want_hidden.back(), what + " last hidden state");
+            // pooled tokens share one row: the sum of their hidden states (from position 5 on)
+            batch pooled;
+            pooled.add_seq(0, 0, toks, seq.block_table(), {}, 5, row_kind::pooled);
+            REQUIRE(pooled.n_logits() == 1);
+            m.forward(ctx, pooled, kv, all.data());
+            std::vector<float> sum(want_hidden[0].size(), 0.0f);
+            for (size_t i = 5; i < toks.size(); ++i)
+                for (size_t j = 0; j < sum.size(); ++j) sum[j] += want_hidden[i][j];
+            check_close(all.data(), sum, what + " pooled hidden states");
 
             // chunked prefill (odd chunks) then one token at a time, over the same pages
             std::vector<float> last(static_cast<size_t>(n_vocab));

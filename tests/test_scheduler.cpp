@@ -21,14 +21,14 @@ struct seq_view {
     std::span<const token_id> tokens;
     std::span<const int32_t> block_table;
     std::span<const uint32_t> generations;
-    bool wants_logits; // its last new token wants logits
+    bool wants_row; // its last new token wants logits
 };
 
 std::vector<seq_view> seqs_of(const batch& b) {
     std::vector<seq_view> out;
     for (int32_t i = 0; i < b.n_seqs(); ++i)
         out.push_back({b.seq_id[size_t(i)], b.n_past(i), b.seq_tokens(i), b.table(i), b.table_generations(i),
-                       b.wants_logits[size_t(b.tok_begin[size_t(i) + 1] - 1)] != 0});
+                       b.wants_row[size_t(b.tok_begin[size_t(i) + 1] - 1)] != 0});
     return out;
 }
 
@@ -121,7 +121,7 @@ TEST_CASE("scheduler: chunked prefill takes pages as it goes, decode then grows 
     REQUIRE(b.size() == 1);
     CHECK(b[0].n_past == 0);
     CHECK(b[0].tokens.size() == 64);   // the step budget
-    CHECK_FALSE(b[0].wants_logits);
+    CHECK_FALSE(b[0].wants_row);
     CHECK(b[0].block_table.size() == 4);
     CHECK(s.busy(1));
     st.run(b);
@@ -137,7 +137,7 @@ TEST_CASE("scheduler: chunked prefill takes pages as it goes, decode then grows 
     REQUIRE(d.size() == 1);
     CHECK(d[0].n_past == 150);
     CHECK(d[0].tokens.size() == 1);
-    CHECK(d[0].wants_logits);
+    CHECK(d[0].wants_row);
     st.run(d);
     CHECK(s.complete(1, true) == std::vector<uint64_t>{1});
     CHECK(s.stats().n_pages_used == 10); // 151 positions still fit 10 pages

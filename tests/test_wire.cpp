@@ -63,6 +63,17 @@ TEST_CASE("wire: every message round trips") {
     auto r2 = ipc::decode_run(enc(run));
     REQUIRE(r2);
     CHECK(same(*r2, run));
+    ipc::run_msg kinds; // hidden-state and pooled rows (embeddings) travel as they are
+    const std::vector<token_id> t{1, 2, 3};
+    const std::vector<int32_t> p{4};
+    const std::vector<uint32_t> g{9};
+    kinds.b.add_seq(1, 0, t, p, g, 0, row_kind::pooled);
+    kinds.b.add_seq(2, 0, t, p, g, 2, row_kind::hidden);
+    REQUIRE(kinds.b.n_logits() == 2);
+    auto k2 = ipc::decode_run(enc(kinds));
+    REQUIRE(k2);
+    CHECK(same(*k2, kinds));
+    CHECK(k2->b.n_logits() == 2);
     ipc::run_msg empty;
     empty.batch_id = 5;
     auto e2 = ipc::decode_run(enc(empty));
@@ -174,7 +185,10 @@ TEST_CASE("wire: counts over the caps and negative fields are refused") {
     run.b.pos[size_t(run.b.tok_begin[1])] = -1; // n_past
     CHECK_FALSE(ipc::decode_run(enc(run)));
     run = sample_run();
-    run.b.wants_logits[0] = 2;
+    run.b.wants_row[0] = 4; // no row_kind
+    CHECK_FALSE(ipc::decode_run(enc(run)));
+    run = sample_run();
+    run.b.wants_row[0] = uint8_t(row_kind::pooled); // beside the sequence's logits rows
     CHECK_FALSE(ipc::decode_run(enc(run)));
     run = sample_run();
     run.b.tables[size_t(run.b.table_begin[1]) + 1] = -3; // below no_page
@@ -256,7 +270,7 @@ TEST_CASE("wire: random mutations never crash, and what decodes is within the ca
                 CHECK(rb.table(i).size() <= ipc::wire_max_tokens);
                 CHECK(rb.n_past(i) >= 0);
             }
-            for (uint8_t w : rb.wants_logits) CHECK(w <= 1);
+            for (uint8_t w : rb.wants_row) CHECK(w <= uint8_t(row_kind::pooled));
         }
         if (auto m = ipc::decode_hello(b)) {
             ++decoded;
