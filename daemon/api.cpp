@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <ctime>
 #include <limits>
@@ -71,10 +73,12 @@ bool all_ints(const json& a) {
     return true;
 }
 
-// The prompts of a completions request as token ids (string, [string], [int], [[int]]).
-std::variant<std::vector<std::vector<token_id>>, api_error> read_prompts(const json& body, const tokenizer& tok) {
-    auto it = body.find("prompt");
-    if (it == body.end() || it->is_null()) return bad("'prompt' is required", "prompt");
+// The prompts of a completions request (or the inputs of an embeddings request, `key`) as
+// token ids (string, [string], [int], [[int]]).
+std::variant<std::vector<std::vector<token_id>>, api_error> read_prompts(const json& body, const tokenizer& tok,
+                                                                          const std::string& key = "prompt") {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) return bad(fmt::format("'{}' is required", key), key);
     std::vector<std::vector<token_id>> out;
     auto ids = [&](const json& a) -> std::optional<api_error> {
         std::vector<token_id> v;
@@ -82,10 +86,10 @@ std::variant<std::vector<std::vector<token_id>>, api_error> read_prompts(const j
             const int64_t id = x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT32_MAX) ? -1 : x.get<int64_t>();
             if (id < 0 || id >= tok.n_vocab())
                 return bad(fmt::format("token id {} is out of range (vocabulary of {})", x.dump(), tok.n_vocab()),
-                           "prompt");
+                           key);
             v.push_back(token_id(id));
         }
-        if (v.empty()) return bad("a token prompt must not be empty", "prompt");
+        if (v.empty()) return bad(fmt::format("a token {} must not be empty", key), key);
         out.push_back(std::move(v));
         return std::nullopt;
     };
@@ -99,10 +103,10 @@ std::variant<std::vector<std::vector<token_id>>, api_error> read_prompts(const j
             else if (p.is_array() && all_ints(p)) {
                 if (auto e = ids(p)) return *e;
             } else
-                return bad("'prompt' must be a string, an array of strings, or token ids", "prompt");
+                return bad(fmt::format("'{}' must be a string, an array of strings, or token ids", key), key);
         }
     } else {
-        return bad("'prompt' must be a string, an array of strings, or token ids", "prompt");
+        return bad(fmt::format("'{}' must be a string, an array of strings, or token ids", key), key);
     }
     for (auto& p : out)
         if (p.empty()) p.push_back(tok.bos() >= 0 ? tok.bos() : 0); // "" with no BOS still needs a token
@@ -755,6 +759,110 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     return plan;
 }
 
+std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const model_state& ms) {
+    if (!body.is_object()) return bad("the request body must be a JSON object");
+    for (const auto& [key, v] : body.items())
+        if (key != "model" && key != "input" && key != "encoding_format" && key != "dimensions" && key != "user" &&
+            key != "priority")
+            return bad(fmt::format("'{}' is not supported", key), key);
+    const tokenizer& tok = *ms.bundle.tok;
+    if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+        if (!it->is_string()) return bad("'model' must be a string", "model");
+        if (it->get<std::string>() != ms.id) {
+            api_error e = bad(fmt::format("The model '{}' does not exist; this daemon serves '{}'",
+                                          it->get<std::string>(), ms.id),
+                              "model");
+            e.status = 404;
+            e.code = "model_not_found";
+            return e;
+        }
+    }
+    embedding_plan plan;
+    if (auto it = body.find("input"); it != body.end()) { // (nothing to embed: OpenAI refuses it too)
+        const auto empty = [](const json& x) { return x == ""; };
+        if (empty(*it) || (it->is_array() && std::any_of(it->begin(), it->end(), empty)))
+            return bad("an 'input' must not be an empty string", "input");
+    }
+    auto inputs = read_prompts(body, tok, "input");
+    if (auto* e = std::get_if<api_error>(&inputs)) return *e;
+    plan.inputs = std::move(std::get<0>(inputs));
+    constexpr size_t max_inputs = 2048; // OpenAI's limit
+    if (plan.inputs.size() > max_inputs)
+        return bad(fmt::format("'input' has {} items; at most {} are accepted", plan.inputs.size(), max_inputs), "input");
+    for (size_t i = 0; i < plan.inputs.size(); ++i)
+        if (int32_t(plan.inputs[i].size()) > ms.max_prompt_tokens) {
+            api_error e = bad(fmt::format("input {} has {} tokens; this daemon accepts at most {} (context {})", i,
+                                          plan.inputs[i].size(), ms.max_prompt_tokens, ms.n_ctx),
+                              "input");
+            e.code = "context_length_exceeded";
+            return e;
+        }
+    if (auto it = body.find("encoding_format"); it != body.end() && !it->is_null()) {
+        if (*it != "float" && *it != "base64")
+            return bad("'encoding_format' must be \"float\" or \"base64\"", "encoding_format");
+        plan.base64 = *it == "base64";
+    }
+    const int64_t n_embd = ms.bundle.cfg.n_embd;
+    int64_t dims = n_embd;
+    TRY(read_int(body, "dimensions", 1, std::numeric_limits<int32_t>::max(), dims));
+    if (dims != n_embd) // a model not trained for shorter vectors (Matryoshka) has no meaningful prefix
+        return bad(fmt::format("this model's embeddings have {} dimensions; 'dimensions' can only be {}", n_embd, n_embd),
+                   "dimensions");
+    if (auto it = body.find("user"); it != body.end() && !it->is_null() && !it->is_string())
+        return bad("'user' must be a string", "user");
+    int64_t priority = 0;
+    TRY(read_int(body, "priority", -1000, 1000, priority));
+    plan.priority = int32_t(priority);
+    return plan;
+}
+
+namespace {
+
+// RFC 4648 base64 of raw bytes (OpenAI's encoding_format "base64": the float32 array's bytes).
+std::string base64(std::span<const uint8_t> in) {
+    static constexpr char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((in.size() + 2) / 3 * 4);
+    for (size_t i = 0; i < in.size(); i += 3) {
+        const uint32_t n = uint32_t(in[i]) << 16 | (i + 1 < in.size() ? uint32_t(in[i + 1]) << 8 : 0) |
+                           (i + 2 < in.size() ? uint32_t(in[i + 2]) : 0);
+        out += digits[n >> 18 & 63];
+        out += digits[n >> 12 & 63];
+        out += i + 1 < in.size() ? digits[n >> 6 & 63] : '=';
+        out += i + 2 < in.size() ? digits[n & 63] : '=';
+    }
+    return out;
+}
+
+} // namespace
+
+json embeddings_response(const embedding_plan& plan, const std::vector<std::vector<float>>& vectors,
+                         const std::string& model) {
+    static_assert(std::endian::native == std::endian::little, "base64 embeddings are little-endian float32");
+    json data = json::array();
+    int64_t n_tokens = 0;
+    for (size_t i = 0; i < vectors.size(); ++i) {
+        json v = plan.base64 ? json(base64({reinterpret_cast<const uint8_t*>(vectors[i].data()),
+                                            vectors[i].size() * sizeof(float)}))
+                             : json(vectors[i]);
+        data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(v)}});
+        n_tokens += int64_t(plan.inputs[i].size());
+    }
+    return json{{"object", "list"},
+                {"data", std::move(data)},
+                {"model", model},
+                {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}};
+}
+
+api_error submit_error(submit_status s) {
+    if (s == submit_status::queue_full)
+        return {429, "the daemon is at capacity; try again shortly", "server_error", "", "server_busy", 1};
+    if (s == submit_status::too_long)
+        return {400, "the prompt and max_tokens do not fit in the context or the KV cache", "invalid_request_error",
+                "max_tokens", "context_length_exceeded"};
+    return {503, "the daemon is shutting down", "server_error", "", "shutting_down", 5};
+}
+
 #undef TRY
 
 json add_prompt_logprobs(choice_state& c, std::span<const prompt_token> prompt, const std::string& echo,
@@ -1011,7 +1119,7 @@ json final_response(const std::string& id, const std::string& model, const gener
 }
 
 std::string route_label(const std::string& target) {
-    static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+    static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics",
                                   "/tokenize", "/detokenize", "/v1/tandem/apply-template", "/v1/tandem/status"};
     const std::string path = target.substr(0, target.find('?'));
     for (const char* k : known)
@@ -1183,7 +1291,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
                                {"template", std::string(name_of(ms->tmpl.family()))},
                                {"stop", ms->tmpl.stop_strings()}});
     }
-    if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/embeddings") {
         if (auto r = only("POST")) return r;
         if (st.stopping) {
             api_error e = loading_error();

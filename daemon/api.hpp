@@ -76,6 +76,23 @@ struct generation_plan {
 std::variant<generation_plan, api_error> parse_generation(const json& body, bool chat, const model_state& ms,
                                                           const config& cfg);
 
+// An embeddings request (POST /v1/embeddings), parsed: each input's tokens, embedded with the
+// model's pooling (runtime/model_config.hpp pooling_type).
+struct embedding_plan {
+    std::vector<std::vector<token_id>> inputs;
+    bool base64 = false;              // encoding_format "base64": each vector's little-endian float32 bytes
+    int32_t priority = 0;
+};
+
+std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const model_state& ms);
+
+// {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}.
+json embeddings_response(const embedding_plan& plan, const std::vector<std::vector<float>>& vectors,
+                         const std::string& model);
+
+// The error a refused engine submission gets (queue full, too long, shutting down).
+api_error submit_error(submit_status s);
+
 // Collects one choice's events into the response fields.
 struct choice_state {
     std::string text;

@@ -238,6 +238,9 @@ asio::awaitable<void> session::run() {
             st_.met.request_done(route_label(target), r->status);
             ok = co_await write_reply(*r, keep);
             log->debug("{} {} -> {} in {:.1f} ms", method, target, r->status, 1e3 * secs(clock_type::now() - t0));
+        } else if (route_label(target) == "/v1/embeddings") {
+            ok = co_await embeddings(req, keep);
+            log->debug("{} {} done in {:.1f} ms", method, target, 1e3 * secs(clock_type::now() - t0));
         } else {
             ok = co_await generate(req, route_label(target) == "/v1/chat/completions", keep);
             log->debug("{} {} done in {:.1f} ms", method, target, 1e3 * secs(clock_type::now() - t0));
@@ -279,6 +282,94 @@ asio::awaitable<void> session::watch_peer(std::shared_ptr<generation_channel> ch
     }
 }
 
+asio::awaitable<std::variant<std::vector<std::vector<float>>, api_error>>
+session::embed(std::vector<std::vector<token_id>> inputs, int32_t priority) {
+    auto self = shared_from_this();
+    model_state& ms = *st_.ms;
+    auto ch = std::make_shared<generation_channel>(socket_.get_executor());
+    ch->this_ptr = ch;
+    std::vector<uint64_t> ids;
+    auto cancel_all = [&] {
+        for (uint64_t id : ids) ms.eng->cancel(id);
+        ch->finished = true;
+        current_.reset();
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        engine_request r;
+        r.prompt = std::move(inputs[i]);
+        r.embed = ms.bundle.cfg.pooling;
+        r.priority = priority;
+        const submit_result sr =
+            ms.eng->submit(std::move(r), [ch, i](engine_event&& ev) { ch->push(int(i), std::move(ev)); });
+        if (sr.status != submit_status::ok) {
+            cancel_all();
+            api_error e = submit_error(sr.status);
+            if (sr.status == submit_status::too_long) {
+                e.message = fmt::format("input {} does not fit in the context or the KV cache", i);
+                e.param = "input";
+            }
+            co_return e;
+        }
+        ids.push_back(sr.id);
+    }
+    current_ = ch;
+    asio::co_spawn(socket_.get_executor(), watch_peer(ch), asio::detached);
+    std::vector<std::vector<float>> out(inputs.size());
+    size_t n_done = 0;
+    error_code ec;
+    while (n_done < out.size()) {
+        if (ch->peer_gone || closed_) {
+            cancel_all();
+            co_return api_error{499, "the client went away", "server_error"};
+        }
+        auto events = ch->take();
+        if (events.empty()) {
+            ch->timer.expires_at(clock_type::time_point::max());
+            co_await ch->timer.async_wait(redirect_error(use_awaitable, ec));
+            continue;
+        }
+        for (auto& [i, ev] : events) {
+            if (!ev.done) continue;
+            ++n_done;
+            if (ev.finish_reason != "stop" || ev.embedding.empty()) {
+                cancel_all();
+                co_return api_error{500, fmt::format("the engine failed while embedding input {}{}", i,
+                                                     ev.error.empty() ? "" : ": " + ev.error),
+                                    "server_error"};
+            }
+            out[size_t(i)] = std::move(ev.embedding);
+        }
+    }
+    ch->finished = true;
+    current_.reset();
+    co_return out;
+}
+
+asio::awaitable<bool> session::embeddings(const http::request<http::string_body>& req, bool keep_alive) {
+    auto self = shared_from_this();
+    const std::string route = "/v1/embeddings";
+    auto body = parse_generation_body(req.body());
+    std::variant<embedding_plan, api_error> parsed =
+        body.index() == 0 ? parse_embeddings(std::get<json>(body), *st_.ms) : std::get<api_error>(body);
+    if (auto* e = std::get_if<api_error>(&parsed)) {
+        st_.met.request_done(route, e->status);
+        co_return co_await write_reply(reply::of(*e), keep_alive);
+    }
+    const embedding_plan& plan = std::get<embedding_plan>(parsed);
+    auto vectors = co_await embed(plan.inputs, plan.priority);
+    if (auto* e = std::get_if<api_error>(&vectors)) {
+        st_.met.request_done(route, e->status);
+        if (e->status == 499) co_return false; // nobody to answer
+        co_return co_await write_reply(reply::of(*e), keep_alive);
+    }
+    int64_t n_tokens = 0;
+    for (const auto& in : plan.inputs) n_tokens += int64_t(in.size());
+    st_.met.tokens(n_tokens, 0);
+    st_.met.request_done(route, 200);
+    const json out = embeddings_response(plan, std::get<0>(vectors), st_.ms->id);
+    co_return co_await write_reply(reply::of_json(out), keep_alive);
+}
+
 asio::awaitable<bool> session::generate(const http::request<http::string_body>& req, bool chat, bool keep_alive) {
     auto self = shared_from_this();
     const auto t_received = clock_type::now();
@@ -309,14 +400,7 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
         }
         for (uint64_t id : ids) ms.eng->cancel(id);
         ch->finished = true;
-        api_error e;
-        if (r.status == submit_status::queue_full)
-            e = {429, "the daemon is at capacity; try again shortly", "server_error", "", "server_busy", 1};
-        else if (r.status == submit_status::too_long)
-            e = {400, "the prompt and max_tokens do not fit in the context or the KV cache", "invalid_request_error",
-                 "max_tokens", "context_length_exceeded"};
-        else
-            e = {503, "the daemon is shutting down", "server_error", "", "shutting_down", 5};
+        const api_error e = submit_error(r.status);
         co_return co_await fail_with(e);
     }
     current_ = ch;

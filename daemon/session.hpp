@@ -14,6 +14,8 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include <memory>
+#include <variant>
+#include <vector>
 
 namespace tandem::daemon {
 
@@ -40,6 +42,11 @@ private:
     asio::awaitable<void> watch_peer(std::shared_ptr<generation_channel> ch);
     asio::awaitable<bool> write_reply(const struct reply& r, bool keep_alive);
     asio::awaitable<bool> generate(const http::request<http::string_body>& req, bool chat, bool keep_alive);
+    asio::awaitable<bool> embeddings(const http::request<http::string_body>& req, bool keep_alive);
+    // Each input's embedding through the engine (the model's pooling), in order; cancelled
+    // when the client goes away (a 499 error, nobody to answer).
+    asio::awaitable<std::variant<std::vector<std::vector<float>>, struct api_error>>
+    embed(std::vector<std::vector<token_id>> inputs, int32_t priority);
     void set_deadline(double seconds); // <= 0: none
     void close();
 

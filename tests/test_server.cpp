@@ -8,6 +8,8 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <cstring>
 #include <latch>
 #include <mutex>
 #include <filesystem>
@@ -46,6 +48,36 @@ std::string offline_text(const std::string& prompt, int n, bool ignore_eos = fal
     p.sampling.temperature = 0;
     p.ignore_eos = ignore_eos;
     return generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(prompt, true, false), p).text;
+}
+
+// The in-process engine's embedding of a text (the model's pooling): what the daemon must return.
+std::vector<float> offline_embedding(const std::string& text) {
+    static model_bundle b = load_model(model_path("stories260K.gguf"));
+    auto eng = make_local_engine(*b.mdl, *b.tok, engine_options{});
+    engine_request r;
+    r.prompt = b.tok->encode(text, true, false);
+    r.embed = b.cfg.pooling;
+    std::vector<float> out;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    REQUIRE(eng->submit(std::move(r), [&](engine_event&& ev) {
+                    if (!ev.done) return;
+                    std::lock_guard lock(mu);
+                    out = std::move(ev.embedding);
+                    done = true;
+                    cv.notify_all();
+                }).status == submit_status::ok);
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done; });
+    return out;
+}
+
+double max_diff(const json& got, const std::vector<float>& want) {
+    REQUIRE(got.size() == want.size());
+    double d = 0;
+    for (size_t i = 0; i < want.size(); ++i) d = std::max(d, std::abs(got[i].get<double>() - double(want[i])));
+    return d;
 }
 
 std::string stream_text(const std::vector<json>& events, bool chat, int index = 0) {
@@ -135,6 +167,88 @@ TEST_CASE("a field the daemon does not honour is a 400 that names it") {
                   {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}, {"echo", true}});
     CHECK(c.status == 400); // a completions field, not a chat one
     CHECK(c.j()["error"]["param"] == "echo");
+}
+
+TEST_CASE("embeddings: OpenAI's shape, the engine's unit vectors, a list equal to its items alone; base64; errors name what") {
+    const auto& s = shared_socket();
+    const std::string a = "Once upon a time, there was a little girl named Lily.", b = "The dog ran to the park.";
+    auto one = post(s, "/v1/embeddings", {{"model", "stories260K"}, {"input", a}});
+    REQUIRE(one.status == 200);
+    const json j = one.j();
+    CHECK(j["object"] == "list");
+    CHECK(j["model"] == "stories260K");
+    REQUIRE(j["data"].size() == 1);
+    CHECK(j["data"][0]["object"] == "embedding");
+    CHECK(j["data"][0]["index"] == 0);
+    const json& va = j["data"][0]["embedding"];
+    REQUIRE(va.size() == 64); // stories260K's n_embd
+    double norm = 0;
+    for (const auto& x : va) norm += x.get<double>() * x.get<double>();
+    CHECK(std::abs(norm - 1) < 1e-5);
+    CHECK(max_diff(va, offline_embedding(a)) < 1e-5);
+    const int n_a = int(request(s, "POST", "/tokenize", json{{"content", a}}.dump()).j()["count"].get<int>());
+    CHECK(j["usage"]["prompt_tokens"] == n_a);
+    CHECK(j["usage"]["total_tokens"] == n_a);
+
+    // a list: one vector each, in order, as each alone; token ids embed as their text does
+    const auto ids = request(s, "POST", "/tokenize", json{{"content", b}}.dump()).j()["tokens"];
+    auto list = post(s, "/v1/embeddings", {{"input", json::array({b, a})}});
+    REQUIRE(list.status == 200);
+    REQUIRE(list.j()["data"].size() == 2);
+    CHECK(list.j()["data"][1]["index"] == 1);
+    CHECK(max_diff(list.j()["data"][1]["embedding"], offline_embedding(a)) < 1e-5);
+    CHECK(max_diff(list.j()["data"][0]["embedding"], offline_embedding(b)) < 1e-5);
+    CHECK(max_diff(list.j()["data"][0]["embedding"], offline_embedding(a)) > 1e-2);
+    auto tok = post(s, "/v1/embeddings", {{"input", json::array({ids})}});
+    REQUIRE(tok.status == 200);
+    CHECK(max_diff(tok.j()["data"][0]["embedding"], offline_embedding(b)) < 1e-5);
+
+    // base64: the float32 array's little-endian bytes
+    auto b64 = post(s, "/v1/embeddings", {{"input", a}, {"encoding_format", "base64"}});
+    REQUIRE(b64.status == 200);
+    const std::string enc = b64.j()["data"][0]["embedding"].get<std::string>();
+    REQUIRE(enc.size() == 344); // ceil(256 / 3) * 4
+    std::vector<uint8_t> bytes;
+    const std::string digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i + 3 < enc.size(); i += 4) {
+        uint32_t n = 0;
+        int pad = 0;
+        for (size_t k = 0; k < 4; ++k) {
+            const char ch = enc[i + k];
+            pad += ch == '=';
+            n = n << 6 | uint32_t(ch == '=' ? 0 : digits.find(ch));
+        }
+        for (int k = 0; k < 3 - pad; ++k) bytes.push_back(uint8_t(n >> (16 - 8 * k)));
+    }
+    REQUIRE(bytes.size() == 256);
+    std::vector<float> floats(64);
+    std::memcpy(floats.data(), bytes.data(), bytes.size());
+    CHECK(max_diff(va, floats) == 0.0);
+
+    // what it does not do is a 400 that names it
+    const std::pair<json, std::string> bad_requests[] = {
+        {{{"input", a}, {"dimensions", 32}}, "dimensions"},
+        {{{"input", a}, {"encoding_format", "int8"}}, "encoding_format"},
+        {{{"input", ""}}, "input"},
+        {{{"input", json::array({a, ""})}}, "input"},
+        {{{"input", json::array()}}, "input"},
+        {{{"input", 5}}, "input"},
+        {{{"input", a}, {"truncate", true}}, "truncate"},
+        {json::object(), "input"},
+    };
+    for (const auto& [body, param] : bad_requests) {
+        auto r = post(s, "/v1/embeddings", body);
+        CHECK_MESSAGE(r.status == 400, body.dump());
+        CHECK_MESSAGE(r.j()["error"]["param"] == param, body.dump());
+    }
+    CHECK(post(s, "/v1/embeddings", {{"input", a}, {"dimensions", 64}}).status == 200);
+    std::string long_text;
+    for (int i = 0; i < 800; ++i) long_text += "Lily saw a dog. ";
+    auto too_long = post(s, "/v1/embeddings", {{"input", long_text}});
+    CHECK(too_long.status == 400);
+    CHECK(too_long.j()["error"]["code"] == "context_length_exceeded");
+    CHECK(post(s, "/v1/embeddings", {{"input", a}, {"model", "other"}}).status == 404);
+    CHECK(request(s, "GET", "/v1/embeddings").status == 405);
 }
 
 TEST_CASE("guided generation: response_format, structured_outputs, llama.cpp's fields; errors name what") {
