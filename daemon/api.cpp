@@ -585,20 +585,25 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     std::vector<std::vector<token_id>> prompts;
     std::vector<std::string> stops;
     tools_request tools;
-    grounding ground;
+    std::optional<pending_grounding> grounded; // chat with documents
     if (chat) {
         std::vector<chat_message> messages;
         TRY(read_messages(body, messages));
         TRY(read_tools(body, tools));
+        grounding ground;
         TRY(read_grounding(body, ground));
         if (!ground.documents.empty()) {
             if (tools.active()) return bad("'documents' and 'tools' cannot be used together yet", "documents");
-            add_documents(ground.documents, messages);
+            grounded.emplace();
+            grounded->messages = messages;
+            grounded->ground = std::move(ground);
+            prompts.push_back(grounded_prompt(*grounded, grounded->ground.documents, ms)); // all of them, if they fit
+        } else {
+            // tool_choice "none": the model is not told of the tools, so it writes a message
+            const std::string text =
+                ms.tmpl.render(messages, true, tools.active() ? std::span(tools.defs) : std::span<const std::string>{});
+            prompts.push_back(tok.encode(text, false, true));
         }
-        // tool_choice "none": the model is not told of the tools, so it writes a message
-        const std::string text =
-            ms.tmpl.render(messages, true, tools.active() ? std::span(tools.defs) : std::span<const std::string>{});
-        prompts.push_back(tok.encode(text, false, true));
         stops = ms.tmpl.stop_strings();
     } else {
         auto p = read_prompts(body, tok);
@@ -606,7 +611,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
         prompts = std::move(std::get<0>(p));
     }
     for (const auto& p : prompts)
-        if (int32_t(p.size()) > ms.max_prompt_tokens) {
+        if (int32_t(p.size()) > ms.max_prompt_tokens && !grounded) { // (documents too long are retrieved from)
             api_error e = bad(fmt::format("the prompt has {} tokens; this daemon accepts at most {} (context {})",
                                           p.size(), ms.max_prompt_tokens, ms.n_ctx),
                               chat ? "messages" : "prompt");
@@ -715,18 +720,9 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
         }
         plan.tools = tool_plan{syntax};
     }
-    if (ground.strict) { // quotes masked to document text: the one processor a request may add
-        if (constraint)
-            return bad(fmt::format("'{}' and strict citations cannot be used together", constraint->first),
-                       constraint->first);
-        std::vector<std::string> texts;
-        for (const document& d : ground.documents) texts.push_back(d.text);
-        // built once (its table of tokens that open a quote too); each sequence gets a copy
-        std::shared_ptr<const logits_processor> strict =
-            make_strict_quotes(std::make_shared<const document_index>(texts, true), ms.guides->vocab());
-        base.make_processor = [strict] { return strict->clone(); };
-        plan.strict = true;
-    }
+    if (grounded && grounded->ground.strict && constraint) // quotes masked to document text: the one processor a request may add
+        return bad(fmt::format("'{}' and strict citations cannot be used together", constraint->first),
+                   constraint->first);
     if (constraint) {
         try {
             base.make_processor = [guides = ms.guides.get(), cache = ms.guides->get(constraint->second), trigger,
@@ -745,11 +741,21 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     base.beam = beam;
     // echo with logprobs scores the prompt (and with max_tokens 0 is only that)
     base.score_prompt = echo && (plan.logprobs || max_tokens == 0);
-    if (!ground.documents.empty() && ground.cite) {
-        base.observer = make_citation_observer(ground);
-        plan.documents = ground.documents;
-    }
     if (has_seed) base.sampling.seed = uint64_t(seed); // sequence i samples with seed + i
+    if (grounded) {
+        // The documents are retrieved from when, rendered whole, they leave the reply less than
+        // min(max_tokens, a quarter of the context).
+        grounded->base = std::move(base);
+        grounded->budget = std::min(ms.max_prompt_tokens, ms.n_ctx - std::min<int32_t>(int32_t(max_tokens), ms.n_ctx / 4));
+        grounded->query = question_of(grounded->messages);
+        if (int32_t(prompts[0].size()) <= grounded->budget) {
+            const std::vector<document> docs = grounded->ground.documents;
+            ground_plan(plan, *grounded, docs, std::move(prompts[0]), ms);
+        } else {
+            plan.retrieval = std::move(grounded);
+        }
+        return plan;
+    }
     for (const auto& p : prompts) {
         engine_request r = base;
         r.prompt = p;
@@ -861,6 +867,41 @@ api_error submit_error(submit_status s) {
         return {400, "the prompt and max_tokens do not fit in the context or the KV cache", "invalid_request_error",
                 "max_tokens", "context_length_exceeded"};
     return {503, "the daemon is shutting down", "server_error", "", "shutting_down", 5};
+}
+
+std::vector<token_id> grounded_prompt(const pending_grounding& g, const std::vector<document>& docs,
+                                     const model_state& ms) {
+    std::vector<chat_message> messages = g.messages;
+    add_documents(docs, messages);
+    return ms.bundle.tok->encode(ms.tmpl.render(messages, true, {}), false, true);
+}
+
+void ground_plan(generation_plan& plan, const pending_grounding& g, std::vector<document> docs,
+                 std::vector<token_id> prompt, const model_state& ms) {
+    engine_request r = g.base;
+    r.prompt = std::move(prompt);
+    if (g.ground.strict) {
+        std::vector<std::string> texts;
+        for (const document& d : docs) texts.push_back(d.text);
+        // built once (its table of tokens that open a quote too); each sequence gets a copy
+        std::shared_ptr<const logits_processor> strict =
+            make_strict_quotes(std::make_shared<const document_index>(texts, true), ms.guides->vocab());
+        r.make_processor = [strict] { return strict->clone(); };
+        plan.strict = true;
+    }
+    if (g.ground.cite) {
+        grounding shown = g.ground;
+        shown.documents = docs;
+        r.observer = make_citation_observer(shown);
+        plan.documents = std::move(docs);
+    }
+    plan.requests.push_back(std::move(r));
+}
+
+std::string question_of(const std::vector<chat_message>& messages) {
+    for (auto it = messages.rbegin(); it != messages.rend(); ++it)
+        if (it->role == "user") return it->content;
+    return messages.empty() ? std::string() : messages.back().content;
 }
 
 #undef TRY
@@ -1101,21 +1142,34 @@ json final_response(const std::string& id, const std::string& model, const gener
                                                  {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
             }
             ch["message"] = std::move(msg);
-        } else if (plan.chat)
+        } else if (plan.chat) {
             ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+        } else {
+            ch["text"] = c.text;
+        }
         if (plan.cites()) ch["message"]["citations"] = c.citations;
         if (plan.strict) ch["message"]["unsupported"] = unsupported_sentences(c.text, c.citations);
-        else
-            ch["text"] = c.text;
         if (plan.beam) add_beam_fields(ch, c);
         choices.push_back(ch);
     }
-    return json{{"id", id},
+    json out = {{"id", id},
                 {"object", plan.chat ? "chat.completion" : "text_completion"},
                 {"created", int64_t(std::time(nullptr))},
                 {"model", model},
                 {"choices", choices},
                 {"usage", usage_json(cs, plan)}};
+    if (!plan.passages.empty()) out["passages"] = passages_json(plan);
+    return out;
+}
+
+json passages_json(const generation_plan& plan) {
+    json out = json::array();
+    for (const passage_used& p : plan.passages)
+        out.push_back({{"document_id", p.document_id},
+                       {"document_index", p.document_index},
+                       {"start", p.start},
+                       {"end", p.end}});
+    return out;
 }
 
 std::string route_label(const std::string& target) {

@@ -55,6 +55,23 @@ struct tool_plan {
 // A validated /v1/completions or /v1/chat/completions request: one engine request per prompt,
 // each reporting n_seqs sequences; sequence i of request k is k * n_seqs + i. Each prompt
 // returns n choices: its sequences, or with best_of > n (sampling) the n best of them.
+// A chat request with documents, before they are rendered: when they do not fit, the session
+// ranks their passages (daemon/retrieval.hpp) and renders the best that fit the budget.
+struct pending_grounding {
+    std::vector<chat_message> messages;   // without the documents
+    grounding ground;                     // every document, and the citation options
+    engine_request base;                  // the request, less its prompt and its grounding processors
+    int32_t budget = 0;                   // prompt tokens the documents (or passages) must fit in
+    std::string query;                    // the question: the last user message
+};
+
+// A passage rendered in place of its document, as the response lists it (code points).
+struct passage_used {
+    std::string document_id;
+    int32_t document_index = 0;
+    int64_t start = 0, end = 0;
+};
+
 struct generation_plan {
     bool chat = false;
     bool stream = false;
@@ -67,6 +84,8 @@ struct generation_plan {
     std::vector<document> documents;  // chat with documents (citation_options.mode not "off"): choices carry citations
     bool cites() const { return !documents.empty(); }
     bool strict = false;              // citation_options.mode "strict": choices list their unsupported sentences
+    std::optional<pending_grounding> retrieval; // documents too long: no requests until ground_plan
+    std::vector<passage_used> passages; // the passages rendered, when retrieved
     int32_t n = 1;                    // choices per prompt
     int32_t n_seqs = 1;               // sequences per prompt (best_of when it ranks them)
     bool ranked() const { return n_seqs > n; }
@@ -75,6 +94,16 @@ struct generation_plan {
 
 std::variant<generation_plan, api_error> parse_generation(const json& body, bool chat, const model_state& ms,
                                                           const config& cfg);
+
+// The prompt with these documents (or passages) rendered into the pending chat.
+std::vector<token_id> grounded_prompt(const pending_grounding& g, const std::vector<document>& docs,
+                                      const model_state& ms);
+// Completes the plan with its one request: the prompt, the citation observer and strict mode's
+// mask over `docs`, which the choices' citations index.
+void ground_plan(generation_plan& plan, const pending_grounding& g, std::vector<document> docs,
+                 std::vector<token_id> prompt, const model_state& ms);
+// The text passages are ranked against: the last user message (else the last message).
+std::string question_of(const std::vector<chat_message>& messages);
 
 // An embeddings request (POST /v1/embeddings), parsed: each input's tokens, embedded with the
 // model's pooling (runtime/model_config.hpp pooling_type).
@@ -160,6 +189,8 @@ json stream_chunk(const std::string& id, const std::string& model, bool chat, in
                   const reply_delta& d, const json& logprobs, const std::string& finish_reason,
                   bool usage_null = false);
 json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan);
+// The passages a retrieved request rendered: [{document_id, document_index, start, end}].
+json passages_json(const generation_plan& plan);
 json final_response(const std::string& id, const std::string& model, const generation_plan& plan,
                     const std::vector<choice_state>& cs);
 

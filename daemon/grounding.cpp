@@ -195,13 +195,14 @@ std::shared_ptr<output_observer> make_citation_observer(const grounding& g) {
 }
 
 nlohmann::ordered_json citation_json(const citation& c, const std::vector<document>& docs) {
+    const document& d = docs[size_t(c.document)]; // a passage's citation points into its document
     return {{"start", c.start},
             {"end", c.end},
             {"text", c.text},
-            {"document_id", docs[size_t(c.document)].id},
-            {"document_index", c.document},
-            {"document_start", c.document_start},
-            {"document_end", c.document_end}};
+            {"document_id", d.id},
+            {"document_index", d.source >= 0 ? d.source : c.document},
+            {"document_start", d.source_start + c.document_start},
+            {"document_end", d.source_start + c.document_end}};
 }
 
 } // namespace tandem::daemon

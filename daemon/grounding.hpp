@@ -19,6 +19,8 @@ struct document {
     std::string id;                   // the client's, or its index
     std::string title;
     std::string text;
+    int32_t source = -1;              // a passage (daemon/retrieval.hpp): the document it is from
+    int64_t source_start = 0;         // a passage: where it starts there, in code points
 };
 
 struct grounding {

@@ -23,6 +23,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <deque>
@@ -345,6 +346,84 @@ session::embed(std::vector<std::vector<token_id>> inputs, int32_t priority) {
     co_return out;
 }
 
+asio::awaitable<std::optional<api_error>> session::retrieve(generation_plan& plan) {
+    auto self = shared_from_this();
+    model_state& ms = *st_.ms;
+    const tokenizer& tok = *ms.bundle.tok;
+    const pending_grounding& g = *plan.retrieval;
+    const std::vector<document>& docs = g.ground.documents;
+    // Passages of a quarter of the room the messages leave (16 to 256 tokens).
+    const int32_t room = g.budget - int32_t(grounded_prompt(g, {}, ms).size());
+    constexpr int32_t min_passage = 16, max_passage = 256, tags = 24; // a passage's <document> tags, at most
+    if (room < min_passage + tags) {
+        co_return api_error{400,
+                            fmt::format("the documents do not fit in the context ({} tokens for the prompt), and the "
+                                        "messages leave no room for passages of them",
+                                        g.budget),
+                            "invalid_request_error", "documents", "context_length_exceeded"};
+    }
+    const std::vector<passage> passages = split_passages(docs, tok, std::clamp(room / 4, min_passage, max_passage));
+    if (!ms.passage_embeddings) // at most 64 MiB of vectors
+        ms.passage_embeddings = std::make_unique<embedding_cache>(
+            std::max<size_t>(256, (size_t(64) << 20) / (sizeof(float) * size_t(ms.bundle.cfg.n_embd))));
+    embedding_cache& cache = *ms.passage_embeddings;
+    const auto text_of = [&](const passage& p) {
+        return docs[size_t(p.document)].text.substr(size_t(p.begin), size_t(p.end - p.begin));
+    };
+    // The question (its last max_prompt_tokens tokens) and every passage not embedded before.
+    std::vector<std::vector<token_id>> inputs{tok.encode(g.query, true, false)};
+    if (int32_t(inputs[0].size()) > ms.max_prompt_tokens)
+        inputs[0].erase(inputs[0].begin(), inputs[0].end() - ms.max_prompt_tokens);
+    if (inputs[0].empty()) inputs[0].push_back(tok.bos() >= 0 ? tok.bos() : 0);
+    std::vector<size_t> missing;
+    for (size_t i = 0; i < passages.size(); ++i)
+        if (!cache.find(text_of(passages[i]))) {
+            missing.push_back(i);
+            inputs.push_back(tok.encode(text_of(passages[i]), true, false));
+        }
+    auto vectors = co_await embed(std::move(inputs), g.base.priority);
+    if (auto* e = std::get_if<api_error>(&vectors)) co_return *e;
+    auto& v = std::get<0>(vectors);
+    for (size_t k = 0; k < missing.size(); ++k) cache.put(text_of(passages[missing[k]]), std::move(v[k + 1]));
+    std::vector<std::vector<float>> embedded;
+    for (const passage& p : passages) embedded.push_back(*cache.find(text_of(p)));
+
+    // The best-ranked passages that fit, rendered in document order; while the prompt is over
+    // the budget (the tags' estimate was short), the lowest-ranked goes.
+    std::vector<size_t> chosen;
+    int32_t used = 0;
+    for (size_t i : rank_passages(v[0], embedded))
+        if (used + passages[i].n_tokens + tags <= room) {
+            chosen.push_back(i);
+            used += passages[i].n_tokens + tags;
+        }
+    std::vector<document> shown;
+    std::vector<token_id> prompt;
+    for (; !chosen.empty(); chosen.pop_back()) {
+        std::vector<size_t> order = chosen;
+        std::sort(order.begin(), order.end()); // passages are in document order
+        shown.clear();
+        plan.passages.clear();
+        for (size_t i : order) {
+            const passage& p = passages[i];
+            shown.push_back(passage_document(p, docs));
+            plan.passages.push_back({docs[size_t(p.document)].id, p.document, p.start, p.stop});
+        }
+        prompt = grounded_prompt(g, shown, ms);
+        if (int32_t(prompt.size()) <= g.budget) break;
+    }
+    if (chosen.empty()) {
+        co_return api_error{400, "no passage of the documents fits beside the messages", "invalid_request_error",
+                            "documents", "context_length_exceeded"};
+    }
+    logger("server")->debug("retrieval: {} of {} passages ({} embedded now) in a prompt of {} tokens", chosen.size(),
+                            passages.size(), missing.size(), prompt.size());
+    const pending_grounding pending = std::move(*plan.retrieval);
+    plan.retrieval.reset();
+    ground_plan(plan, pending, std::move(shown), std::move(prompt), ms);
+    co_return std::nullopt;
+}
+
 asio::awaitable<bool> session::embeddings(const http::request<http::string_body>& req, bool keep_alive) {
     auto self = shared_from_this();
     const std::string route = "/v1/embeddings";
@@ -383,7 +462,15 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
     model_state& ms = *st_.ms;
     auto parsed = parse_generation(std::get<json>(body), chat, ms, st_.cfg);
     if (auto* e = std::get_if<api_error>(&parsed)) co_return co_await fail_with(*e);
-    const generation_plan& plan = std::get<generation_plan>(parsed);
+    generation_plan& plan = std::get<generation_plan>(parsed);
+    if (plan.retrieval) {
+        const std::optional<api_error> e = co_await retrieve(plan);
+        if (e && e->status == 499) { // the client left while its passages were embedded
+            st_.met.request_done(route, 499);
+            co_return false;
+        }
+        if (e) co_return co_await fail_with(*e);
+    }
 
     auto ch = std::make_shared<generation_channel>(socket_.get_executor());
     ch->this_ptr = ch;
@@ -522,6 +609,7 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
                 if (!cites.empty()) last["choices"][0]["delta"]["citations"] = cites;
                 if (plan.cites()) last["choices"][0]["citations"] = c.citations; // all of them
                 if (plan.strict) last["choices"][0]["unsupported"] = unsupported_sentences(c.text, c.citations);
+                if (!plan.passages.empty()) last["passages"] = passages_json(plan);
                 co_await send(sse(last));
             }
         }

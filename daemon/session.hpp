@@ -14,6 +14,7 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include <memory>
+#include <optional>
 #include <variant>
 #include <vector>
 
@@ -47,6 +48,9 @@ private:
     // when the client goes away (a 499 error, nobody to answer).
     asio::awaitable<std::variant<std::vector<std::vector<float>>, struct api_error>>
     embed(std::vector<std::vector<token_id>> inputs, int32_t priority);
+    // Documents too long for the context (plan.retrieval): ranks their passages against the
+    // question and completes the plan with the best that fit.
+    asio::awaitable<std::optional<struct api_error>> retrieve(struct generation_plan& plan);
     void set_deadline(double seconds); // <= 0: none
     void close();
 

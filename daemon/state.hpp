@@ -3,6 +3,7 @@
 
 #include "daemon/config.hpp"
 #include "daemon/metrics.hpp"
+#include "daemon/retrieval.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/grammar/guide.hpp"
@@ -33,6 +34,7 @@ struct model_state {
     int32_t max_prompt_tokens = 0;
     int32_t max_tokens_limit = 0;
     int threads = 0;
+    std::unique_ptr<embedding_cache> passage_embeddings; // retrieval's, made on first use
 };
 
 // Owned by the server; sessions hold a reference. Touched on the io thread only (metrics

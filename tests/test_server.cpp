@@ -449,6 +449,7 @@ TEST_CASE("chat completions render the template; tokenize, detokenize, apply-tem
     const json cj = chat.j();
     CHECK(cj["object"] == "chat.completion");
     CHECK(cj["choices"][0]["message"]["role"] == "assistant");
+    CHECK_FALSE(cj["choices"][0].contains("text")); // a completions field, not a chat one
     CHECK(cj["usage"]["prompt_tokens"] == ids.size());
     // the same tokens as a completions prompt give the same text (plain template: no stop hit)
     auto comp = post(s, "/v1/completions", {{"prompt", ids}, {"max_tokens", 30}, {"temperature", 0},
@@ -792,6 +793,121 @@ TEST_CASE("grounding: citations index the reply and the documents in code points
     refused({{"messages", msgs}, {"documents", {{{"text", "x"}, {"url", "y"}}}}}, "/v1/chat/completions", "documents[0].url");
     refused({{"messages", msgs}, {"documents", {{{"title", "x"}}}}}, "/v1/chat/completions", "documents[0].text");
     refused({{"prompt", "Hi"}, {"documents", {{{"text", "x"}}}}}, "/v1/completions", "documents");
+}
+
+TEST_CASE("grounding, documents larger than the context: the passages most like the question, citations into the originals") {
+    daemon_process d;
+    d.start(scratch().file("retrieval.sock"), {"--set", "n_ctx=256"});
+    REQUIRE(d.wait_ready());
+    // Two long documents of the model's own stories (replies copy them), the first after
+    // multi-byte text (code points and bytes differ), and between them a short one that is the
+    // question word for word: its passage embeds as the question does, so it ranks first.
+    std::string story;
+    for (const char* start : {"Once upon a time", "One day, Tom", "Lily and her mom", "The little dog"})
+        story += std::string(start) + offline_text(start, 60) + "\n\n";
+    const std::string needle = "Sue went to the beach with her mom and dad.";
+    const std::vector<std::string> docs{"Zoë's café: crème brûlée 🍰 on Sundays.\n\n" + story, needle, story + story};
+    json documents = json::array();
+    documents.push_back({{"id", "long"}, {"text", docs[0]}});
+    documents.push_back({{"id", "needle"}, {"text", docs[1]}});
+    documents.push_back({{"text", docs[2]}});
+    const auto code_points = [](const std::string& t) {
+        std::vector<size_t> at;
+        for (size_t i = 0; i < t.size(); ++i)
+            if ((uint8_t(t[i]) & 0xC0) != 0x80) at.push_back(i);
+        at.push_back(t.size());
+        return at;
+    };
+    const auto slice = [&](const std::string& t, int64_t a, int64_t b) {
+        const auto at = code_points(t);
+        REQUIRE(a >= 0);
+        REQUIRE(a < b);
+        REQUIRE(size_t(b) < at.size());
+        return t.substr(at[size_t(a)], at[size_t(b)] - at[size_t(a)]);
+    };
+    const auto norm = [](const std::string& t) {
+        normalized_text n;
+        n.append(t);
+        n.flush();
+        return n.text;
+    };
+    const auto engine_prompt_tokens = [&] {
+        return metric(request(d.sock, "GET", "/metrics").body, "tandem_engine_prompt_tokens_total");
+    };
+    json q = {{"messages", {{{"role", "user"}, {"content", needle}}}},
+              {"max_tokens", 30},
+              {"documents", documents},
+              {"citation_options", {{"min_tokens", 3}}}};
+    int n_citations = 0;
+    json first_passages;
+    double first_cost = 0;
+    for (int seed : {-1, 1, 2, 3}) {
+        CAPTURE(seed);
+        if (seed < 0) q["temperature"] = 0;
+        else q["seed"] = seed, q["temperature"] = 1;
+        const double before = engine_prompt_tokens();
+        auto r = post(d.sock, "/v1/chat/completions", q);
+        REQUIRE(r.status == 200);
+        const json j = r.j();
+        REQUIRE(j.contains("passages"));
+        const json& ps = j["passages"];
+        REQUIRE(ps.size() >= 2);
+        CHECK(j["usage"]["prompt_tokens"].get<int>() <= 256 - 30);
+        bool needle_found = false;
+        for (const auto& p : ps) {
+            const int di = p["document_index"];
+            REQUIRE((di >= 0 && di < 3));
+            CHECK(p["document_id"] == (di == 0 ? "long" : di == 1 ? "needle" : "2"));
+            const std::string text = slice(docs[size_t(di)], p["start"], p["end"]);
+            CHECK(text.front() != ' ');
+            needle_found |= di == 1 && text == needle;
+        }
+        CHECK(needle_found);
+        if (seed < 0) { // the first request embeds every passage; later ones only their question
+            first_passages = ps;
+            first_cost = engine_prompt_tokens() - before;
+        } else {
+            CHECK(engine_prompt_tokens() - before < first_cost / 2);
+            CHECK(ps == first_passages); // the same question ranks the same passages
+        }
+        const json m = j["choices"][0]["message"];
+        const std::string content = m["content"];
+        for (const auto& c : m["citations"]) {
+            CAPTURE(c.dump());
+            CHECK(slice(content, c["start"], c["end"]) == c["text"].get<std::string>());
+            const int di = c["document_index"];
+            REQUIRE((di >= 0 && di < 3));
+            CHECK(norm(slice(docs[size_t(di)], c["document_start"], c["document_end"])) == norm(c["text"]));
+            ++n_citations;
+        }
+    }
+    CHECK(n_citations >= 1);
+    // streamed: the last chunk lists the passages
+    q["stream"] = true;
+    q["temperature"] = 0;
+    q.erase("seed");
+    auto st = post(d.sock, "/v1/chat/completions", q);
+    REQUIRE(st.status == 200);
+    json listed;
+    for (const auto& e : sse_events(st.body))
+        if (e.contains("passages")) listed = e["passages"];
+    CHECK(listed == first_passages);
+    // documents that fit are rendered whole: no passages
+    auto whole = post(d.sock, "/v1/chat/completions",
+                      {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4},
+                       {"documents", {{{"text", needle}}}}});
+    REQUIRE(whole.status == 200);
+    CHECK_FALSE(whole.j().contains("passages"));
+    // a question that leaves no room for passages is a 400 that says so
+    std::string long_question;
+    for (int i = 0; i < 40; ++i) long_question += "Why did Sue go? ";
+    auto no_room = post(d.sock, "/v1/chat/completions",
+                        {{"messages", {{{"role", "user"}, {"content", long_question}}}}, {"max_tokens", 30},
+                         {"documents", documents}});
+    CHECK(no_room.status == 400);
+    CHECK(no_room.j()["error"]["param"] == "documents");
+    CHECK(request(d.sock, "GET", "/v1/tandem/status").j()["kv_pages_used"] == 0);
+    CHECK(d.stop() == 0);
 }
 
 TEST_CASE("grounding, strict mode: every quotation of sampled replies is document text; unsupported sentences carry no citation") {
