@@ -236,10 +236,11 @@ TEST_CASE("embeddings: OpenAI's shape, the engine's unit vectors, a list equal t
         {{{"input", a}, {"truncate", true}}, "truncate"},
         {json::object(), "input"},
     };
-    for (const auto& [body, param] : bad_requests) {
-        auto r = post(s, "/v1/embeddings", body);
-        CHECK_MESSAGE(r.status == 400, body.dump());
-        CHECK_MESSAGE(r.j()["error"]["param"] == param, body.dump());
+    for (const auto& req : bad_requests) {
+        auto r = post(s, "/v1/embeddings", req.first);
+        CAPTURE(req.first.dump());
+        CHECK(r.status == 400);
+        CHECK(r.j()["error"]["param"] == req.second);
     }
     CHECK(post(s, "/v1/embeddings", {{"input", a}, {"dimensions", 64}}).status == 200);
     std::string long_text;
