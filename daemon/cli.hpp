@@ -1,6 +1,8 @@
 // The `tandem` tool's subcommand registry: each group of commands registers itself here.
 #pragma once
 
+#include "daemon/cli_args.hpp"
+
 #include <CLI/CLI.hpp>
 
 #include <functional>

@@ -823,11 +823,11 @@ int cmd_bench_speculative(const bench_opts& o) {
 } // namespace
 
 void add_precision_flags(CLI::App* sub, load_options& o) {
-    static const std::map<std::string, weight_format> wf{{"f32", weight_format::f32}, {"int8", weight_format::int8}};
-    static const std::map<std::string, kv_dtype> kd{{"f32", kv_dtype::f32}, {"f16", kv_dtype::f16}, {"int8", kv_dtype::i8}};
+    auto value = [](auto e) { return std::to_string(int(e)); }; // the enum as CLI11 reads one
     sub->add_option("--weights", o.weights, "weights in memory: int8 (default) or f32 (unquantized)")
-        ->transform(CLI::CheckedTransformer(wf));
-    sub->add_option("--kv", o.kv, "KV cache: f16 (default), int8 or f32")->transform(CLI::CheckedTransformer(kd));
+        ->transform(named({{"f32", value(weight_format::f32)}, {"int8", value(weight_format::int8)}}));
+    sub->add_option("--kv", o.kv, "KV cache: f16 (default), int8 or f32")
+        ->transform(named({{"f32", value(kv_dtype::f32)}, {"f16", value(kv_dtype::f16)}, {"int8", value(kv_dtype::i8)}}));
 }
 
 void register_bench(CLI::App& app, registry& reg) {
@@ -835,7 +835,7 @@ void register_bench(CLI::App& app, registry& reg) {
     auto* qz = app.add_subcommand("quantize", "write a GGUF with INT8 weights (loads by mmap, no re-quantizing)");
     qz->add_option("input", q->in, "input GGUF (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K weights)")->required();
     qz->add_option("output", q->out, "output GGUF")->required();
-    qz->add_option("-t,--threads", q->threads, "threads")->check(CLI::PositiveNumber);
+    qz->add_option("-t,--threads", q->threads, "threads")->check(at_least(1));
     reg.push_back({qz, [q] { return cmd_quantize(*q); }});
 
     for (const bool drift : {false, true}) {
@@ -845,9 +845,9 @@ void register_bench(CLI::App& app, registry& reg) {
         sub->add_option("-m,--model", e->model, "GGUF model (default: $TANDEM_MODEL)");
         sub->add_option("-f,--file", e->text, "text file, or - for stdin")->required();
         add_precision_flags(sub, e->load);
-        sub->add_option("-c,--ctx", e->ctx, "tokens per window")->check(CLI::Range(2, 1 << 20));
-        sub->add_option("-b,--batch", e->batch, "tokens per forward step")->check(CLI::PositiveNumber);
-        sub->add_option("-t,--threads", e->threads, "CPU threads")->check(CLI::PositiveNumber);
+        sub->add_option("-c,--ctx", e->ctx, "tokens per window")->check(between(2, 1 << 20));
+        sub->add_option("-b,--batch", e->batch, "tokens per forward step")->check(at_least(1));
+        sub->add_option("-t,--threads", e->threads, "CPU threads")->check(at_least(1));
         sub->add_flag("--json", e->json, "print one JSON object");
         reg.push_back({sub, [e, drift] { return drift ? cmd_eval_drift(*e) : cmd_perplexity(*e); }});
     }
@@ -856,24 +856,24 @@ void register_bench(CLI::App& app, registry& reg) {
     auto* bench = app.add_subcommand(
         "bench", "load time, prefill and decode speed, roofline, memory; with --serve, a running daemon under load");
     bench->add_option("-m,--model", bo->model, "GGUF model (default: $TANDEM_MODEL)");
-    bench->add_option("-p,--n-prompt", bo->n_prompt, "prefill tokens")->check(CLI::Range(1, 1 << 16));
-    bench->add_option("-n,--n-gen", bo->n_gen, "decode steps per batch size (with --beams: tokens a beam)")->check(CLI::Range(1, 1 << 16));
-    bench->add_option("-t,--threads", bo->threads, "CPU threads")->check(CLI::PositiveNumber);
-    bench->add_option("--batch", bo->batches, "decode batch sizes")->delimiter(',')->check(CLI::Range(1, 256));
+    bench->add_option("-p,--n-prompt", bo->n_prompt, "prefill tokens")->check(between(1, 1 << 16));
+    bench->add_option("-n,--n-gen", bo->n_gen, "decode steps per batch size (with --beams: tokens a beam)")->check(between(1, 1 << 16));
+    bench->add_option("-t,--threads", bo->threads, "CPU threads")->check(at_least(1));
+    bench->add_option("--batch", bo->batches, "decode batch sizes")->delimiter(',')->check(between(1, 256));
     add_precision_flags(bench, bo->load);
     bench->add_flag("--no-raw", bo->no_raw, "skip the oneDNN raw matmul measurement");
     bench->add_flag("--json", bo->json, "print one JSON object");
     bench->add_option("--speculative", bo->speculative,
                       "speculative decoding instead: the cost of verifying k = 1..K drafts in one step; prompt "
                       "lookup with K drafts on the engine (-n tokens, greedy), and its upper bound (replayed drafts)")
-        ->check(CLI::Range(1, 16));
+        ->check(between(1, 16));
     bench->add_option("--draft-model", bo->draft_model, "with --speculative: also draft from this model")
-        ->check(CLI::ExistingFile)
+        ->check(existing_file())
         ->needs("--speculative");
     auto* beams = bench->add_option("--beams", bo->beams,
                                     "beam search instead: width W against width 1 on one prompt of -p random tokens, "
                                     "-n tokens a beam; aggregate decode rates and the peak of KV pages in use")
-                      ->check(CLI::Range(1, 64));
+                      ->check(between(1, 64));
     bench->add_flag("--guided-decode", bo->guided,
                     "guided generation instead: decode on the engine under a JSON schema vs unconstrained, side by "
                     "side at each --batch size (-n tokens a sequence, temperature 1)");

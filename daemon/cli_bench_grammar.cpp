@@ -156,12 +156,12 @@ bench_mode add_bench_grammar(CLI::App* bench, const std::string& model, const bo
     bench_mode mode;
     mode.flag = bench->add_flag("--grammar", o->on, "guided generation instead: constraint compile time and token-mask "
                                                      "time per token on the model's vocabulary (random walks)");
-    bench->add_option("--grammar-walks", o->walks, "random walks per constraint (--grammar)")->check(CLI::Range(1, 10000));
-    bench->add_option("--grammar-tokens", o->n_tokens, "tokens per walk at most (--grammar)")->check(CLI::Range(1, 100000));
+    bench->add_option("--grammar-walks", o->walks, "random walks per constraint (--grammar)")->check(between(1, 10000));
+    bench->add_option("--grammar-tokens", o->n_tokens, "tokens per walk at most (--grammar)")->check(between(1, 100000));
     bench->add_option("--grammar-prepare-ms", o->prepare_ms,
                       "time each constraint's mask cache may classify contexts before the walks, in the "
                       "compile time (--grammar; 0: classify each when first met)")
-        ->check(CLI::Range(0.0, 60000.0))
+        ->check(between(0.0, 60000.0, number::real))
         ->capture_default_str();
     mode.run = [o, &model, &json] { return run_grammar_bench(model, o->walks, o->n_tokens, o->prepare_ms, json); };
     return mode;

@@ -464,28 +464,28 @@ bench_mode add_bench_serve(CLI::App* bench, const bool& json) {
     needs(bench->add_option("--socket", o->socket, "daemon socket (default: as for `tandem`)"));
     needs(bench->add_option("--concurrency", o->concurrency, "client counts, one level each (default 1,4,16,64)")
               ->delimiter(',')
-              ->check(CLI::Range(1, 1024)));
+              ->check(between(1, 1024)));
     auto* req = bench->add_option("--requests", o->requests,
                                   "requests per level: one count, or one per level (each level sends at least its "
                                   "concurrency; default: 2 per client, at least 8)")
                     ->delimiter(',')
-                    ->check(CLI::Range(1, 1 << 20));
+                    ->check(between(1, 1 << 20));
     auto* dur = bench->add_option("--duration", o->duration_s, "seconds per level instead of a request count")
-                    ->check(CLI::Range(0.1, 86400.0));
+                    ->check(between(0.1, 86400.0, number::real));
     req->excludes(dur);
     needs(req);
     needs(dur);
     needs(bench->add_option("--prompt-tokens", o->prompt_tokens, "prompt tokens per request (random ids, distinct)")
-              ->check(CLI::Range(1, 1 << 20)));
+              ->check(between(1, 1 << 20)));
     needs(bench->add_option("--max-tokens", o->max_tokens, "tokens generated per request (ignore_eos)")
-              ->check(CLI::Range(1, 1 << 20)));
+              ->check(between(1, 1 << 20)));
     needs(bench->add_option("--shared-prefix", o->shared_prefix,
                             "prefix test: tokens of the shared prompt prefix (cut to the daemon's prompt limit; "
                             "0 skips the test)")
-              ->check(CLI::Range(0, 1 << 20)));
+              ->check(between(0, 1 << 20)));
     needs(bench->add_option("--kv-interval-ms", o->kv_interval_ms,
                             "how often KV use is sampled from /v1/tandem/status while a level runs (default 20)")
-              ->check(CLI::Range(1, 60000)));
+              ->check(between(1, 60000)));
     needs(bench->add_option("--seed", o->seed, "seed of the random prompts"));
     return {serve, [o, &json] { return run(*o, json); }};
 }

@@ -1,134 +1,138 @@
-// Daemon commands of `tandem`: a prompt (bare `tandem "..."`), `chat` and `status`, over tandemd's socket.
-#include "daemon/cli.hpp"
+// Daemon commands of `tandem`: a prompt (bare `tandem "..."`) and what `chat` and `status` share.
+#include "daemon/cli_client.hpp"
 
-#include "ipc/client.hpp"
-
-#include <nlohmann/json.hpp>
-
-#include <atomic>
-#include <cmath>
-#include <condition_variable>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
-#include <map>
-#include <mutex>
-#include <optional>
-#include <sstream>
 #include <string>
-#include <thread>
 
 #include <pthread.h>
 #include <unistd.h>
 
-namespace tandem::cli {
+namespace tandem::cli::client {
 
-namespace {
+terminal::terminal()
+    : in_tty(::isatty(STDIN_FILENO) == 1), out_tty(::isatty(STDOUT_FILENO) == 1), err_tty(::isatty(STDERR_FILENO) == 1),
+      colour_ok(!std::getenv("NO_COLOR") &&
+                std::string_view(std::getenv("TERM") ? std::getenv("TERM") : "") != "dumb") {}
 
-using json = nlohmann::json;
+std::string terminal::paint(bool tty, std::string_view code, std::string_view text) const {
+    if (!tty || !colour_ok) return std::string(text);
+    return "\033[" + std::string(code) + "m" + std::string(text) + "\033[0m";
+}
 
-// Exit codes of the daemon commands (README "Using the daemon" lists them too).
-enum exit_code : int {
-    exit_ok = 0,
-    exit_error = 1,       // anything else: a broken stream, a bad reply, a local failure
-    exit_usage = 2,       // bad command line
-    exit_unreachable = 3, // no daemon on the socket, or no permission to use it
-    exit_rejected = 4,    // the daemon answered with an error (4xx/5xx other than below)
-    exit_busy = 5,        // 429/503: over capacity or still loading; try again later
-    exit_interrupted = 130,
-};
-
-struct client_opts {
-    std::string socket, model, system;
-    std::vector<std::string> prompt; // words, joined by spaces
-    std::optional<double> temp, top_p;
-    std::optional<int64_t> top_k, seed, max_tokens;
-    std::vector<std::string> stop;
-    bool json = false, raw = false, chat = false;
-};
-
-// Colour and the spinner only when a person is watching: a TTY, and NO_COLOR unset.
-struct terminal {
-    bool in_tty = ::isatty(STDIN_FILENO) == 1;
-    bool out_tty = ::isatty(STDOUT_FILENO) == 1;
-    bool err_tty = ::isatty(STDERR_FILENO) == 1;
-    bool colour_ok = !std::getenv("NO_COLOR") && std::string_view(std::getenv("TERM") ? std::getenv("TERM") : "") != "dumb";
-
-    std::string out(std::string_view code, std::string_view text) const { return paint(out_tty, code, text); }
-    std::string err(std::string_view code, std::string_view text) const { return paint(err_tty, code, text); }
-
-private:
-    std::string paint(bool tty, std::string_view code, std::string_view text) const {
-        if (!tty || !colour_ok) return std::string(text);
-        return "\033[" + std::string(code) + "m" + std::string(text) + "\033[0m";
-    }
-};
-
-constexpr std::string_view bold = "1", dim = "2", red = "31", green = "32", yellow = "33";
-
-// Set by SIGINT during `tandem chat`: stops the reply being streamed, not the chat.
 std::atomic<bool> interrupted{false};
 
-// A spinner on stderr until the first token arrives (or the request ends).
-class spinner {
-public:
-    explicit spinner(bool enabled) {
-        if (!enabled) return;
-        thread_ = std::thread([this] {
-            // SIGINT goes to the main thread, whose blocking read it must interrupt.
-            sigset_t block;
-            sigemptyset(&block);
-            sigaddset(&block, SIGINT);
-            pthread_sigmask(SIG_BLOCK, &block, nullptr);
-            static constexpr const char frames[] = {'|', '/', '-', '\\'};
-            std::unique_lock lock(mu_);
-            for (size_t i = 0; !stop_; ++i) {
-                std::fprintf(stderr, "\r%c ", frames[i % 4]);
-                std::fflush(stderr);
-                cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; });
-            }
-            std::fputs("\r  \r", stderr);
-            std::fflush(stderr);
-        });
-    }
-    ~spinner() { stop(); }
-    void stop() {
-        if (!thread_.joinable()) return;
-        {
-            std::lock_guard lock(mu_);
-            stop_ = true;
-        }
-        cv_.notify_one();
-        thread_.join();
-    }
+namespace {
+void on_sigint(int) { interrupted = true; }
+} // namespace
 
-private:
-    std::thread thread_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool stop_ = false;
-};
+void install_sigint() {
+    struct sigaction sa = {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, nullptr);
+}
+
+bool sleep_unless_interrupted(double seconds) {
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+    while (!interrupted) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= until) return true;
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(50)));
+    }
+    return false;
+}
+
+spinner::spinner(bool enabled) {
+    if (!enabled) return;
+    thread_ = std::thread([this] {
+        // SIGINT goes to the main thread, whose blocking read it must interrupt.
+        sigset_t block;
+        sigemptyset(&block);
+        sigaddset(&block, SIGINT);
+        pthread_sigmask(SIG_BLOCK, &block, nullptr);
+        static constexpr const char frames[] = {'|', '/', '-', '\\'};
+        std::unique_lock lock(mu_);
+        for (size_t i = 0; !stop_; ++i) {
+            std::fprintf(stderr, "\r%c ", frames[i % 4]);
+            std::fflush(stderr);
+            cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; });
+        }
+        std::fputs("\r  \r", stderr);
+        std::fflush(stderr);
+    });
+}
+
+void spinner::stop() {
+    if (!thread_.joinable()) return;
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+}
+
+void spinner::say(const std::string& line) {
+    std::lock_guard lock(mu_); // not between a frame's bytes
+    std::fprintf(stderr, "%s%s\n", thread_.joinable() ? "\r" : "", line.c_str());
+    std::fflush(stderr);
+}
 
 void message(const terminal& t, std::string_view text) {
     std::fprintf(stderr, "%s %.*s\n", t.err(red, "tandem:").c_str(), int(text.size()), text.data());
 }
 
+namespace {
+
+// The socket a user instance of tandemd listens on, where the session has one.
+std::string user_socket() {
+    const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+    return xdg && *xdg ? std::string(xdg) + "/tandem/tandem.sock" : std::string();
+}
+
+constexpr std::string_view system_socket = "/run/tandem/tandem.sock";
+
+std::string shell_word(const std::string& s) {
+    if (s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:@%=,") == std::string::npos)
+        return s;
+    std::string q = "'";
+    for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+}
+
+} // namespace
+
 int report_unreachable(const terminal& t, const ipc::client& c, const ipc::response& r) {
+    const std::string& path = c.socket_path();
+    const bool at_user = path == user_socket(), at_system = path == system_socket;
     if (r.net == ipc::transport::denied) {
-        message(t, "permission denied on " + c.socket_path() + ": its group (usually `tandem`) may use it; ask to be " +
-                       "added (sudo usermod -aG tandem $USER) or talk to your own instance (systemctl --user start tandemd)");
+        std::string text = "permission denied on " + path;
+        if (at_system)
+            text += ": its group (usually `tandem`) may use it; ask to be added (sudo usermod -aG tandem $USER) or talk "
+                    "to your own instance (systemctl --user start tandemd)";
+        else
+            text += ": its owner may let you in through its group, or start your own: tandemd --model PATH --socket "
+                    "ANOTHER_PATH";
+        message(t, text);
         return exit_unreachable;
     }
-    message(t, "no daemon is listening on " + c.socket_path() + " (" + r.net_error + ").\n" +
-                   "  Start one as a user service:   systemctl --user start tandemd\n" +
-                   "  or the system service:         sudo systemctl start tandemd\n" +
-                   "  or by hand:                    tandemd --model PATH\n" +
-                   "  (or choose another socket with --socket PATH or $TANDEM_SOCKET)");
+    // Services only where they listen: the user unit on $XDG_RUNTIME_DIR's socket, the system
+    // unit on /run/tandem's; by hand, on this very socket.
+    std::string text = "no daemon is listening on " + path + " (" + r.net_error + ").\n";
+    if (at_user) text += "  Start one as a user service:   systemctl --user start tandemd\n";
+    if (at_system) text += "  Start the system service:      sudo systemctl start tandemd\n";
+    text += std::string(at_user || at_system ? "  or by hand:" : "  Start one by hand:") +
+            (at_user || at_system ? "                    " : "             ") + "tandemd --model PATH" +
+            (at_user ? "" : " --socket " + shell_word(path)) + "\n";
+    text += "  (or choose another socket with --socket PATH or $TANDEM_SOCKET)";
+    message(t, text);
     return exit_unreachable;
 }
 
-// An HTTP error from the daemon: OpenAI's {"error": {"message": ...}} when it is there.
 int report_http_error(const terminal& t, const ipc::response& r) {
     std::string what;
     try {
@@ -138,12 +142,15 @@ int report_http_error(const terminal& t, const ipc::response& r) {
     } catch (const std::exception&) {}
     if (what.empty()) what = r.body.substr(0, 200);
     const bool busy = r.status == 429 || r.status == 503;
-    std::string line = "the daemon " + std::string(busy ? "is busy" : "rejected the request") + " (HTTP " +
-                       std::to_string(r.status) + ")";
+    const bool refused = r.status == 401 || r.status == 403;
+    std::string line = std::string(busy      ? "the daemon is busy"
+                                   : refused ? "the daemon does not let this user in"
+                                             : "the daemon rejected the request") +
+                       " (HTTP " + std::to_string(r.status) + ")";
     if (!what.empty()) line += ": " + what;
     if (!r.retry_after.empty()) line += " (retry after " + r.retry_after + " s)";
     message(t, line);
-    return busy ? exit_busy : exit_rejected;
+    return busy ? exit_busy : refused ? exit_unreachable : exit_rejected;
 }
 
 json request_body(const client_opts& o, bool chat, const std::vector<json>& messages, const std::string& prompt) {
@@ -164,6 +171,8 @@ json request_body(const client_opts& o, bool chat, const std::vector<json>& mess
     return body;
 }
 
+namespace {
+
 // The text a chunk (streamed) or a whole response carries, for chat or completions.
 std::string text_of(const json& j, bool chat, bool delta) {
     if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return {};
@@ -176,20 +185,69 @@ std::string text_of(const json& j, bool chat, bool delta) {
     return t && t->is_string() ? t->get<std::string>() : std::string{};
 }
 
-struct reply {
-    int rc = exit_ok;
-    std::string text;
+std::string seconds_text(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g s", s);
+    return buf;
+}
+
+// The daemon is busy or loading (429/503 with Retry-After, as tandemd answers while it loads
+// the model under socket activation): waits as it asks, while the whole wait stays within
+// --wait. False: give up now (no Retry-After, out of time, or Ctrl-C).
+class busy_wait {
+public:
+    busy_wait(const terminal& t, const client_opts& o) : t_(t), o_(o), start_(std::chrono::steady_clock::now()) {}
+
+    bool wait(const ipc::response& r, spinner& spin) {
+        if (!r.reached() || (r.status != 429 && r.status != 503)) return false;
+        char* end = nullptr;
+        const double after = std::strtod(r.retry_after.c_str(), &end);
+        if (r.retry_after.empty() || *end != '\0' || !(after >= 0)) return false;
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        if (waited + after > o_.wait_s) {
+            if (waited > 0) note_ = "gave up after waiting " + seconds_text(waited) + " (--wait " + seconds_text(o_.wait_s) + ")";
+            return false;
+        }
+        if (!told_) { // once, not on every retry
+            told_ = true;
+            spin.say(t_.err(red, "tandem:") + " the daemon is " + (r.status == 503 ? "not ready" : "busy") + " (HTTP " +
+                     std::to_string(r.status) + "); waiting up to " + seconds_text(o_.wait_s) + " for it (--wait)");
+        }
+        return sleep_unless_interrupted(std::max(after, 0.05));
+    }
+    // Why it stopped waiting, for the error message; empty when it never waited.
+    const std::string& note() const { return note_; }
+
+private:
+    const terminal& t_;
+    const client_opts& o_;
+    std::chrono::steady_clock::time_point start_;
+    bool told_ = false;
+    std::string note_;
 };
 
-// Sends one request and prints the reply: streamed token by token, or with --json the
-// daemon's response object as it is.
+int report_http_error_after(const terminal& t, const ipc::response& r, const busy_wait& w) {
+    const int rc = report_http_error(t, r);
+    if (!w.note().empty()) message(t, w.note());
+    return rc;
+}
+
+} // namespace
+
 reply send(const ipc::client& c, const terminal& t, const client_opts& o, const json& body, bool chat) {
     const std::string target = chat ? "/v1/chat/completions" : "/v1/completions";
+    busy_wait busy(t, o);
     reply out;
     if (o.json) {
-        const ipc::response r = c.post(target, body.dump());
+        ipc::response r;
+        for (;;) {
+            r = c.post(target, body.dump());
+            spinner spin(false);
+            if (!busy.wait(r, spin)) break;
+        }
+        if (interrupted) return {exit_interrupted, {}};
         if (!r.reached()) return {report_unreachable(t, c, r), {}};
-        if (!r.ok()) return {report_http_error(t, r), {}};
+        if (!r.ok()) return {report_http_error_after(t, r, busy), {}};
         write_out(r.body);
         if (!r.body.ends_with('\n')) write_out("\n");
         try {
@@ -201,7 +259,7 @@ reply send(const ipc::client& c, const terminal& t, const client_opts& o, const 
     spinner spin(t.err_tty);
     bool done = false;
     std::string stream_error;
-    const ipc::response r = c.post_stream(target, body.dump(), [&](std::string_view data) {
+    auto on_event = [&](std::string_view data) {
         if (interrupted) return false;
         if (data == "[DONE]") {
             done = true;
@@ -227,7 +285,11 @@ reply send(const ipc::client& c, const terminal& t, const client_opts& o, const 
             out.text += piece;
         }
         return true;
-    });
+    };
+    ipc::response r;
+    do {
+        r = c.post_stream(target, body.dump(), on_event);
+    } while (busy.wait(r, spin));
     spin.stop();
     if (!out.text.empty() && !out.text.ends_with('\n')) write_out("\n");
     if (interrupted) {
@@ -240,7 +302,7 @@ reply send(const ipc::client& c, const terminal& t, const client_opts& o, const 
         out.rc = exit_error;
         return out;
     }
-    if (!r.ok()) return {report_http_error(t, r), {}};
+    if (!r.ok()) return {report_http_error_after(t, r, busy), {}};
     if (!stream_error.empty()) {
         message(t, "the daemon stopped the reply: " + stream_error);
         out.rc = exit_error;
@@ -261,6 +323,8 @@ reply send(const ipc::client& c, const terminal& t, const client_opts& o, const 
     return out;
 }
 
+namespace {
+
 int cmd_prompt(const client_opts& o, CLI::App& app) {
     const terminal t;
     std::string prompt;
@@ -270,285 +334,13 @@ int cmd_prompt(const client_opts& o, CLI::App& app) {
         std::fputs(app.help().c_str(), stderr);
         return exit_usage;
     }
-    if (o.raw && !o.system.empty()) {
-        message(t, "--system needs a chat request; drop --raw");
-        return exit_usage;
-    }
+    if (o.raw && !o.system.empty()) return usage_error(app, "--system: needs a chat request; drop --raw");
     const bool chat = !o.raw;
     std::vector<json> messages;
     if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
     messages.push_back({{"role", "user"}, {"content", prompt}});
     const ipc::client c(ipc::default_socket_path(o.socket));
     return send(c, t, o, request_body(o, chat, messages, prompt), chat).rc;
-}
-
-void on_sigint(int) { interrupted = true; }
-
-int cmd_chat(const client_opts& o) {
-    const terminal t;
-    const ipc::client c(ipc::default_socket_path(o.socket));
-    // Ctrl-C stops the reply (or clears the line), not the chat: no SA_RESTART, so a blocked
-    // read returns and sees the flag.
-    struct sigaction sa = {};
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, nullptr);
-
-    std::string system = o.system;
-    std::vector<json> history;
-    auto help = [&] {
-        std::printf("%s\n", t.out(dim, "/reset clears the history, /system TEXT sets the system prompt (empty: none), "
-                                       "/quit ends (or Ctrl-D); Ctrl-C stops a reply").c_str());
-        std::fflush(stdout);
-    };
-    if (t.in_tty) {
-        std::printf("%s\n", t.out(dim, "tandem chat on " + c.socket_path() + " (/help for commands)").c_str());
-        std::fflush(stdout);
-    }
-    int last_rc = exit_ok;
-    for (;;) {
-        if (t.in_tty) {
-            std::printf("%s", t.out(std::string(bold) + ";" + std::string(green), "> ").c_str());
-            std::fflush(stdout);
-        }
-        std::string line;
-        interrupted = false;
-        if (!std::getline(std::cin, line)) {
-            if (interrupted) { // Ctrl-C at the prompt: a fresh line
-                std::cin.clear();
-                std::clearerr(stdin);
-                std::printf("\n");
-                continue;
-            }
-            if (t.in_tty) std::printf("\n");
-            break;
-        }
-        if (line.empty()) continue;
-        if (line[0] == '/') {
-            const size_t sp = line.find(' ');
-            const std::string cmd = line.substr(0, sp);
-            const std::string arg = sp == std::string::npos ? "" : line.substr(sp + 1);
-            if (cmd == "/quit" || cmd == "/exit") break;
-            if (cmd == "/help") {
-                help();
-            } else if (cmd == "/reset") {
-                history.clear();
-                std::printf("%s\n", t.out(dim, "(history cleared)").c_str());
-            } else if (cmd == "/system") {
-                system = arg;
-                std::printf("%s\n", t.out(dim, arg.empty() ? "(no system prompt)" : "(system prompt set)").c_str());
-            } else {
-                std::printf("%s\n", t.out(yellow, "unknown command " + cmd + "; /help lists them").c_str());
-            }
-            std::fflush(stdout);
-            continue;
-        }
-        history.push_back({{"role", "user"}, {"content", line}});
-        std::vector<json> messages;
-        if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
-        messages.insert(messages.end(), history.begin(), history.end());
-        reply r = send(c, t, o, request_body(o, true, messages, ""), true);
-        if (r.rc == exit_ok || r.rc == exit_interrupted) {
-            // An interrupted reply stays in the history as far as it got, as it was shown.
-            history.push_back({{"role", "assistant"}, {"content", r.text}});
-            last_rc = exit_ok;
-            continue;
-        }
-        history.pop_back(); // the turn did not happen
-        if (r.rc == exit_unreachable) return r.rc;
-        last_rc = r.rc;
-    }
-    return last_rc;
-}
-
-// Prometheus text exposition: metric name -> value, summed over label sets.
-std::map<std::string, double> parse_metrics(const std::string& text) {
-    std::map<std::string, double> m;
-    std::istringstream in(text);
-    std::string line;
-    while (std::getline(in, line)) {
-        if (line.empty() || line[0] == '#') continue;
-        size_t name_end = line.find_first_of("{ ");
-        if (name_end == std::string::npos) continue;
-        const std::string name = line.substr(0, name_end);
-        size_t value_at = name_end;
-        if (line[name_end] == '{') {
-            const size_t close = line.find('}', name_end);
-            if (close == std::string::npos) continue;
-            value_at = close + 1;
-        }
-        std::istringstream vs(line.substr(value_at));
-        double v = 0;
-        if (vs >> v) m[name] += v;
-    }
-    return m;
-}
-
-std::optional<double> metric(const std::map<std::string, double>& m, std::initializer_list<const char*> names) {
-    for (const char* n : names)
-        if (auto it = m.find(n); it != m.end()) return it->second;
-    return std::nullopt;
-}
-
-std::string num(double v) {
-    char buf[64];
-    if (std::fabs(v) < 1e15 && v == std::floor(v)) // an integer that fits: print it whole
-        std::snprintf(buf, sizeof buf, "%lld", (long long)v);
-    else
-        std::snprintf(buf, sizeof buf, "%.3g", v);
-    return buf;
-}
-
-// "mean of a histogram" in ms, from its _sum and _count.
-std::optional<double> mean_ms(const std::map<std::string, double>& m, const std::string& base) {
-    auto s = m.find(base + "_sum"), c = m.find(base + "_count");
-    if (s == m.end() || c == m.end() || c->second <= 0) return std::nullopt;
-    return 1000.0 * s->second / c->second;
-}
-
-std::string scalar_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
-
-// "prefill=gpu decode=cpu (policy auto)", from a string or an object of those keys.
-std::string placement_text(const json& p) {
-    if (!p.is_object()) return scalar_text(p);
-    std::string s;
-    for (const char* k : {"prefill", "decode"})
-        if (p.contains(k)) s += (s.empty() ? "" : " ") + std::string(k) + "=" + scalar_text(p[k]);
-    for (const auto& [k, v] : p.items())
-        if (k != "prefill" && k != "decode" && k != "policy") s += (s.empty() ? "" : " ") + k + "=" + scalar_text(v);
-    if (p.contains("policy")) s += " (policy " + scalar_text(p["policy"]) + ")";
-    return s;
-}
-
-std::string duration_text(double s) {
-    char buf[64];
-    if (s < 120)
-        std::snprintf(buf, sizeof buf, "%.0f s", s);
-    else if (s < 7200)
-        std::snprintf(buf, sizeof buf, "%.0f min", s / 60);
-    else
-        std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
-    return buf;
-}
-
-int cmd_status(const client_opts& o) {
-    const terminal t;
-    const ipc::client c(ipc::default_socket_path(o.socket));
-    const ipc::response health = c.get("/health");
-    if (!health.reached()) return report_unreachable(t, c, health);
-    const ipc::response models = c.get("/v1/models");
-    const ipc::response metrics = c.get("/metrics");
-    // tandemd's extension: placement, threads, uptime (older or other servers: 404, skipped).
-    const ipc::response ext = c.get("/v1/tandem/status");
-
-    auto parse = [](const ipc::response& r) {
-        try {
-            return json::parse(r.body);
-        } catch (const std::exception&) {
-            return json();
-        }
-    };
-    const json hj = parse(health), mj = models.ok() ? parse(models) : json();
-    const json xj = ext.ok() ? parse(ext) : json();
-    const auto m = metrics.ok() ? parse_metrics(metrics.body) : std::map<std::string, double>{};
-    const bool ready = health.status == 200;
-    std::string state = ready ? "ready" : health.status == 503 ? "loading" : "unhealthy";
-    if (hj.is_object() && hj.contains("status") && hj["status"].is_string()) state = hj["status"].get<std::string>();
-
-    std::vector<std::string> ids;
-    json placement;
-    std::string model_meta;
-    if (xj.is_object() && xj.contains("placement")) placement = xj["placement"];
-    if (placement.is_null() && hj.is_object() && hj.contains("placement")) placement = hj["placement"];
-    if (mj.is_object() && mj.contains("data") && mj["data"].is_array())
-        for (const auto& d : mj["data"]) {
-            if (d.contains("id") && d["id"].is_string()) ids.push_back(d["id"].get<std::string>());
-            if (placement.is_null() && d.contains("placement")) placement = d["placement"];
-            if (model_meta.empty() && d.contains("meta") && d["meta"].is_object()) {
-                const json& meta = d["meta"];
-                for (const char* k : {"arch", "n_ctx", "path"})
-                    if (meta.contains(k)) model_meta += (model_meta.empty() ? "" : ", ") + std::string(k) + " " + scalar_text(meta[k]);
-            }
-        }
-
-    if (o.json) {
-        json j{{"socket", c.socket_path()}, {"ready", ready}, {"state", state}, {"health", hj}, {"models", mj},
-               {"metrics", m}};
-        if (!xj.is_null()) j["status"] = xj;
-        std::cout << j.dump(2) << "\n";
-        return ready ? exit_ok : exit_busy;
-    }
-
-    auto row = [&](std::string_view label, const std::string& value) {
-        if (value.empty()) return;
-        std::printf("  %s %s\n", t.out(bold, std::string(label) + std::string(12 - std::min<size_t>(label.size(), 11), ' ')).c_str(),
-                    value.c_str());
-    };
-    std::printf("tandemd on %s\n", c.socket_path().c_str());
-    row("state", t.out(ready ? green : yellow, state) + " (HTTP " + std::to_string(health.status) + ")");
-    std::string model;
-    for (const auto& id : ids) model += (model.empty() ? "" : ", ") + id;
-    row("model", model + (model_meta.empty() ? "" : " (" + model_meta + ")"));
-    if (!placement.is_null()) row("placement", placement_text(placement));
-    if (xj.is_object() && xj.contains("threads")) row("threads", scalar_text(xj["threads"]));
-    if (xj.is_object() && xj.contains("uptime_s") && xj["uptime_s"].is_number())
-        row("uptime", duration_text(xj["uptime_s"].get<double>()));
-
-    const auto running = metric(m, {"tandem_requests_running", "tandem_running_requests"});
-    const auto waiting = metric(m, {"tandem_requests_waiting", "tandem_waiting_requests"});
-    const auto served = metric(m, {"tandem_requests_total"});
-    std::string load;
-    if (running) load += num(*running) + " running";
-    if (waiting) load += (load.empty() ? "" : ", ") + num(*waiting) + " waiting";
-    if (served) load += (load.empty() ? "" : ", ") + num(*served) + " served";
-    row("requests", load);
-
-    const auto prompt_tok = metric(m, {"tandem_prompt_tokens_total"});
-    const auto gen_tok = metric(m, {"tandem_generation_tokens_total", "tandem_completion_tokens_total",
-                                    "tandem_generated_tokens_total"});
-    std::string tokens;
-    if (prompt_tok) tokens += num(*prompt_tok) + " prompt";
-    if (gen_tok) tokens += (tokens.empty() ? "" : ", ") + num(*gen_tok) + " generated";
-    row("tokens", tokens);
-
-    std::string latency;
-    char buf[64];
-    if (auto v = mean_ms(m, "tandem_time_to_first_token_seconds")) {
-        std::snprintf(buf, sizeof buf, "first token %.1f ms", *v);
-        latency += buf;
-    }
-    if (auto v = mean_ms(m, "tandem_inter_token_latency_seconds")) {
-        std::snprintf(buf, sizeof buf, "%sbetween tokens %.1f ms", latency.empty() ? "" : ", ", *v);
-        latency += buf;
-    }
-    if (auto v = mean_ms(m, "tandem_queue_time_seconds")) {
-        std::snprintf(buf, sizeof buf, "%squeued %.1f ms", latency.empty() ? "" : ", ", *v);
-        latency += buf;
-    }
-    row("latency", latency.empty() ? "" : latency + " (means)");
-
-    const auto used = metric(m, {"tandem_kv_pages_used"}), total = metric(m, {"tandem_kv_pages_total"});
-    if (used && total && *total > 0) {
-        std::snprintf(buf, sizeof buf, " (%.0f%%)", 100.0 * *used / *total);
-        row("kv cache", num(*used) + "/" + num(*total) + " pages" + buf);
-    }
-    if (auto hits = metric(m, {"tandem_prefix_cache_hits_total"})) row("prefix hits", num(*hits));
-    const auto drafted = metric(m, {"tandem_speculative_draft_tokens_total"});
-    const auto accepted = metric(m, {"tandem_speculative_accepted_tokens_total"});
-    if (drafted && accepted && *drafted > 0) {
-        std::snprintf(buf, sizeof buf, " drafts accepted (%.0f%%)", 100.0 * *accepted / *drafted);
-        row("speculative", num(*accepted) + " of " + num(*drafted) + buf);
-    }
-    // GPU workers only: past K/V copied to the device, against what its kept pages held already.
-    const auto up = metric(m, {"tandem_kv_device_upload_bytes_total"});
-    const auto kept = metric(m, {"tandem_kv_device_kept_bytes_total"});
-    if (up && kept && *up + *kept > 0) {
-        std::snprintf(buf, sizeof buf, "%.1f MiB uploaded, %.1f MiB kept on the device", *up / 1048576.0,
-                      *kept / 1048576.0);
-        row("device kv", buf);
-    }
-    if (!metrics.ok()) row("metrics", "unavailable (HTTP " + std::to_string(metrics.status) + ")");
-    return ready ? exit_ok : exit_busy;
 }
 
 void add_socket(CLI::App& a, client_opts& o) {
@@ -560,20 +352,29 @@ void add_socket(CLI::App& a, client_opts& o) {
 void add_request(CLI::App& a, client_opts& o) {
     a.add_option("--model", o.model, "model name for the request (default: the daemon's)");
     a.add_option("--system", o.system, "system prompt");
-    a.add_option("--temp", o.temp, "temperature (0: greedy)")->check(CLI::Range(0.0, 2.0));
-    a.add_option("--top-p", o.top_p, "top-p")->check(CLI::Range(0.0, 1.0));
-    a.add_option("--top-k", o.top_k, "top-k (0: off)")->check(CLI::NonNegativeNumber);
+    a.add_option("--temp", o.temp, "temperature (0: greedy)")->check(between(0.0, 2.0, number::real));
+    a.add_option("--top-p", o.top_p, "top-p")->check(between(0.0, 1.0, number::real));
+    a.add_option("--top-k", o.top_k, "top-k (0: off)")->check(at_least(0));
     a.add_option("--seed", o.seed, "sampling seed");
-    a.add_option("-n,--max-tokens", o.max_tokens, "most tokens to generate")->check(CLI::PositiveNumber);
+    a.add_option("-n,--max-tokens", o.max_tokens, "most tokens to generate")->check(at_least(1));
     a.add_option("--stop", o.stop, "stop string (repeatable; \\n, \\t, \\r, \\\\ are escapes)")
         ->allow_extra_args(false)
         ->transform(unescape);
+    a.add_option("--wait", o.wait_s,
+                 "seconds to wait for a daemon that is busy or still loading (HTTP 429/503 with Retry-After) "
+                 "before giving up with exit code 5 (default 60; 0: do not wait)")
+        ->check(between(0, 86400, number::real));
     a.add_flag("--json", o.json, "print the daemon's response JSON instead of streaming text");
 }
 
 } // namespace
 
+} // namespace tandem::cli::client
+
+namespace tandem::cli {
+
 void register_client(CLI::App& app, registry& reg) {
+    using namespace client;
     auto o = std::make_shared<client_opts>();
 
     // Bare `tandem "prompt"`: the prompt words are the main app's positional arguments.
@@ -582,17 +383,36 @@ void register_client(CLI::App& app, registry& reg) {
     auto* raw = app.add_flag("--raw", o->raw, "a plain completion (/v1/completions) instead of a chat turn");
     auto* chat_flag = app.add_flag("--chat", o->chat, "a chat turn through the model's chat template (the default)");
     raw->excludes(chat_flag);
-    app.add_option("prompt", o->prompt, "prompt for the daemon (default: stdin when it is not a terminal)");
+    app.add_option("prompt", o->prompt,
+                   "prompt for the daemon (default: stdin when it is not a terminal); after --, words are the "
+                   "prompt even when one is a command's name");
 
     auto* chat = app.add_subcommand("chat", "interactive chat with the daemon (/help inside for commands)");
     add_socket(*chat, *o);
     add_request(*chat, *o);
     reg.push_back({chat, [o] { return cmd_chat(*o); }});
 
-    auto* status = app.add_subcommand("status", "the daemon's model, placement, load and metrics");
-    add_socket(*status, *o);
-    status->add_flag("--json", o->json, "print one JSON object");
+    auto* status = app.add_subcommand("status", "the daemon's model, placement, load and metrics (--watch: live)");
+    auto* top = app.add_subcommand("top", "a live view of the daemon: tandem status --watch");
+    for (CLI::App* s : {status, top}) {
+        add_socket(*s, *o);
+        s->add_flag("--json", o->json, "print one JSON object (with --watch: one a line)");
+        CLI::Option* watch = nullptr;
+        if (s == status) watch = s->add_flag("--watch", o->watch, "a live view, refreshed every --interval seconds");
+        auto* interval = s->add_option("--interval", o->interval_s, "seconds between samples (default 2)")
+                             ->check(between(0.05, 86400, number::real));
+        auto* count = s->add_option("--count", o->count, "samples to show, then exit (default 0: until Ctrl-C)")
+                          ->check(at_least(0));
+        if (watch) {
+            interval->needs(watch);
+            count->needs(watch);
+        }
+    }
     reg.push_back({status, [o] { return cmd_status(*o); }});
+    reg.push_back({top, [o] {
+                       o->watch = true;
+                       return cmd_status(*o);
+                   }});
 
     reg.push_back({&app, [o, &app] { return cmd_prompt(*o, app); }});
 }

@@ -36,6 +36,12 @@ const std::map<std::string, dtype>& synth_types() {
     return types;
 }
 
+std::vector<std::string> names_of(const std::map<std::string, dtype>& m) {
+    std::vector<std::string> names;
+    for (const auto& [name, t] : m) names.push_back(name);
+    return names;
+}
+
 } // namespace
 
 std::string resolve_model(const std::string& flag) {
@@ -232,30 +238,30 @@ void register_offline(CLI::App& app, registry& reg) {
     auto* run = app.add_subcommand("run", "generate text from a prompt, offline (no daemon)");
     run->add_option("-m,--model", ro->model, "GGUF model (default: $TANDEM_MODEL)");
     run->add_option("-p,--prompt", ro->prompt, "prompt text, or - for stdin")->required();
-    run->add_option("-n,--n-predict", ro->n_predict, "tokens to generate (-1: until EOS or full context)");
-    run->add_option("--temp", ro->temp, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));
-    run->add_option("--top-k", ro->top_k, "top-k (0: off)")->check(CLI::NonNegativeNumber);
-    run->add_option("--top-p", ro->top_p, "top-p (1: off)")->check(CLI::Range(0.0f, 1.0f));
-    run->add_option("--min-p", ro->min_p, "min-p (0: off)")->check(CLI::Range(0.0f, 1.0f));
-    run->add_option("--repeat-penalty", ro->repeat_penalty, "repetition penalty (1: off)")->check(CLI::Range(0.0f, 10.0f));
-    run->add_option("--repeat-last-n", ro->repeat_last_n, "tokens the penalties look back over (-1: all)");
-    run->add_option("--presence-penalty", ro->presence_penalty, "presence penalty")->check(CLI::Range(-2.0f, 2.0f));
-    run->add_option("--frequency-penalty", ro->frequency_penalty, "frequency penalty")->check(CLI::Range(-2.0f, 2.0f));
+    run->add_option("-n,--n-predict", ro->n_predict, "tokens to generate (-1: until EOS or full context)")->check(at_least(-1));
+    run->add_option("--temp", ro->temp, "temperature (0: greedy)")->check(between(0.0, 100.0, number::real));
+    run->add_option("--top-k", ro->top_k, "top-k (0: off)")->check(at_least(0));
+    run->add_option("--top-p", ro->top_p, "top-p (1: off)")->check(between(0.0, 1.0, number::real));
+    run->add_option("--min-p", ro->min_p, "min-p (0: off)")->check(between(0.0, 1.0, number::real));
+    run->add_option("--repeat-penalty", ro->repeat_penalty, "repetition penalty (1: off)")->check(between(0.0, 10.0, number::real));
+    run->add_option("--repeat-last-n", ro->repeat_last_n, "tokens the penalties look back over (-1: all)")->check(at_least(-1));
+    run->add_option("--presence-penalty", ro->presence_penalty, "presence penalty")->check(between(-2.0, 2.0, number::real));
+    run->add_option("--frequency-penalty", ro->frequency_penalty, "frequency penalty")->check(between(-2.0, 2.0, number::real));
     run->add_option("--seed", ro->seed, "sampling seed (same seed and request, same output)");
     run->add_option("--stop", ro->stop, "stop string (repeatable; \\n, \\t, \\r, \\\\ are escapes)")->transform(unescape);
-    run->add_option("-c,--ctx", ro->ctx, "context size (default: the model's)")->check(CLI::NonNegativeNumber);
-    run->add_option("-t,--threads", ro->threads, "CPU threads")->check(CLI::PositiveNumber);
+    run->add_option("-c,--ctx", ro->ctx, "context size (default: the model's)")->check(at_least(0));
+    run->add_option("-t,--threads", ro->threads, "CPU threads")->check(at_least(1));
     run->add_option("--draft-tokens", ro->draft_tokens,
                     "speculative decoding: up to this many drafts a step, verified (plain decoding's output; "
                     "alone: prompt lookup)")
-        ->check(CLI::Range(0, 16));
+        ->check(between(0, 16));
     run->add_option("--draft-model", ro->draft_model,
                     "speculative decoding from this smaller GGUF with the same vocabulary (4 drafts a step unless "
                     "--draft-tokens)");
     run->add_option("--speculative", ro->speculative,
                     "ngram (prompt lookup), draft (--draft-model) or off (default: draft with --draft-model, ngram "
                     "with --draft-tokens)")
-        ->check(CLI::IsMember({"ngram", "draft", "off"}));
+        ->check(one_of({"ngram", "draft", "off"}));
     auto* js = run->add_option("--json-schema", ro->json_schema, "constrain the output to JSON valid under this schema file");
     auto* rx = run->add_option("--regex", ro->regex, "constrain the output to match this regular expression");
     auto* gr = run->add_option("--grammar", ro->grammar, "constrain the output to this GBNF grammar file");
@@ -269,17 +275,17 @@ void register_offline(CLI::App& app, registry& reg) {
     auto* beams = run->add_option("--beams", ro->beams,
                                   "beam search of this width: the likeliest output (the best beam; --json lists "
                                   "them all with their scores)")
-                      ->check(CLI::Range(1, 64));
+                      ->check(between(1, 64));
     for (const char* sampling : {"--temp", "--top-k", "--top-p", "--min-p", "--draft-tokens", "--draft-model", "--speculative"})
         beams->excludes(sampling);
     run->add_option("--length-penalty", ro->length_penalty,
                     "beam search: a beam scores sum(logprob) / length^this (default 1; 0: the sum)")
-        ->check(CLI::Range(-10.0f, 10.0f))
+        ->check(between(-10.0, 10.0, number::real))
         ->needs(beams);
     run->add_option("--early-stopping", ro->early_stopping,
                     "beam search ends with width beams finished: true (at once), false (when no live beam can "
                     "beat them now, the default) or never (nor later)")
-        ->check(CLI::IsMember({"true", "false", "never"}))
+        ->check(one_of({"true", "false", "never"}))
         ->needs(beams);
     add_precision_flags(run, ro->load);
     reg.push_back({run, [ro] { return cmd_run(*ro); }});
@@ -320,9 +326,9 @@ void register_offline(CLI::App& app, registry& reg) {
     auto sy = std::make_shared<synth_opts>();
     auto* syn = app.add_subcommand("synth", "write a Llama GGUF with seeded random weights");
     syn->add_option("-o,--output", sy->out, "output file")->required();
-    syn->add_option("--preset", sy->preset, "tiny | tinyllama-1.1b")->check(CLI::IsMember({"tiny", "tinyllama-1.1b"}));
+    syn->add_option("--preset", sy->preset, "tiny | tinyllama-1.1b")->check(one_of({"tiny", "tinyllama-1.1b"}));
     auto shape = [&](const char* name, int32_t synth_params::*field, const char* help, int lo, int hi) {
-        sy->shape.emplace_back(syn->add_option(name, sy->flags.*field, help)->check(CLI::Range(lo, hi)), field);
+        sy->shape.emplace_back(syn->add_option(name, sy->flags.*field, help)->check(between(lo, hi)), field);
     };
     shape("--layers", &synth_params::n_layer, "layers", 1, 512);
     shape("--dim", &synth_params::n_embd, "embedding size", 2, 65536);
@@ -332,16 +338,16 @@ void register_offline(CLI::App& app, registry& reg) {
     shape("--vocab", &synth_params::n_vocab, "vocabulary size", 300, 1 << 20);
     shape("--ctx", &synth_params::n_ctx, "context length", 8, 1 << 20);
     sy->type_opt = syn->add_option("--type", sy->type, "weight type (default: the preset's)")
-                       ->check(CLI::IsMember(synth_types()));
+                       ->check(one_of(names_of(synth_types())));
     sy->seed = syn->add_option("--seed", sy->flags.seed, "seed");
-    syn->add_option("--arch", sy->arch, "llama | qwen2 (NeoX RoPE, Q/K/V biases)")->check(CLI::IsMember({"llama", "qwen2"}));
+    syn->add_option("--arch", sy->arch, "llama | qwen2 (NeoX RoPE, Q/K/V biases)")->check(one_of({"llama", "qwen2"}));
     auto* vf = syn->add_option("--vocab-from", sy->vocab_from,
                                "copy the tokenizer (and its size) from this GGUF: a draft model for it")
-                   ->check(CLI::ExistingFile);
+                   ->check(existing_file());
     for (auto& [opt, field] : sy->shape)
         if (field == &synth_params::n_vocab) vf->excludes(opt);
     syn->add_flag("--tied", sy->tied, "no output.weight: tie the logits to the embedding");
-    syn->add_option("--rope-scale", sy->rope_scale, "linear RoPE scaling factor")->check(CLI::Range(1.0f, 1024.0f));
+    syn->add_option("--rope-scale", sy->rope_scale, "linear RoPE scaling factor")->check(between(1.0, 1024.0, number::real));
     reg.push_back({syn, [sy] {
         // The preset gives every shape; flags given on the command line override it.
         synth_params p = synth_preset(sy->preset);

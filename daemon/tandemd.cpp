@@ -1,5 +1,6 @@
 // `tandemd`: the Tandem daemon. Flags override the config file; see docs/config.md.
 #include "cpu/dnnl_matmul.hpp"
+#include "daemon/cli_args.hpp"
 #include "daemon/config.hpp"
 #include "daemon/server.hpp"
 #include "daemon/worker_main.hpp"
@@ -18,7 +19,9 @@ int main(int argc, char** argv) {
     cpu::ensure_passive_openmp();
     // The daemon starts its prefill and decode workers as `tandemd --worker ROLE ...`.
     if (argc > 1 && std::string_view(argv[1]) == "--worker") return daemon::worker_main(argc, argv);
-    CLI::App app{"tandemd: the Tandem LLM inference daemon (OpenAI-compatible HTTP over a Unix socket)"};
+    CLI::App app{"tandemd: the Tandem LLM inference daemon (OpenAI-compatible HTTP over a Unix socket).\n"
+                 "Exit codes: 0 stopped, 1 error, 2 usage or configuration error.",
+                 "tandemd"};
     std::string config_file, model, socket, listen_tcp, log_level;
     int threads = -1;
     std::vector<std::string> sets;
@@ -26,12 +29,12 @@ int main(int argc, char** argv) {
     app.add_option("--config", config_file, "config file of `key = value` lines (docs/config.md)");
     app.add_option("-m,--model", model, "GGUF model file");
     app.add_option("--socket", socket, "Unix socket path (default $XDG_RUNTIME_DIR/tandem/tandem.sock, or /run/tandem/tandem.sock as root)");
-    app.add_option("-t,--threads", threads, "compute threads (default: all cores)");
+    app.add_option("-t,--threads", threads, "compute threads (default 0: all cores)")->check(cli::at_least(0));
     app.add_option("--listen-tcp", listen_tcp, "also listen on a loopback TCP address, e.g. 127.0.0.1:8080");
     app.add_option("--log", log_level, "log level: trace, debug, info, warn, error, off (or TANDEM_LOG)");
     app.add_option("--set", sets, "KEY=VALUE for any config key (repeatable)");
     app.add_flag("--list-keys", list_keys, "print the config keys and exit");
-    CLI11_PARSE(app, argc, argv);
+    if (auto rc = cli::parse_args(app, argc, argv)) return *rc; // a mistake: one line and exit code 2
 
     if (list_keys) {
         for (const auto& k : daemon::config_keys()) std::printf("%s\n", k.c_str());

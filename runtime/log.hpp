@@ -8,7 +8,8 @@
 
 namespace tandem {
 
-// Sets the level of every subsystem logger ("trace".."off"); TANDEM_LOG overrides `level`.
+// Sets the level of every subsystem logger ("trace".."off"); TANDEM_LOG overrides `level` (a
+// TANDEM_LOG that names no level is ignored, with a warning).
 // Logs go to stderr; under journald (JOURNAL_STREAM set) lines carry no timestamp.
 void init_logging(std::string_view level = "info");
 

@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev libboost-dev libspdlog-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev
-  libsystemd-dev systemd curl
+  libsystemd-dev systemd curl libedit-dev tmux
   clang libclang-rt-14-dev
 )
 

@@ -69,12 +69,13 @@ inline std::string shell_quote(const std::string& s) {
     return q;
 }
 
-// Runs the built `tandem` binary with `args` (each quoted), `stdin_text` on its standard input
-// and `env` ("NAME=value ...", unquoted) before it, capturing stdout, stderr and the exit code.
-inline run_result run_tandem(const std::vector<std::string>& args, const std::string& stdin_text = "",
-                             const std::string& env = "") {
+// Runs the built program `name` (under daemon/) with `args` (each quoted), `stdin_text` on its
+// standard input and `env` ("NAME=value ...", unquoted) before it, capturing stdout, stderr and
+// the exit code.
+inline run_result run_built(const std::string& name, const std::vector<std::string>& args,
+                            const std::string& stdin_text = "", const std::string& env = "") {
     static scratch_dir dir("tandem-io");
-    std::string cmd = env + " " + shell_quote(binary_dir().append("/daemon/tandem"));
+    std::string cmd = env + " " + shell_quote(binary_dir().append("/daemon/").append(name));
     for (const auto& a : args) {
         cmd.push_back(' ');
         cmd.append(shell_quote(a));
@@ -91,6 +92,12 @@ inline run_result run_tandem(const std::vector<std::string>& args, const std::st
     r.out = read_text(out);
     r.err = read_text(err);
     return r;
+}
+
+// run_built for `tandem`.
+inline run_result run_tandem(const std::vector<std::string>& args, const std::string& stdin_text = "",
+                             const std::string& env = "") {
+    return run_built("tandem", args, stdin_text, env);
 }
 
 } // namespace tandem::test
