@@ -234,20 +234,29 @@ int report_http_error_after(const terminal& t, const ipc::response& r, const bus
 
 } // namespace
 
+posted post_json(const ipc::client& c, const terminal& t, const client_opts& o, std::string_view target,
+                 const json& body) {
+    busy_wait busy(t, o);
+    ipc::response r;
+    for (;;) {
+        r = c.post(target, body.dump());
+        spinner spin(false);
+        if (!busy.wait(r, spin)) break;
+    }
+    if (interrupted) return {exit_interrupted, r};
+    if (!r.reached()) return {report_unreachable(t, c, r), r};
+    if (!r.ok()) return {report_http_error_after(t, r, busy), r};
+    return {exit_ok, r};
+}
+
 reply send(const ipc::client& c, const terminal& t, const client_opts& o, const json& body, bool chat) {
     const std::string target = chat ? "/v1/chat/completions" : "/v1/completions";
     busy_wait busy(t, o);
     reply out;
     if (o.json) {
-        ipc::response r;
-        for (;;) {
-            r = c.post(target, body.dump());
-            spinner spin(false);
-            if (!busy.wait(r, spin)) break;
-        }
-        if (interrupted) return {exit_interrupted, {}};
-        if (!r.reached()) return {report_unreachable(t, c, r), {}};
-        if (!r.ok()) return {report_http_error_after(t, r, busy), {}};
+        const posted p = post_json(c, t, o, target, body);
+        if (p.rc != exit_ok) return {p.rc, {}};
+        const ipc::response& r = p.r;
         write_out(r.body);
         if (!r.body.ends_with('\n')) write_out("\n");
         try {
@@ -343,12 +352,6 @@ int cmd_prompt(const client_opts& o, CLI::App& app) {
     return send(c, t, o, request_body(o, chat, messages, prompt), chat).rc;
 }
 
-void add_socket(CLI::App& a, client_opts& o) {
-    a.add_option("--socket", o.socket,
-                 "daemon socket (default: $TANDEM_SOCKET, else $XDG_RUNTIME_DIR/tandem/tandem.sock, else "
-                 "/run/tandem/tandem.sock)");
-}
-
 void add_request(CLI::App& a, client_opts& o) {
     a.add_option("--model", o.model, "model name for the request (default: the daemon's)");
     a.add_option("--system", o.system, "system prompt");
@@ -368,6 +371,12 @@ void add_request(CLI::App& a, client_opts& o) {
 }
 
 } // namespace
+
+void add_socket(CLI::App& a, client_opts& o) {
+    a.add_option("--socket", o.socket,
+                 "daemon socket (default: $TANDEM_SOCKET, else $XDG_RUNTIME_DIR/tandem/tandem.sock, else "
+                 "/run/tandem/tandem.sock)");
+}
 
 } // namespace tandem::cli::client
 

@@ -96,9 +96,21 @@ struct reply {
     std::string text;
 };
 
+// POSTs a JSON body and reads the whole reply, waiting for a busy or loading daemon (--wait);
+// rc is exit_ok with a 2xx reply, else the exit code (the problem already reported).
+struct posted {
+    int rc = exit_ok;
+    ipc::response r;
+};
+posted post_json(const ipc::client& c, const terminal& t, const client_opts& o, std::string_view target,
+                 const json& body);
+
 // Sends one request and prints the reply: streamed token by token, or with --json the
 // daemon's response object as it is. A busy or loading daemon is waited for (--wait).
 reply send(const ipc::client& c, const terminal& t, const client_opts& o, const json& body, bool chat);
+
+// --socket, as every daemon command takes it.
+void add_socket(CLI::App& a, client_opts& o);
 
 int cmd_chat(const client_opts& o);   // cli_chat.cpp
 int cmd_status(const client_opts& o); // cli_status.cpp: once, or --watch

@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
                  "  tandem \"prompt\"         ask the daemon (tandemd); the reply streams to stdout\n"
                  "  tandem -- WORD          a prompt that is one word, even a command's name\n"
                  "  tandem chat | status | top    talk to it, or see how it is doing\n"
+                 "  tandem embed TEXT...    embeddings, one JSON array a line (-m MODEL: offline)\n"
                  "  tandem run | tokenize | detokenize | synth    offline, no daemon\n"
                  "  tandem help [COMMAND]   this help, or a command's\n"
                  "Exit codes: 0 ok, 1 error, 2 usage, 3 no daemon reachable or not allowed, 4 request rejected,\n"
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
     cli::registry reg;
     cli::register_offline(app, reg);
     cli::register_bench(app, reg);
+    cli::register_embed(app, reg);
     cli::register_client(app, reg); // last: its bare-prompt entry (sub == &app) is the fallback
 
     auto* help = app.add_subcommand("help", "show this help, or a command's (tandem help run)");

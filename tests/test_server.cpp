@@ -13,6 +13,7 @@
 #include <latch>
 #include <mutex>
 #include <filesystem>
+#include <sstream>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -250,6 +251,30 @@ TEST_CASE("embeddings: OpenAI's shape, the engine's unit vectors, a list equal t
     CHECK(too_long.j()["error"]["code"] == "context_length_exceeded");
     CHECK(post(s, "/v1/embeddings", {{"input", a}, {"model", "other"}}).status == 404);
     CHECK(request(s, "GET", "/v1/embeddings").status == 405);
+
+    // tandem embed: one vector a line, from the daemon or offline (-m), the same as the API's
+    for (const bool offline : {false, true}) {
+        CAPTURE(offline);
+        std::vector<std::string> args{"embed", b, a};
+        if (offline) args.insert(args.end(), {"-m", model_path("stories260K.gguf"), "-t", "1"});
+        else args.insert(args.end(), {"--socket", s});
+        const auto r = run_tandem(args);
+        INFO(r.err);
+        REQUIRE(r.rc == 0);
+        std::istringstream lines(r.out);
+        std::vector<json> got;
+        for (std::string line; std::getline(lines, line);) got.push_back(json::parse(line));
+        REQUIRE(got.size() == 2);
+        CHECK(max_diff(got[0], offline_embedding(b)) < 1e-5);
+        CHECK(max_diff(got[1], offline_embedding(a)) < 1e-5);
+    }
+    const auto piped = run_tandem({"embed", "--json", "--socket", s}, a + "\n\n" + b + "\n"); // stdin: a text a line
+    REQUIRE(piped.rc == 0);
+    const json pj = json::parse(piped.out);
+    REQUIRE(pj["data"].size() == 2);
+    CHECK(max_diff(pj["data"][1]["embedding"], offline_embedding(b)) < 1e-5);
+    CHECK(run_tandem({"embed", "--socket", s}, "").rc == 2);           // no text
+    CHECK(run_tandem({"embed", "--socket", s, long_text}).rc == 4);    // the daemon's 400
 }
 
 TEST_CASE("guided generation: response_format, structured_outputs, llama.cpp's fields; errors name what") {
