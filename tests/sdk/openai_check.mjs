@@ -129,7 +129,24 @@ for (const c of citations) {
   assert.equal(c.document_id, 'story');
 }
 
+// Embeddings: the SDK asks for base64 by default and decodes it; float as asked. Both are unit
+// vectors, the same to float32 precision.
+const inputs = ['Once upon a time', 'The dog ran to the park.'];
+const emb = await client.embeddings.create({ model: 'stories260K', input: inputs });
+const embFloat = await client.embeddings.create({ model: 'stories260K', input: inputs, encoding_format: 'float' });
+assert.equal(emb.data.length, 2);
+assert.equal(emb.usage.prompt_tokens, emb.usage.total_tokens);
+for (let i = 0; i < 2; ++i) {
+  const v = emb.data[i].embedding, w = embFloat.data[i].embedding;
+  assert.equal(emb.data[i].index, i);
+  assert.equal(v.length, w.length);
+  assert.ok(Math.abs(v.reduce((s, x) => s + x * x, 0) - 1) < 1e-5, 'not a unit vector');
+  assert.ok(v.every((x, j) => Math.abs(x - w[j]) < 1e-6), 'base64 and float differ');
+}
+await assert.rejects(client.embeddings.create({ model: 'stories260K', input: 'x', dimensions: 8 }),
+  (e) => e.status === 400 && /dimensions/.test(e.message));
+
 const { version } = JSON.parse(readFileSync(new URL('./node_modules/openai/package.json', import.meta.url)));
 console.log(`openai ${version}: ${n} schema-valid replies and ${nCalls} valid tool calls (plain and streamed), ` +
   `${beams.choices.length} beams with scores (plain and streamed), a scored prompt, ` +
-  `${citations.length} citations, and the 400s`);
+  `${citations.length} citations, ${emb.data.length} embeddings (base64 and float), and the 400s`);
