@@ -116,6 +116,19 @@ std::variant<std::vector<std::vector<token_id>>, api_error> read_prompts(const j
 #define TRY(expr)                                                                                  \
     if (auto e_ = (expr)) return *e_
 
+// "model": absent, null, or the one this daemon serves (else 404, as OpenAI answers).
+std::optional<api_error> read_model(const json& body, const model_state& ms) {
+    auto it = body.find("model");
+    if (it == body.end() || it->is_null()) return std::nullopt;
+    if (!it->is_string()) return bad("'model' must be a string", "model");
+    if (it->get<std::string>() == ms.id) return std::nullopt;
+    api_error e =
+        bad(fmt::format("The model '{}' does not exist; this daemon serves '{}'", it->get<std::string>(), ms.id), "model");
+    e.status = 404;
+    e.code = "model_not_found";
+    return e;
+}
+
 // An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
 std::optional<api_error> read_message_calls(const json& calls, const std::string& p, std::vector<chat_tool_call>& out) {
     if (!calls.is_array()) return bad(p + " must be an array", p);
@@ -556,17 +569,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     generation_plan plan;
     plan.chat = chat;
 
-    if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
-        if (!it->is_string()) return bad("'model' must be a string", "model");
-        if (it->get<std::string>() != ms.id) {
-            api_error e = bad(fmt::format("The model '{}' does not exist; this daemon serves '{}'",
-                                          it->get<std::string>(), ms.id),
-                              "model");
-            e.status = 404;
-            e.code = "model_not_found";
-            return e;
-        }
-    }
+    TRY(read_model(body, ms));
     for (const char* unsupported : {"suffix", "functions", "function_call"})
         if (auto it = body.find(unsupported); it != body.end() && !it->is_null() && !(it->is_array() && it->empty()))
             return bad(fmt::format("'{}' is not supported{}", unsupported,
@@ -772,17 +775,7 @@ std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const
             key != "priority")
             return bad(fmt::format("'{}' is not supported", key), key);
     const tokenizer& tok = *ms.bundle.tok;
-    if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
-        if (!it->is_string()) return bad("'model' must be a string", "model");
-        if (it->get<std::string>() != ms.id) {
-            api_error e = bad(fmt::format("The model '{}' does not exist; this daemon serves '{}'",
-                                          it->get<std::string>(), ms.id),
-                              "model");
-            e.status = 404;
-            e.code = "model_not_found";
-            return e;
-        }
-    }
+    TRY(read_model(body, ms));
     embedding_plan plan;
     if (auto it = body.find("input"); it != body.end()) { // (nothing to embed: OpenAI refuses it too)
         const auto empty = [](const json& x) { return x == ""; };

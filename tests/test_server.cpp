@@ -81,6 +81,26 @@ double max_diff(const json& got, const std::vector<float>& want) {
     return d;
 }
 
+// t[a:b] in code points (as citations count), a <= b checked.
+std::string slice(const std::string& t, int64_t a, int64_t b) {
+    std::vector<size_t> at; // each code point's first byte
+    for (size_t i = 0; i < t.size(); ++i)
+        if ((uint8_t(t[i]) & 0xC0) != 0x80) at.push_back(i);
+    at.push_back(t.size());
+    REQUIRE(a >= 0);
+    REQUIRE(a <= b);
+    REQUIRE(size_t(b) < at.size());
+    return t.substr(at[size_t(a)], at[size_t(b)] - at[size_t(a)]);
+}
+
+// Text as citations match it (runtime/citations.hpp normalized_text).
+std::string norm(const std::string& t) {
+    normalized_text n;
+    n.append(t);
+    n.flush();
+    return n.text;
+}
+
 std::string stream_text(const std::vector<json>& events, bool chat, int index = 0) {
     std::string s;
     for (const auto& e : events)
@@ -732,26 +752,6 @@ TEST_CASE("grounding: citations index the reply and the documents in code points
         if (stream) b["stream"] = true;
         return post(s, "/v1/chat/completions", b);
     };
-    const auto code_points = [](const std::string& t) {
-        std::vector<size_t> at;
-        for (size_t i = 0; i < t.size(); ++i)
-            if ((uint8_t(t[i]) & 0xC0) != 0x80) at.push_back(i);
-        at.push_back(t.size());
-        return at;
-    };
-    const auto slice = [&](const std::string& t, int64_t a, int64_t b) {
-        const auto at = code_points(t);
-        REQUIRE(a >= 0);
-        REQUIRE(a <= b);
-        REQUIRE(size_t(b) < at.size());
-        return t.substr(at[size_t(a)], at[size_t(b)] - at[size_t(a)]);
-    };
-    const auto norm = [](const std::string& t) {
-        normalized_text n;
-        n.append(t);
-        n.flush();
-        return n.text;
-    };
     int n_citations = 0;
     for (int seed : {-1, 1, 2, 3, 4, 5}) {
         CAPTURE(seed);
@@ -837,26 +837,6 @@ TEST_CASE("grounding, documents larger than the context: the passages most like 
     documents.push_back({{"id", "long"}, {"text", docs[0]}});
     documents.push_back({{"id", "needle"}, {"text", docs[1]}});
     documents.push_back({{"text", docs[2]}});
-    const auto code_points = [](const std::string& t) {
-        std::vector<size_t> at;
-        for (size_t i = 0; i < t.size(); ++i)
-            if ((uint8_t(t[i]) & 0xC0) != 0x80) at.push_back(i);
-        at.push_back(t.size());
-        return at;
-    };
-    const auto slice = [&](const std::string& t, int64_t a, int64_t b) {
-        const auto at = code_points(t);
-        REQUIRE(a >= 0);
-        REQUIRE(a < b);
-        REQUIRE(size_t(b) < at.size());
-        return t.substr(at[size_t(a)], at[size_t(b)] - at[size_t(a)]);
-    };
-    const auto norm = [](const std::string& t) {
-        normalized_text n;
-        n.append(t);
-        n.flush();
-        return n.text;
-    };
     const auto engine_prompt_tokens = [&] {
         return metric(request(d.sock, "GET", "/metrics").body, "tandem_engine_prompt_tokens_total");
     };
@@ -885,6 +865,7 @@ TEST_CASE("grounding, documents larger than the context: the passages most like 
             REQUIRE((di >= 0 && di < 3));
             CHECK(p["document_id"] == (di == 0 ? "long" : di == 1 ? "needle" : "2"));
             const std::string text = slice(docs[size_t(di)], p["start"], p["end"]);
+            REQUIRE(!text.empty());
             CHECK(text.front() != ' ');
             needle_found |= di == 1 && text == needle;
         }
