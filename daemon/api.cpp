@@ -1281,6 +1281,8 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             j["kv_page_size"] = es.page_size;
             j["kv_tokens_stored"] = es.n_kv_tokens;
             j["kv_pages_cached"] = es.n_pages_cached;
+            if (ms->pool) // the shared pool's file (worker processes): where its memory is, and how much
+                j["kv_pool"] = {{"path", ms->pool->path()}, {"bytes", ms->pool->bytes()}, {"persist", !ms->unlink_pool}};
             j["prefix_cache_hit_tokens"] = es.n_prefix_hits;
             j["preemptions"] = es.n_preemptions;
             j["worker_restarts"] = es.n_worker_restarts;

@@ -29,7 +29,7 @@ struct config {
     int32_t kv_pages = 0;              // > 0: the pool's page count (instead of kv_cache_mb)
     std::string kv_dtype = "f16";      // f16 | int8 | f32
     std::string kv_pool;               // "" = default_kv_pool_path (a file on tmpfs)
-    bool kv_pool_persist = true;       // keep the pool file at exit (a warm prefix cache after restart)
+    bool kv_pool_persist = false;      // keep the pool file at exit (a warm prefix cache after a clean restart)
     bool prefix_cache = true;
     double priority_aging_s = 5;
     int32_t max_running = 16;

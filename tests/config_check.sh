@@ -43,9 +43,11 @@ out="$(curl -sf --unix-socket "$sock" http://x/v1/completions -H 'Content-Type: 
   -d '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}')" \
   || { echo "no completion from the sample config's daemon:"; cat "$tmp/log"; exit 1; }
 grep -q '"choices"' <<<"$out" || { echo "unexpected reply: $out"; exit 1; }
-[ -e "$tmp/run/tandem/kv.pool" ] || { echo "the KV pool is not in RUNTIME_DIRECTORY:"; ls -la "$tmp/run/tandem"; exit 1; }
+pools=("$tmp"/run/tandem/tandem-kv-*)
+[ -e "${pools[0]}" ] || { echo "the KV pool is not in RUNTIME_DIRECTORY:"; ls -la "$tmp/run/tandem"; exit 1; }
 kill -TERM "$pid"
 rc=0; wait "$pid" || rc=$?
 pid=
 [ "$rc" = 0 ] || { echo "tandemd exited $rc on SIGTERM:"; cat "$tmp/log"; exit 1; }
+[ ! -e "${pools[0]}" ] || { echo "the KV pool outlived the daemon (kv_pool_persist is off by default)"; exit 1; }
 echo "user instance from the shipped sample: served a completion"

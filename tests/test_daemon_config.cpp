@@ -150,6 +150,10 @@ TEST_CASE("config: the sample names every key the parser knows, each line's defa
     CHECK(documented == keys); // the parser's order
 }
 
+TEST_CASE("config: KV pools are removed at exit unless asked") {
+    CHECK_FALSE(config{}.kv_pool_persist);
+}
+
 TEST_CASE("config: every error is FILE:LINE: key: problem") {
     CHECK(config_error("model = /m.gguf\nthreads = many\n") == ":2: threads: expected an integer from 0 to 1024");
     CHECK(config_error("model = /m.gguf\nno_such = 1\n") == ":2: no_such: unknown key");

@@ -1345,22 +1345,93 @@ TEST_CASE("while the model loads: /health and generation answer 503 with Retry-A
     ::close(nfd);
 }
 
-TEST_CASE("socket activation through systemd-socket-activate") {
-    if (std::system("command -v systemd-socket-activate >/dev/null 2>&1") != 0) {
+namespace {
+
+// tandemd under `systemd-socket-activate -l SOCK` (started by the first connection), with the
+// default KV pool (no kv_pool key); false when systemd-socket-activate is not installed.
+bool spawn_activated(daemon_process& d, const std::string& sock, const std::vector<std::string>& env = {}) {
+    if (std::system("command -v systemd-socket-activate >/dev/null 2>&1") != 0) return false;
+    d.sock = sock;
+    d.spawn({"-l", d.sock, binary_dir() + "/daemon/tandemd", "--model", model_path("stories260K.gguf"), "--threads",
+             "1", "--log", "warn"},
+            env, "systemd-socket-activate");
+    for (int i = 0; i < 500 && !std::filesystem::exists(d.sock); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return std::filesystem::exists(d.sock);
+}
+
+} // namespace
+
+TEST_CASE("socket activation: daemons on two sockets each have their own KV pool") {
+    daemon_process a, b;
+    if (!spawn_activated(a, scratch().file("activated-a.sock"))) {
         MESSAGE("systemd-socket-activate not installed: skipped");
         return;
     }
-    daemon_process d;
-    d.sock = scratch().file("activated.sock");
-    d.spawn({"-l", d.sock, binary_dir() + "/daemon/tandemd", "--model", model_path("stories260K.gguf"), "--threads",
-             "1", "--log", "warn", "--set", "kv_pool=" + d.sock + ".kv"},
-            {}, "systemd-socket-activate");
+    REQUIRE(spawn_activated(b, scratch().file("activated-b.sock")));
     // the first connection may arrive before tandemd runs: systemd holds it in the backlog
-    REQUIRE(d.wait_ready());
-    auto r = post(d.sock, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}});
-    CHECK(r.status == 200);
-    CHECK(r.j()["choices"][0]["text"] == offline_text("Once upon a time", 8));
-    CHECK(d.stop() == 0);
+    REQUIRE(a.wait_ready());
+    REQUIRE(b.wait_ready());
+    const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}};
+    auto ra = post(a.sock, "/v1/completions", body);
+    CHECK(ra.status == 200);
+    CHECK(ra.j()["choices"][0]["text"] == offline_text("Once upon a time", 8));
+    auto rb = post(b.sock, "/v1/completions", body);
+    CHECK(rb.status == 200);
+    // the same model, the same user, no kv_pool set: two pools, named by socket (and model)
+    const json sa = request(a.sock, "GET", "/v1/tandem/status").j(), sb = request(b.sock, "GET", "/v1/tandem/status").j();
+    const std::string pa = sa["kv_pool"]["path"], pb = sb["kv_pool"]["path"];
+    CHECK(pa != pb);
+    CHECK(std::filesystem::path(pa).filename().string().rfind("tandem-kv-", 0) == 0);
+    CHECK(std::filesystem::exists(pa));
+    CHECK(std::filesystem::exists(pb));
+    CHECK(sa["kv_pool"]["bytes"].get<int64_t>() == int64_t(std::filesystem::file_size(pa)));
+    CHECK(sa["kv_pool"]["persist"] == false);
+    CHECK(a.stop() == 0);
+    CHECK(b.stop() == 0);
+    // not kept by default: nothing accumulates in /dev/shm
+    CHECK_FALSE(std::filesystem::exists(pa));
+    CHECK_FALSE(std::filesystem::exists(pb));
+}
+
+TEST_CASE("a start that fails after its KV pool was made leaves no pool file, unless kv_pool_persist") {
+    // the default pool goes to $RUNTIME_DIRECTORY: a scratch one here
+    const std::string rt = scratch().file("failed-start-rt");
+    std::filesystem::create_directories(rt);
+    auto pools = [&] { // every file but the socket: whatever its name, a pool file is one
+        std::vector<std::string> out;
+        for (const auto& e : std::filesystem::directory_iterator(rt))
+            if (e.is_regular_file()) out.push_back(e.path().string());
+        return out;
+    };
+    auto start_failing = [&](const std::string& model, std::vector<std::string> extra) {
+        daemon_process d;
+        std::vector<std::string> args = {"--model", model, "--socket", rt + "/tandem.sock", "--threads", "1", "--log",
+                                         "off"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        d.spawn(args, {"RUNTIME_DIRECTORY=" + rt});
+        return d.wait_exit(60);
+    };
+    // no room for the pool: the file is made, then refused
+    CHECK(start_failing(model_path("stories260K.gguf"), {"--set", "kv_cache_mb=16000000"}) == 1);
+    CHECK(pools().empty());
+    // the workers cannot load the weights (a tensor is missing), after the daemon made the pool
+    // from the model's header
+    std::string bytes;
+    {
+        std::ifstream in(model_path("stories260K.gguf"), std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const auto at = bytes.find("output_norm.weight");
+    REQUIRE(at != std::string::npos);
+    bytes.replace(at, 18, "output_norm.wxyzzy");
+    const std::string broken = scratch().file("no-output-norm.gguf");
+    std::ofstream(broken, std::ios::binary) << bytes;
+    CHECK(start_failing(broken, {}) == 1);
+    CHECK(pools().empty());
+    // kv_pool_persist keeps it, as asked
+    CHECK(start_failing(broken, {"--set", "kv_pool_persist=true"}) == 1);
+    CHECK(pools().size() == 1);
 }
 
 TEST_CASE("a bad config or a missing model fails clearly") {
