@@ -1194,6 +1194,12 @@ api_error loading_error() {
     return e;
 }
 
+reply loading_reply() {
+    reply r = reply::of(loading_error());
+    r.model_loading = true;
+    return r;
+}
+
 json model_card(const model_state& ms, const daemon_state& st) {
     const auto& c = ms.bundle.cfg;
     return json{{"id", ms.id},
@@ -1250,7 +1256,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
     }
     if (path == "/v1/models" || path.starts_with("/v1/models/")) {
         if (auto r = only("GET")) return r;
-        if (!ms) return reply::of(loading_error());
+        if (!ms) return loading_reply();
         if (path == "/v1/models") return reply::of_json({{"object", "list"}, {"data", json::array({model_card(*ms, st)})}});
         if (path.substr(11) == ms->id) return reply::of_json(model_card(*ms, st));
         api_error e = bad(fmt::format("The model '{}' does not exist", path.substr(11)), "model");
@@ -1306,7 +1312,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
     }
     if (path == "/tokenize" || path == "/detokenize" || path == "/v1/tandem/apply-template") {
         if (auto r = only("POST")) return r;
-        if (!ms) return reply::of(loading_error());
+        if (!ms) return loading_reply();
         auto parsed = parse_body(body);
         if (auto* e = std::get_if<api_error>(&parsed)) return reply::of(*e);
         const json& j = std::get<json>(parsed);
@@ -1356,7 +1362,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             e.retry_after_s = 5;
             return reply::of(e);
         }
-        if (!ms) return reply::of(loading_error());
+        if (!ms) return loading_reply();
         return std::nullopt; // the session streams it
     }
     api_error e = bad(fmt::format("no route {} {}", method, path));

@@ -33,10 +33,12 @@ std::optional<std::string> parse_int(const std::string& v, T& out, T lo, T hi, i
     return std::nullopt;
 }
 
-std::optional<std::string> parse_seconds(const std::string& v, double& out) {
+// Seconds up to a day; more than 0 unless `zero_ok`.
+std::optional<std::string> parse_seconds(const std::string& v, double& out, bool zero_ok = false) {
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || !(x > 0) || x > 86400) return "expected seconds, more than 0";
+    if (v.empty() || *end != '\0' || !(x > 0 || (zero_ok && x == 0)) || x > 86400)
+        return zero_ok ? "expected seconds, 0 or more" : "expected seconds, more than 0";
     out = x;
     return std::nullopt;
 }
@@ -135,6 +137,7 @@ const std::vector<std::pair<std::string, setter>>& setters() {
          [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_tokens_limit, 0, 1 << 24); }},
         {"max_n", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_n, 1, 128); }},
         {"request_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.request_timeout_s); }},
+        {"load_wait_s", [](config& c, const std::string& v) { return parse_seconds(v, c.load_wait_s, true); }},
         {"drain_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.drain_timeout_s); }},
         {"worker_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.worker_timeout_s); }},
         {"allowed_users",

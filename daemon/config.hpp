@@ -44,6 +44,7 @@ struct config {
     int32_t max_tokens_limit = 0;      // 0 = the context
     int32_t max_n = 8;
     double request_timeout_s = 30;     // to read one whole request (idle keep-alive included)
+    double load_wait_s = 30;           // a request that needs the model waits this long for it to load (0: 503 at once)
     double drain_timeout_s = 30;
     double worker_timeout_s = 300;     // a worker silent on one batch this long is killed and restarted
     std::vector<std::string> allowed_users;  // names or uids

@@ -89,6 +89,7 @@ void server::listen() {
         if (socket_name_.empty()) socket_name_ = unix_socket_path(addr, len);
         log->info("listening on the socket systemd passed (fd {})", fd);
     }
+    n_passed_ = acceptors_.size();
     if (socket_name_.empty()) socket_name_ = st_.cfg.socket.empty() ? default_socket_path() : st_.cfg.socket;
     if (fds.empty()) {
         const std::string path = socket_name_;
@@ -253,12 +254,12 @@ void server::start_loading() {
         }
         asio::post(io_, [this, ms = std::move(ms), err]() mutable {
             auto log = logger("server");
+            if (st_.stopping) return; // a signal came first; run() disposes of the engine
             if (!ms) {
                 log->error("cannot load the model: {}", err);
-                systemd::notify_status("failed: " + err);
                 exit_code_ = 1;
-                sessions_.stop_all();
-                finish();
+                begin_drain(); // requests held for the model get 503, then the daemon exits
+                systemd::notify_status("failed: " + err);
                 return;
             }
             st_.ms = std::move(ms);
@@ -266,6 +267,7 @@ void server::start_loading() {
                 fmt::format("serving {} ({} threads, context {})", st_.ms->id, st_.ms->threads, st_.ms->n_ctx);
             log->info("ready: {}", status);
             systemd::notify_ready(status);
+            sessions_.state_changed(); // requests held for the model go on
         });
     });
 }
@@ -282,7 +284,7 @@ asio::awaitable<void> server::accept_loop(acceptor_type& acc) {
             co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
             continue;
         }
-        if (st_.stopping) continue; // closed by going out of scope
+        // During the drain too: new requests get 503 "stopping" rather than a refused connection.
         sessions_.start(std::make_shared<session>(std::move(sock), st_, sessions_, policy_));
     }
 }
@@ -333,10 +335,14 @@ void server::begin_drain() {
     st_.stopping = true;
     abort_loading_ = true;
     systemd::notify_stopping();
-    for (auto& acc : acceptors_) {
+    // Our own listeners keep accepting while the drain lasts (new requests get 503 "stopping"
+    // with Retry-After). The sockets systemd passed are closed: their new connections wait in
+    // systemd's queue for the next instance, which it starts once this one is gone.
+    for (size_t i = 0; i < n_passed_; ++i) {
         error_code ec;
-        acc->close(ec);
+        acceptors_[i]->close(ec);
     }
+    sessions_.state_changed(); // requests held for the model get their 503 now
     drain_timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(st_.cfg.drain_timeout_s)));
     drain_timer_.async_wait([this](const error_code& ec) {
@@ -357,6 +363,7 @@ void server::finish() {
     watchdog_timer_.cancel();
     status_timer_.cancel();
     for (auto& acc : acceptors_) acc->close(ec);
+    sessions_.stop_all(); // any that came during the drain
     io_.stop();
 }
 

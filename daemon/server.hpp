@@ -63,6 +63,7 @@ private:
     std::atomic<bool> abort_loading_{false}; // set on SIGTERM: a loader waiting for workers gives up
     std::string socket_path_;      // the file we created (removed on exit); "" under activation
     std::string socket_name_;      // the Unix socket served (systemd's, under activation): names the KV pool
+    size_t n_passed_ = 0;          // acceptors_[0, n_passed_) are the sockets systemd passed
     int exit_code_ = 0;
     bool finished_ = false;
 };

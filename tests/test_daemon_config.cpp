@@ -103,6 +103,17 @@ TEST_CASE("config: the installed sample systemd/tandemd.conf loads and validates
     CHECK_NOTHROW(c.validate());
 }
 
+TEST_CASE("config: load_wait_s takes 0 (no wait); the other timeouts do not") {
+    config c;
+    CHECK(c.load_wait_s == 30);
+    CHECK_FALSE(c.set("load_wait_s", "0"));
+    CHECK(c.load_wait_s == 0);
+    CHECK_FALSE(c.set("load_wait_s", "0.5"));
+    CHECK(c.load_wait_s == 0.5);
+    CHECK(c.set("load_wait_s", "-1") == "expected seconds, 0 or more");
+    CHECK(c.set("drain_timeout_s", "0") == "expected seconds, more than 0");
+}
+
 TEST_CASE("config: the sample names every key the parser knows, each line's default parses") {
     // `key = value` and `#key = value` lines of the sample
     std::vector<std::string> listed;
@@ -138,6 +149,8 @@ TEST_CASE("config: the sample names every key the parser knows, each line's defa
     CHECK(all.priority_aging_s == d.priority_aging_s);
     CHECK(all.workers == d.workers);
     CHECK(all.kv_pool_persist == d.kv_pool_persist);
+    CHECK(all.load_wait_s == d.load_wait_s);
+    CHECK(all.drain_timeout_s == d.drain_timeout_s);
     CHECK(all.placement == d.placement);
     CHECK(all.log_level == d.log_level);
     CHECK_NOTHROW(all.validate());

@@ -1307,7 +1307,7 @@ TEST_CASE("SIGTERM drains in-flight requests, then tandemd exits 0; sd_notify me
     ::close(nfd);
 }
 
-TEST_CASE("while the model loads: /health and generation answer 503 with Retry-After, READY=1 comes after") {
+TEST_CASE("while the model loads: /health answers 503 at once, a completion is held until it has loaded; READY=1 after") {
     const std::string notify_path = scratch().file("notify-load.sock");
     const int nfd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     sockaddr_un a{};
@@ -1324,14 +1324,29 @@ TEST_CASE("while the model loads: /health and generation answer 503 with Retry-A
     CHECK(h.status == 503);
     CHECK(h.j()["status"] == "loading");
     CHECK(h.headers.count("retry-after") == 1);
-    auto c = post(d.sock, "/v1/completions", {{"prompt", "x"}});
-    CHECK(c.status == 503);
-    CHECK(c.j()["error"]["code"] == "model_loading");
-    CHECK(c.headers.count("retry-after") == 1);
     char buf[512];
     std::string notes;
     for (ssize_t n; (n = ::recv(nfd, buf, sizeof buf, MSG_DONTWAIT)) > 0;) notes.append(buf, size_t(n));
     CHECK(notes.find("READY=1") == std::string::npos);
+    // sent during the load (load_wait_s, 30 s by default): answered once the model is there
+    const auto t0 = std::chrono::steady_clock::now();
+    std::atomic<bool> answered{false};
+    http_response c;
+    std::thread client([&] {
+        c = post(d.sock, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}});
+        answered = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_FALSE(answered); // held
+    // meanwhile /health and the status answer at once, still loading
+    const auto th = std::chrono::steady_clock::now();
+    CHECK(request(d.sock, "GET", "/health").j()["status"] == "loading");
+    CHECK(request(d.sock, "GET", "/v1/tandem/status").j()["status"] == "loading");
+    CHECK(std::chrono::steady_clock::now() - th < std::chrono::milliseconds(500));
+    client.join();
+    CHECK(c.status == 200);
+    CHECK(c.j()["choices"][0]["text"] == offline_text("Once upon a time", 8));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
     REQUIRE(d.wait_ready());
     pollfd p{nfd, POLLIN, 0};
     std::string ready;
@@ -1343,6 +1358,64 @@ TEST_CASE("while the model loads: /health and generation answer 503 with Retry-A
     CHECK(ready.find("READY=1") != std::string::npos);
     CHECK(d.stop() == 0);
     ::close(nfd);
+}
+
+namespace {
+
+// Whether something accepts connections at `sock` within a few seconds.
+bool listening(const std::string& sock) {
+    for (int i = 0; i < 500; ++i) {
+        if (const int fd = connect_unix(sock); fd >= 0) {
+            ::close(fd);
+            return true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+}
+
+} // namespace
+
+TEST_CASE("a request held for the model gets 503 with Retry-After after load_wait_s") {
+    daemon_process d;
+    d.start(scratch().file("load-wait.sock"), {"--set", "load_wait_s=0.3"}, {"TANDEMD_TEST_LOAD_DELAY_MS=3000"});
+    REQUIRE(listening(d.sock));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto c = post(d.sock, "/v1/completions", {{"prompt", "x"}});
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    CHECK(c.status == 503);
+    CHECK(c.j()["error"]["code"] == "model_loading");
+    CHECK(c.headers.count("retry-after") == 1);
+    CHECK(waited >= std::chrono::milliseconds(280));
+    CHECK(waited < std::chrono::milliseconds(2500));
+    // 0: no wait at all
+    daemon_process d0;
+    d0.start(scratch().file("load-wait0.sock"), {"--set", "load_wait_s=0"}, {"TANDEMD_TEST_LOAD_DELAY_MS=3000"});
+    REQUIRE(listening(d0.sock));
+    const auto t1 = std::chrono::steady_clock::now();
+    CHECK(post(d0.sock, "/v1/models", {}).status == 405); // POST on a GET route: an error that needs no model
+    CHECK(request(d0.sock, "GET", "/v1/models").status == 503);
+    CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::milliseconds(1000));
+    // SIGTERM while a request is held: it gets its 503 at once, and the daemon exits 0
+    http_response held;
+    std::thread client([&] { held = post(d0.sock, "/v1/completions", {{"prompt", "x"}}); });
+    daemon_process d2;
+    d2.start(scratch().file("load-wait2.sock"), {}, {"TANDEMD_TEST_LOAD_DELAY_MS=3000"});
+    REQUIRE(listening(d2.sock));
+    http_response held2;
+    std::thread client2([&] { held2 = post(d2.sock, "/v1/completions", {{"prompt", "x"}}); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto t2 = std::chrono::steady_clock::now();
+    ::kill(d2.pid, SIGTERM);
+    client2.join();
+    CHECK(std::chrono::steady_clock::now() - t2 < std::chrono::milliseconds(2000));
+    CHECK(held2.status == 503);
+    CHECK(held2.j()["error"]["code"] == "shutting_down");
+    CHECK(d2.wait_exit(10) == 0);
+    client.join();
+    CHECK(held.status == 503); // load_wait_s = 0
+    CHECK(d.stop() == 0);
+    CHECK(d0.stop() == 0);
 }
 
 namespace {
@@ -1362,16 +1435,15 @@ bool spawn_activated(daemon_process& d, const std::string& sock, const std::vect
 
 } // namespace
 
-TEST_CASE("socket activation: daemons on two sockets each have their own KV pool") {
+TEST_CASE("socket activation: the request that starts tandemd gets 200; daemons on two sockets each have their own KV pool") {
     daemon_process a, b;
     if (!spawn_activated(a, scratch().file("activated-a.sock"))) {
         MESSAGE("systemd-socket-activate not installed: skipped");
         return;
     }
     REQUIRE(spawn_activated(b, scratch().file("activated-b.sock")));
-    // the first connection may arrive before tandemd runs: systemd holds it in the backlog
-    REQUIRE(a.wait_ready());
-    REQUIRE(b.wait_ready());
+    // the first connection starts tandemd (systemd holds it in the backlog until then), and
+    // its request is answered, not refused as "still loading"
     const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}};
     auto ra = post(a.sock, "/v1/completions", body);
     CHECK(ra.status == 200);
@@ -1432,6 +1504,43 @@ TEST_CASE("a start that fails after its KV pool was made leaves no pool file, un
     // kv_pool_persist keeps it, as asked
     CHECK(start_failing(broken, {"--set", "kv_pool_persist=true"}) == 1);
     CHECK(pools().size() == 1);
+}
+
+TEST_CASE("SIGTERM: while the drain lasts /health says stopping and new requests get 503; the running stream finishes") {
+    daemon_process d;
+    d.start(scratch().file("stopping.sock"));
+    REQUIRE(d.wait_ready());
+    // a stream longer than the socket buffers hold: unread, it is still running below
+    const int fd = connect_unix(d.sock);
+    const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 1000}, {"ignore_eos", true}, {"n", 4},
+                       {"temperature", 0}, {"stream", true}};
+    send_all(fd, make_request("POST", "/v1/completions", body.dump()));
+    pollfd p{fd, POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 10000) == 1);
+    ::kill(d.pid, SIGTERM);
+    http_response h;
+    for (int i = 0; i < 200; ++i) { // 200 until the signal is handled
+        h = request(d.sock, "GET", "/health");
+        if (h.status != 200) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(h.status == 503);
+    CHECK(h.j()["status"] == "stopping");
+    CHECK(h.headers.count("retry-after") == 1);
+    auto c = post(d.sock, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+    CHECK(c.status == 503);
+    CHECK(c.j()["error"]["code"] == "shutting_down");
+    CHECK(c.headers.count("retry-after") == 1);
+    CHECK(request(d.sock, "GET", "/v1/tandem/status").j()["status"] == "stopping");
+    const auto r = parse_response(read_until_eof(fd));
+    ::close(fd);
+    REQUIRE(r.status == 200);
+    bool done = false, ok = false;
+    auto ev = sse_events(r.body, &done, &ok);
+    CHECK(done);
+    CHECK(ok);
+    CHECK(stream_text(ev, false, 3) == offline_text("Once upon a time", 1000, true));
+    CHECK(d.wait_exit(30) == 0);
 }
 
 TEST_CASE("a bad config or a missing model fails clearly") {
