@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -212,7 +213,8 @@ void config::load_file(const std::string& path) {
 }
 
 void config::validate() const {
-    TANDEM_CHECK(!model.empty(), "no model: pass --model PATH or set `model` in the config file");
+    TANDEM_CHECK(!model.empty(),
+                 "no model: pass --model PATH or set `model` in the config file (no demo model is installed beside tandemd)");
     // "FILE:LINE: key: problem", or "key: problem" for a key set by a flag without a place
     const auto bad = [&](const std::string& key, const std::string& problem) {
         const auto at = origin.find(key);
@@ -241,6 +243,16 @@ std::string default_socket_path() {
     if (::geteuid() == 0) return "/run/tandem/tandem.sock";
     if (const char* d = std::getenv("XDG_RUNTIME_DIR"); d && *d) return std::string(d) + "/tandem/tandem.sock";
     return "/tmp/tandem-" + std::to_string(::geteuid()) + "/tandem.sock";
+}
+
+std::string default_model_path() {
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) return {};
+    // TANDEM_DATA_FROM_BIN: the install's data dir relative to its bin dir ("../share")
+    const std::filesystem::path model =
+        (exe.parent_path() / TANDEM_DATA_FROM_BIN / "tandem/models/stories260K.gguf").lexically_normal();
+    return std::filesystem::is_regular_file(model, ec) ? model.string() : std::string();
 }
 
 std::vector<std::string> config_keys() {

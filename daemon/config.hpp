@@ -10,7 +10,7 @@
 namespace tandem::daemon {
 
 struct config {
-    std::string model;                 // GGUF path (required)
+    std::string model;                 // GGUF path; "" = default_model_path(), if installed
     std::string model_id;              // the id /v1/models reports; "" = the file's stem
     std::string socket;                // "" = the default for this user (see default_socket_path)
     std::string socket_group;          // "" = the daemon's group
@@ -70,6 +70,11 @@ struct config {
 // $RUNTIME_DIRECTORY/tandem.sock under systemd (RuntimeDirectory=tandem), else
 // /run/tandem/tandem.sock for root and $XDG_RUNTIME_DIR/tandem/tandem.sock for a user.
 std::string default_socket_path();
+
+// The demo model a packaged tandemd serves when none is configured: stories260K.gguf in the
+// installed share/tandem/models/ (found from the running tandemd's own path, so any install
+// prefix works); "" when there is none there (a build tree).
+std::string default_model_path();
 
 // The documented keys, in order, for --help-config.
 std::vector<std::string> config_keys();

@@ -24,12 +24,13 @@ printf 'kv_cache_mb = lots\n' >"$tmp/bad.conf"
 bad "1: kv_cache_mb: expected an integer"
 echo "config errors: FILE:LINE: key: problem, exit 2"
 
-# The user unit's start: the sample with only `model` changed (quoted, as people write it),
+# The user unit's start: the sample with only `model` set (quoted, as people write it),
 # --socket %t/tandem/tandem.sock and RUNTIME_DIRECTORY=%t/tandem, as a user without the tandem
-# group or /run/tandem would have them.
+# group or /run/tandem would have them. (As shipped it sets nothing: the installed demo model.)
+[ "$(grep -c '^[a-z_]* =' "$sample")" = 0 ] || { echo "the sample sets a key:"; grep '^[a-z_]* =' "$sample"; exit 1; }
 mkdir -p "$tmp/run/tandem" "$tmp/config/tandem"
-sed "s|^model = .*|model = \"$model\"|" "$sample" >"$tmp/config/tandem/tandemd.conf"
-[ "$(grep -c '^[a-z_]* =' "$tmp/config/tandem/tandemd.conf")" = 1 ] || { echo "the sample sets more than model"; exit 1; }
+sed "s|^#model = .*|model = \"$model\"|" "$sample" >"$tmp/config/tandem/tandemd.conf"
+[ "$(grep -c '^[a-z_]* =' "$tmp/config/tandem/tandemd.conf")" = 1 ] || { echo "the sample has no one #model line"; exit 1; }
 sock="$tmp/run/tandem/tandem.sock"
 XDG_RUNTIME_DIR="$tmp/run" RUNTIME_DIRECTORY="$tmp/run/tandem" TANDEM_LOG=warn \
   "$tandemd" --config "$tmp/config/tandem/tandemd.conf" --socket "$sock" --threads 1 2>"$tmp/log" &

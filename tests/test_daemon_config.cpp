@@ -92,7 +92,8 @@ std::string config_error(const std::string& text) {
 TEST_CASE("config: the installed sample systemd/tandemd.conf loads and validates for any user") {
     config c;
     c.load_file(sample_conf);
-    CHECK(c.model == "/var/lib/tandem/models/model.gguf");
+    CHECK(c.origin.empty()); // it sets no key: as it is, tandemd serves the installed demo model
+    CHECK(c.model.empty());
     // nothing a user instance cannot have: no system socket, no tandem group, an auto-sized pool
     CHECK(c.socket.empty());
     CHECK(c.socket_group.empty());
@@ -100,7 +101,23 @@ TEST_CASE("config: the installed sample systemd/tandemd.conf loads and validates
     CHECK(c.allowed_users.empty());
     CHECK(c.kv_cache_mb == 0);
     CHECK(c.listen_tcp.empty());
+    c.model = "/var/lib/tandem/models/model.gguf";
     CHECK_NOTHROW(c.validate());
+}
+
+TEST_CASE("config: the default model is the demo model of tandemd's install prefix, none in a build tree") {
+    // this suite runs from the build tree, which has no share/tandem/models (the package test
+    // checks the installed tandemd's default)
+    CHECK(default_model_path().empty());
+    const std::string msg = [] {
+        try {
+            config{}.validate();
+        } catch (const error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    }();
+    CHECK(msg.find("no model") != std::string::npos);
 }
 
 TEST_CASE("config: load_wait_s takes 0 (no wait); the other timeouts do not") {
