@@ -62,7 +62,9 @@ for k in $entries; do grep -qx -- "$k" <<<"$keys" || bad "$page: $k is not a key
 page="$mandir/tandem.1"
 subs="$("$tandem" --help | sed -n '/^Subcommands:/,/^$/p' | grep -E '^  [a-z]' | awk '{print $1}')"
 [ -n "$subs" ] || bad "no subcommands read from tandem --help"
-have="$( { "$tandem" --help | options_of; for s in $subs; do "$tandem" "$s" --help | options_of; done; } | sort -u)"
+# (`tandem help [COMMAND]` has no options: `tandem help --help` asks for the command "--help")
+have="$( { "$tandem" --help | options_of
+           for s in $subs; do [ "$s" = help ] || "$tandem" "$s" --help | options_of; done; } | sort -u)"
 all="$(text_of "$page")"
 for s in $subs; do mentions "$all" "tandem $s" || bad "$page: no subcommand $s"; done
 agree "$page" "$have" "$all" "$(text_of "$page" "THE DAEMON'S CLIENT"; text_of "$page" "OFFLINE COMMANDS")"
