@@ -1187,6 +1187,12 @@ api_error loading_error() {
     return e;
 }
 
+reply loading_reply() {
+    reply r = reply::of(loading_error());
+    r.model_loading = true;
+    return r;
+}
+
 json model_card(const model_state& ms, const daemon_state& st) {
     const auto& c = ms.bundle.cfg;
     return json{{"id", ms.id},
@@ -1243,7 +1249,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
     }
     if (path == "/v1/models" || path.starts_with("/v1/models/")) {
         if (auto r = only("GET")) return r;
-        if (!ms) return reply::of(loading_error());
+        if (!ms) return loading_reply();
         if (path == "/v1/models") return reply::of_json({{"object", "list"}, {"data", json::array({model_card(*ms, st)})}});
         if (path.substr(11) == ms->id) return reply::of_json(model_card(*ms, st));
         api_error e = bad(fmt::format("The model '{}' does not exist", path.substr(11)), "model");
@@ -1274,6 +1280,8 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             j["kv_page_size"] = es.page_size;
             j["kv_tokens_stored"] = es.n_kv_tokens;
             j["kv_pages_cached"] = es.n_pages_cached;
+            if (ms->pool) // the shared pool's file (worker processes): where its memory is, and how much
+                j["kv_pool"] = {{"path", ms->pool->path()}, {"bytes", ms->pool->bytes()}, {"persist", !ms->unlink_pool}};
             j["prefix_cache_hit_tokens"] = es.n_prefix_hits;
             j["preemptions"] = es.n_preemptions;
             j["worker_restarts"] = es.n_worker_restarts;
@@ -1297,7 +1305,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
     }
     if (path == "/tokenize" || path == "/detokenize" || path == "/v1/tandem/apply-template") {
         if (auto r = only("POST")) return r;
-        if (!ms) return reply::of(loading_error());
+        if (!ms) return loading_reply();
         auto parsed = parse_body(body);
         if (auto* e = std::get_if<api_error>(&parsed)) return reply::of(*e);
         const json& j = std::get<json>(parsed);
@@ -1347,7 +1355,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             e.retry_after_s = 5;
             return reply::of(e);
         }
-        if (!ms) return reply::of(loading_error());
+        if (!ms) return loading_reply();
         return std::nullopt; // the session streams it
     }
     api_error e = bad(fmt::format("no route {} {}", method, path));

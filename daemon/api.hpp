@@ -41,6 +41,7 @@ struct reply {
     std::string body;
     int retry_after_s = 0;
     std::string allow;
+    bool model_loading = false; // a 503 for want of the model: the session may hold the request until it loads
 
     static reply of(const api_error& e);
     static reply of_json(const json& j, int status = 200);

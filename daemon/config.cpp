@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -33,10 +34,12 @@ std::optional<std::string> parse_int(const std::string& v, T& out, T lo, T hi, i
     return std::nullopt;
 }
 
-std::optional<std::string> parse_seconds(const std::string& v, double& out) {
+// Seconds up to a day; more than 0 unless `zero_ok`.
+std::optional<std::string> parse_seconds(const std::string& v, double& out, bool zero_ok = false) {
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || !(x > 0) || x > 86400) return "expected seconds, more than 0";
+    if (v.empty() || *end != '\0' || !(x > 0 || (zero_ok && x == 0)) || x > 86400)
+        return zero_ok ? "expected seconds, 0 or more" : "expected seconds, more than 0";
     out = x;
     return std::nullopt;
 }
@@ -135,6 +138,7 @@ const std::vector<std::pair<std::string, setter>>& setters() {
          [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_tokens_limit, 0, 1 << 24); }},
         {"max_n", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_n, 1, 128); }},
         {"request_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.request_timeout_s); }},
+        {"load_wait_s", [](config& c, const std::string& v) { return parse_seconds(v, c.load_wait_s, true); }},
         {"drain_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.drain_timeout_s); }},
         {"worker_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.worker_timeout_s); }},
         {"allowed_users",
@@ -209,7 +213,8 @@ void config::load_file(const std::string& path) {
 }
 
 void config::validate() const {
-    TANDEM_CHECK(!model.empty(), "no model: pass --model PATH or set `model` in the config file");
+    TANDEM_CHECK(!model.empty(),
+                 "no model: pass --model PATH or set `model` in the config file (no demo model is installed beside tandemd)");
     // "FILE:LINE: key: problem", or "key: problem" for a key set by a flag without a place
     const auto bad = [&](const std::string& key, const std::string& problem) {
         const auto at = origin.find(key);
@@ -238,6 +243,16 @@ std::string default_socket_path() {
     if (::geteuid() == 0) return "/run/tandem/tandem.sock";
     if (const char* d = std::getenv("XDG_RUNTIME_DIR"); d && *d) return std::string(d) + "/tandem/tandem.sock";
     return "/tmp/tandem-" + std::to_string(::geteuid()) + "/tandem.sock";
+}
+
+std::string default_model_path() {
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) return {};
+    // TANDEM_DATA_FROM_BIN: the install's data dir relative to its bin dir ("../share")
+    const std::filesystem::path model =
+        (exe.parent_path() / TANDEM_DATA_FROM_BIN / "tandem/models/stories260K.gguf").lexically_normal();
+    return std::filesystem::is_regular_file(model, ec) ? model.string() : std::string();
 }
 
 std::vector<std::string> config_keys() {

@@ -10,7 +10,7 @@
 namespace tandem::daemon {
 
 struct config {
-    std::string model;                 // GGUF path (required)
+    std::string model;                 // GGUF path; "" = default_model_path(), if installed
     std::string model_id;              // the id /v1/models reports; "" = the file's stem
     std::string socket;                // "" = the default for this user (see default_socket_path)
     std::string socket_group;          // "" = the daemon's group
@@ -29,7 +29,7 @@ struct config {
     int32_t kv_pages = 0;              // > 0: the pool's page count (instead of kv_cache_mb)
     std::string kv_dtype = "f16";      // f16 | int8 | f32
     std::string kv_pool;               // "" = default_kv_pool_path (a file on tmpfs)
-    bool kv_pool_persist = true;       // keep the pool file at exit (a warm prefix cache after restart)
+    bool kv_pool_persist = false;      // keep the pool file at exit (a warm prefix cache after a clean restart)
     bool prefix_cache = true;
     double priority_aging_s = 5;
     int32_t max_running = 16;
@@ -44,6 +44,7 @@ struct config {
     int32_t max_tokens_limit = 0;      // 0 = the context
     int32_t max_n = 8;
     double request_timeout_s = 30;     // to read one whole request (idle keep-alive included)
+    double load_wait_s = 30;           // a request that needs the model waits this long for it to load (0: 503 at once)
     double drain_timeout_s = 30;
     double worker_timeout_s = 300;     // a worker silent on one batch this long is killed and restarted
     std::vector<std::string> allowed_users;  // names or uids
@@ -69,6 +70,11 @@ struct config {
 // $RUNTIME_DIRECTORY/tandem.sock under systemd (RuntimeDirectory=tandem), else
 // /run/tandem/tandem.sock for root and $XDG_RUNTIME_DIR/tandem/tandem.sock for a user.
 std::string default_socket_path();
+
+// The demo model a packaged tandemd serves when none is configured: stories260K.gguf in the
+// installed share/tandem/models/ (found from the running tandemd's own path, so any install
+// prefix works); "" when there is none there (a build tree).
+std::string default_model_path();
 
 // The documented keys, in order, for --help-config.
 std::vector<std::string> config_keys();

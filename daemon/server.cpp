@@ -28,6 +28,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstddef>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 
@@ -47,7 +49,22 @@ bool someone_listens(const std::string& path) {
     return !ec;
 }
 
+// The path of a listening Unix socket ("@name" for an abstract one), "" for another kind.
+std::string unix_socket_path(const sockaddr_storage& addr, socklen_t len) {
+    if (addr.ss_family != AF_UNIX) return {};
+    const auto& un = reinterpret_cast<const sockaddr_un&>(addr);
+    const size_t n = len > offsetof(sockaddr_un, sun_path) ? size_t(len) - offsetof(sockaddr_un, sun_path) : 0;
+    if (n == 0) return {};
+    if (un.sun_path[0] == '\0') return "@" + std::string(un.sun_path + 1, n - 1);
+    return std::string(un.sun_path, ::strnlen(un.sun_path, n));
+}
+
 } // namespace
+
+model_state::~model_state() {
+    eng.reset();
+    if (pool && unlink_pool) pool->unlink_file();
+}
 
 server::server(config cfg)
     : policy_(make_peer_policy(cfg)), signals_(io_, SIGTERM, SIGINT), drain_timer_(io_), watchdog_timer_(io_),
@@ -69,10 +86,13 @@ void server::listen() {
         auto acc = std::make_unique<acceptor_type>(io_);
         acc->assign(asio::generic::stream_protocol(addr.ss_family, SOCK_STREAM), fd);
         acceptors_.push_back(std::move(acc));
+        if (socket_name_.empty()) socket_name_ = unix_socket_path(addr, len);
         log->info("listening on the socket systemd passed (fd {})", fd);
     }
+    n_passed_ = acceptors_.size();
+    if (socket_name_.empty()) socket_name_ = st_.cfg.socket.empty() ? default_socket_path() : st_.cfg.socket;
     if (fds.empty()) {
-        const std::string path = st_.cfg.socket.empty() ? default_socket_path() : st_.cfg.socket;
+        const std::string path = socket_name_;
         TANDEM_CHECK(path.size() < sizeof(sockaddr_un::sun_path), "socket path too long: {}", path);
         const fs::path dir = fs::path(path).parent_path();
         std::error_code fec;
@@ -124,7 +144,7 @@ void server::listen() {
 
 // Loads the model (or, with workers, only its tokenizer and shape), sizes and maps the KV
 // pool, and starts the engine; with workers, waits until both have loaded the weights.
-void server::load_engine(const config& cfg, model_state& ms) {
+void server::load_engine(const config& cfg, const std::string& socket_name, model_state& ms) {
     auto log = logger("server");
     const kv_dtype kv = *parse_kv_dtype(cfg.kv_dtype);
     if (cfg.workers) ms.bundle = open_model_metadata(cfg.model);
@@ -174,7 +194,11 @@ void server::load_engine(const config& cfg, model_state& ms) {
 
     const uint64_t fp = model_fingerprint(*ms.bundle.file, weight_format::int8, kv);
     eo.prefix_seed = fp;
-    const std::string pool_path = cfg.kv_pool.empty() ? ipc::default_kv_pool_path(cfg.socket.empty() ? default_socket_path() : cfg.socket) : cfg.kv_pool;
+    // One pool per socket and model (the socket systemd passed, under activation): daemons
+    // side by side never share one.
+    const std::string pool_path =
+        cfg.kv_pool.empty() ? ipc::default_kv_pool_path(socket_name, fs::absolute(cfg.model).lexically_normal().string())
+                            : cfg.kv_pool;
     std::string why;
     ms.pool = ipc::kv_pool::create_or_adopt(pool_path, {fp, layout, eo.n_pages}, &why);
     ms.unlink_pool = !cfg.kv_pool_persist;
@@ -213,7 +237,7 @@ void server::load_engine(const config& cfg, model_state& ms) {
 
 void server::start_loading() {
     systemd::notify_status("loading " + st_.cfg.model);
-    loader_ = std::thread([this, cfg = st_.cfg] {
+    loader_ = std::thread([this, cfg = st_.cfg, socket_name = socket_name_] {
         std::unique_ptr<model_state> ms;
         std::string err;
         try {
@@ -223,19 +247,19 @@ void server::start_loading() {
             ms = std::make_unique<model_state>();
             ms->path = cfg.model;
             ms->id = cfg.model_id.empty() ? fs::path(cfg.model).stem().string() : cfg.model_id;
-            load_engine(cfg, *ms);
+            load_engine(cfg, socket_name, *ms);
         } catch (const std::exception& e) {
             err = e.what();
-            ms.reset();
+            ms.reset(); // the pool's file goes with it unless kept (kv_pool_persist)
         }
         asio::post(io_, [this, ms = std::move(ms), err]() mutable {
             auto log = logger("server");
+            if (st_.stopping) return; // a signal came first; run() disposes of the engine
             if (!ms) {
                 log->error("cannot load the model: {}", err);
-                systemd::notify_status("failed: " + err);
                 exit_code_ = 1;
-                sessions_.stop_all();
-                finish();
+                begin_drain(); // requests held for the model get 503, then the daemon exits
+                systemd::notify_status("failed: " + err);
                 return;
             }
             st_.ms = std::move(ms);
@@ -243,6 +267,7 @@ void server::start_loading() {
                 fmt::format("serving {} ({} threads, context {})", st_.ms->id, st_.ms->threads, st_.ms->n_ctx);
             log->info("ready: {}", status);
             systemd::notify_ready(status);
+            sessions_.state_changed(); // requests held for the model go on
         });
     });
 }
@@ -259,7 +284,7 @@ asio::awaitable<void> server::accept_loop(acceptor_type& acc) {
             co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
             continue;
         }
-        if (st_.stopping) continue; // closed by going out of scope
+        // During the drain too: new requests get 503 "stopping" rather than a refused connection.
         sessions_.start(std::make_shared<session>(std::move(sock), st_, sessions_, policy_));
     }
 }
@@ -310,10 +335,14 @@ void server::begin_drain() {
     st_.stopping = true;
     abort_loading_ = true;
     systemd::notify_stopping();
-    for (auto& acc : acceptors_) {
+    // Our own listeners keep accepting while the drain lasts (new requests get 503 "stopping"
+    // with Retry-After). The sockets systemd passed are closed: their new connections wait in
+    // systemd's queue for the next instance, which it starts once this one is gone.
+    for (size_t i = 0; i < n_passed_; ++i) {
         error_code ec;
-        acc->close(ec);
+        acceptors_[i]->close(ec);
     }
+    sessions_.state_changed(); // requests held for the model get their 503 now
     drain_timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(st_.cfg.drain_timeout_s)));
     drain_timer_.async_wait([this](const error_code& ec) {
@@ -334,6 +363,7 @@ void server::finish() {
     watchdog_timer_.cancel();
     status_timer_.cancel();
     for (auto& acc : acceptors_) acc->close(ec);
+    sessions_.stop_all(); // any that came during the drain
     io_.stop();
 }
 
@@ -353,7 +383,7 @@ int server::run() {
     abort_loading_ = true;
     if (st_.ms) st_.ms->eng->stop();
     if (loader_.joinable()) loader_.join();
-    if (st_.ms && st_.ms->pool && st_.ms->unlink_pool) st_.ms->pool->unlink_file();
+    st_.ms.reset(); // the engine and its workers, then the pool's file unless kept (kv_pool_persist)
     if (!socket_path_.empty()) {
         std::error_code fec;
         fs::remove(socket_path_, fec);

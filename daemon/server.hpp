@@ -42,7 +42,7 @@ private:
 
     void listen();
     void start_loading();
-    void load_engine(const config& cfg, model_state& ms);
+    void load_engine(const config& cfg, const std::string& socket_name, model_state& ms);
     asio::awaitable<void> accept_loop(acceptor_type& acc);
     asio::awaitable<void> watchdog_loop();
     asio::awaitable<void> status_loop();
@@ -62,6 +62,8 @@ private:
     std::thread loader_;
     std::atomic<bool> abort_loading_{false}; // set on SIGTERM: a loader waiting for workers gives up
     std::string socket_path_;      // the file we created (removed on exit); "" under activation
+    std::string socket_name_;      // the Unix socket served (systemd's, under activation): names the KV pool
+    size_t n_passed_ = 0;          // acceptors_[0, n_passed_) are the sockets systemd passed
     int exit_code_ = 0;
     bool finished_ = false;
 };

@@ -89,7 +89,7 @@ double secs(clock_type::duration d) { return std::chrono::duration<double>(d).co
 
 session::session(socket_type socket, daemon_state& st, session_manager& mgr, const peer_policy& policy)
     : socket_(std::move(socket)), st_(st), mgr_(mgr), policy_(policy),
-      deadline_(socket_.get_executor(), clock_type::time_point::max()) {}
+      deadline_(socket_.get_executor(), clock_type::time_point::max()), load_wait_(socket_.get_executor()) {}
 
 void session::start() {
     auto self = shared_from_this();
@@ -103,12 +103,7 @@ void session::start() {
 
 void session::stop() { close(); }
 
-void session::stop_when_idle() {
-    if (!busy_)
-        close();
-    else
-        stop_after_reply_ = true;
-}
+void session::state_changed() { load_wait_.cancel(); }
 
 void session::close() {
     if (closed_) return;
@@ -117,6 +112,7 @@ void session::close() {
     socket_.shutdown(asio::socket_base::shutdown_both, ec);
     socket_.close(ec);
     deadline_.cancel();
+    load_wait_.cancel();
     if (current_) current_->timer.cancel();
 }
 
@@ -161,6 +157,17 @@ asio::awaitable<bool> session::write_reply(const reply& r, bool keep_alive) {
     }
     set_deadline(0);
     co_return !ec;
+}
+
+asio::awaitable<bool> session::wait_for_model(clock_type::time_point since) {
+    auto self = shared_from_this();
+    load_wait_.expires_at(since + std::chrono::duration_cast<clock_type::duration>(
+                                      std::chrono::duration<double>(st_.cfg.load_wait_s)));
+    while (!st_.ms && !st_.stopping && !closed_ && load_wait_.expiry() > clock_type::now()) {
+        error_code ec; // operation_aborted: state_changed (or close) woke us; look again
+        co_await load_wait_.async_wait(redirect_error(use_awaitable, ec));
+    }
+    co_return st_.ms || st_.stopping;
 }
 
 asio::awaitable<void> session::run() {
@@ -230,12 +237,18 @@ asio::awaitable<void> session::run() {
         http::request<http::string_body> req = parser.release();
         version_ = req.version() == 10 ? 10 : 11;
         head_ = req.method() == http::verb::head;
-        const bool keep = req.keep_alive() && !st_.stopping && !stop_after_reply_;
         const std::string target(req.target());
         const std::string method(req.method_string());
         bool ok = true;
         const auto t0 = clock_type::now();
-        if (auto r = handle_simple(method, target, req.body(), st_)) {
+        auto r = handle_simple(method, target, req.body(), st_);
+        // A request that needs the model while it loads (the one socket activation started
+        // the daemon for, say) is held until it has loaded, and answered 503 only when that
+        // takes longer than load_wait_s.
+        if (r && r->model_loading && co_await wait_for_model(t0)) r = handle_simple(method, target, req.body(), st_);
+        if (closed_) break;
+        const bool keep = req.keep_alive() && !st_.stopping; // during the drain: one reply, then close
+        if (r) {
             st_.met.request_done(route_label(target), r->status);
             ok = co_await write_reply(*r, keep);
             log->debug("{} {} -> {} in {:.1f} ms", method, target, r->status, 1e3 * secs(clock_type::now() - t0));
@@ -247,7 +260,7 @@ asio::awaitable<void> session::run() {
             log->debug("{} {} done in {:.1f} ms", method, target, 1e3 * secs(clock_type::now() - t0));
         }
         busy_ = false;
-        if (!ok || !keep || stop_after_reply_ || st_.stopping) break;
+        if (!ok || !keep || st_.stopping) break;
     }
     close();
 }

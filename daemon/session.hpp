@@ -35,13 +35,17 @@ public:
 
     void start();
     void stop();             // closes now; a running generation is cancelled
-    void stop_when_idle();   // closes now when between requests, else after this response
+    bool busy() const { return busy_; } // answering a request (reading the next one is not busy)
+    void state_changed();    // the model loaded, or the daemon is stopping: a request held for the model goes on
 
 private:
     asio::awaitable<void> run();
     asio::awaitable<void> watchdog();
     asio::awaitable<void> watch_peer(std::shared_ptr<generation_channel> ch);
     asio::awaitable<bool> write_reply(const struct reply& r, bool keep_alive);
+    // Holds the current request while the model loads, up to load_wait_s after `since`; true
+    // when the model is loaded or the daemon stopping by then.
+    asio::awaitable<bool> wait_for_model(std::chrono::steady_clock::time_point since);
     asio::awaitable<bool> generate(const http::request<http::string_body>& req, bool chat, bool keep_alive);
     asio::awaitable<bool> embeddings(const http::request<http::string_body>& req, bool keep_alive);
     // Each input's embedding through the engine (the model's pooling), in order; cancelled
@@ -59,9 +63,9 @@ private:
     session_manager& mgr_;
     const peer_policy& policy_;
     asio::steady_timer deadline_;
+    asio::steady_timer load_wait_;  // wait_for_model's; state_changed and close cancel it
     boost::beast::flat_buffer buffer_;
     bool busy_ = false;
-    bool stop_after_reply_ = false;
     bool closed_ = false;
     unsigned version_ = 11;     // the current request's HTTP version (10 or 11), echoed in replies
     bool head_ = false;         // the current request is a HEAD: replies carry no body

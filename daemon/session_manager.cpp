@@ -14,6 +14,7 @@ void session_manager::start(std::shared_ptr<session> s) {
 
 void session_manager::remove(const std::shared_ptr<session>& s) {
     sessions_.erase(s);
+    draining_.erase(s);
     check_empty();
 }
 
@@ -24,13 +25,18 @@ void session_manager::stop_all() {
 
 void session_manager::drain(std::function<void()> on_empty) {
     on_empty_ = std::move(on_empty);
-    const std::vector<std::shared_ptr<session>> all(sessions_.begin(), sessions_.end());
-    for (const auto& s : all) s->stop_when_idle();
+    for (const auto& s : sessions_)
+        if (s->busy()) draining_.insert(s);
     check_empty();
 }
 
+void session_manager::state_changed() {
+    const std::vector<std::shared_ptr<session>> all(sessions_.begin(), sessions_.end());
+    for (const auto& s : all) s->state_changed();
+}
+
 void session_manager::check_empty() {
-    if (sessions_.empty() && on_empty_) {
+    if (draining_.empty() && on_empty_) {
         auto fn = std::move(on_empty_);
         on_empty_ = nullptr;
         fn();

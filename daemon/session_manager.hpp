@@ -16,15 +16,20 @@ public:
     // Called by a session when it ends.
     void remove(const std::shared_ptr<session>& s);
     void stop_all();
-    // Idle sessions close now, busy ones after their current response; `on_empty` runs
-    // once no session is left (at once when there are none).
+    // With the daemon stopping (each session closes after its current reply): `on_empty`
+    // runs once the sessions busy now are done (at once when none is). Idle ones, and those
+    // started later, do not hold it up: they answer what they still receive (503 "stopping")
+    // until the daemon exits.
     void drain(std::function<void()> on_empty);
+    // Tells every session that the model loaded or the daemon is stopping.
+    void state_changed();
     size_t size() const { return sessions_.size(); }
 
 private:
     void check_empty();
 
     std::set<std::shared_ptr<session>> sessions_;
+    std::set<std::shared_ptr<session>> draining_; // those busy when the drain began
     std::function<void()> on_empty_;
 };
 

@@ -23,7 +23,7 @@ struct model_state {
     chat_template tmpl;
     std::unique_ptr<ipc::kv_pool> pool;   // the shared KV pool (workers only)
     std::unique_ptr<page_store> store;    // its prefix-cache page table
-    bool unlink_pool = false;             // remove the pool's file at exit (kv_pool_persist = false)
+    bool unlink_pool = false;             // remove the pool's file with this state (kv_pool_persist = false)
     std::unique_ptr<grammar::guide_registry> guides; // compiled constraints over the vocabulary
     std::optional<model_bundle> draft;    // draft_model: speculative decoding's drafts (the engine runs it)
     std::unique_ptr<engine> eng;          // declared last: stopped before the pool goes
@@ -35,6 +35,13 @@ struct model_state {
     int32_t max_tokens_limit = 0;
     int threads = 0;
     std::unique_ptr<embedding_cache> passage_embeddings; // retrieval's, made on first use
+
+    model_state() = default;
+    model_state(const model_state&) = delete;
+    model_state& operator=(const model_state&) = delete;
+    // The engine stops (its workers exit) before the pool's file is removed; a start that
+    // failed after the pool was made goes through here too, so it leaves no file behind.
+    ~model_state(); // (server.cpp)
 };
 
 // Owned by the server; sessions hold a reference. Touched on the io thread only (metrics

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> sets;
     bool list_keys = false;
     app.add_option("--config", config_file, "config file of `key = value` lines (docs/config.md)");
-    app.add_option("-m,--model", model, "GGUF model file");
+    app.add_option("-m,--model", model, "GGUF model file (default: the installed demo model, share/tandem/models/stories260K.gguf)");
     app.add_option("--socket", socket, "Unix socket path (default $XDG_RUNTIME_DIR/tandem/tandem.sock, or /run/tandem/tandem.sock as root)");
     app.add_option("-t,--threads", threads, "compute threads (default 0: all cores)")->check(cli::at_least(0));
     app.add_option("--listen-tcp", listen_tcp, "also listen on a loopback TCP address, e.g. 127.0.0.1:8080");
@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     daemon::config cfg;
+    bool demo_model = true;
     try {
         if (!config_file.empty()) cfg.load_file(config_file);
         auto put = [&](const std::string& k, const std::string& v) {
@@ -59,12 +60,15 @@ int main(int argc, char** argv) {
                 throw error(fmt::format("--set {}: {}", s.substr(0, eq), *err));
             cfg.origin[s.substr(0, eq)] = "--set";
         }
+        if (cfg.model.empty()) cfg.model = daemon::default_model_path(); // the installed demo model, if any
+        else demo_model = false;
         cfg.validate();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "tandemd: error: %s\n", e.what());
         return 2;
     }
     init_logging(cfg.log_level);
+    if (demo_model) logger("server")->info("no model configured: serving the demo model {}", cfg.model);
     try {
         daemon::server srv(std::move(cfg));
         return srv.run();

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -215,6 +216,15 @@ std::unique_ptr<kv_pool> kv_pool::create_or_adopt(const std::string& path, const
             fail("kv pool {}: in use by another process that holds its lock (flock: {})", path, errno_text(e));
         fail("kv pool {}: cannot lock: {}", path, errno_text(e));
     }
+    // Locked, the file is ours: a failure from here on (no room for it, no mapping) removes
+    // it, since what is left (created empty, or truncated) serves no later start.
+    struct remove_unless_kept {
+        const std::string& path;
+        bool keep = false;
+        ~remove_unless_kept() {
+            if (!keep) (void)::unlink(path.c_str());
+        }
+    } cleanup{path};
 
     pool_header got{};
     const size_t n_read = read_header(m.fd, path, got);
@@ -247,6 +257,7 @@ std::unique_ptr<kv_pool> kv_pool::create_or_adopt(const std::string& path, const
         std::memcpy(m.base, &h.magic, sizeof(uint64_t));
     }
     if (rebuilt_why) *rebuilt_why = why;
+    cleanup.keep = true;
     return pool;
 }
 
@@ -314,13 +325,21 @@ void kv_pool::unlink_file() {
     (void)::unlink(path_.c_str());
 }
 
-std::string default_kv_pool_path(const std::string& socket_path) {
+std::string default_kv_pool_path(const std::string& socket_path, const std::string& model_path) {
+    std::string dir = "/dev/shm";
     if (const char* rd = std::getenv("RUNTIME_DIRECTORY"); rd && *rd) {
-        std::string dir(rd);
-        dir = dir.substr(0, dir.find(':')); // several RuntimeDirectory= entries: the first
-        if (!dir.empty()) return dir + "/kv.pool";
+        const std::string d(rd);
+        if (d.front() != ':') dir = d.substr(0, d.find(':')); // several RuntimeDirectory= entries: the first
     }
-    return fmt::format("/dev/shm/tandem-{}-{:016x}.kv", ::getuid(), fnv1a(socket_path.data(), socket_path.size()));
+    // The user's name where it is a plain word (a file name part), else the uid.
+    std::string user = std::to_string(::getuid());
+    if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_name && *pw->pw_name) {
+        const std::string name = pw->pw_name;
+        if (name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == std::string::npos)
+            user = name;
+    }
+    const std::string key = socket_path + '\0' + model_path;
+    return fmt::format("{}/tandem-kv-{}-{:012x}", dir, user, fnv1a(key.data(), key.size()) & 0xffffffffffffull);
 }
 
 } // namespace tandem::ipc

@@ -40,7 +40,9 @@ public:
     // is whole and matches `want` (magic, version, fingerprint, layout, page count, file
     // size); anything else is rebuilt from scratch (zeroed, empty page table). Holds an
     // exclusive lock on the file while it lives: a second owner gets a tandem::error that
-    // names the path. `rebuilt_why` (when not null) gets "" when adopted, else the reason.
+    // names the path (and its file is left alone); a failure once locked (no room for the
+    // segment, no mapping) removes the file.
+    // `rebuilt_why` (when not null) gets "" when adopted, else the reason.
     static std::unique_ptr<kv_pool> create_or_adopt(const std::string& path, const kv_pool_info& want,
                                                     std::string* rebuilt_why = nullptr);
     // Worker: maps an existing segment; throws tandem::error unless it matches `want`.
@@ -71,8 +73,10 @@ private:
     std::string path_;
 };
 
-// The default path of a daemon's pool: $RUNTIME_DIRECTORY/kv.pool under systemd, else
-// /dev/shm/tandem-<uid>-<16 hex digits of a hash of the socket path>.kv.
-std::string default_kv_pool_path(const std::string& socket_path);
+// The default path of a daemon's pool: DIR/tandem-kv-<user>-<12 hex digits of a hash of the
+// socket path and the model path>, DIR being $RUNTIME_DIRECTORY under systemd (its first
+// entry), else /dev/shm. One name per daemon: daemons on other sockets or with other models
+// never meet on one file (and its lock).
+std::string default_kv_pool_path(const std::string& socket_path, const std::string& model_path);
 
 } // namespace tandem::ipc

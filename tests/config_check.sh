@@ -24,12 +24,13 @@ printf 'kv_cache_mb = lots\n' >"$tmp/bad.conf"
 bad "1: kv_cache_mb: expected an integer"
 echo "config errors: FILE:LINE: key: problem, exit 2"
 
-# The user unit's start: the sample with only `model` changed (quoted, as people write it),
+# The user unit's start: the sample with only `model` set (quoted, as people write it),
 # --socket %t/tandem/tandem.sock and RUNTIME_DIRECTORY=%t/tandem, as a user without the tandem
-# group or /run/tandem would have them.
+# group or /run/tandem would have them. (As shipped it sets nothing: the installed demo model.)
+[ "$(grep -c '^[a-z_]* =' "$sample")" = 0 ] || { echo "the sample sets a key:"; grep '^[a-z_]* =' "$sample"; exit 1; }
 mkdir -p "$tmp/run/tandem" "$tmp/config/tandem"
-sed "s|^model = .*|model = \"$model\"|" "$sample" >"$tmp/config/tandem/tandemd.conf"
-[ "$(grep -c '^[a-z_]* =' "$tmp/config/tandem/tandemd.conf")" = 1 ] || { echo "the sample sets more than model"; exit 1; }
+sed "s|^#model = .*|model = \"$model\"|" "$sample" >"$tmp/config/tandem/tandemd.conf"
+[ "$(grep -c '^[a-z_]* =' "$tmp/config/tandem/tandemd.conf")" = 1 ] || { echo "the sample has no one #model line"; exit 1; }
 sock="$tmp/run/tandem/tandem.sock"
 XDG_RUNTIME_DIR="$tmp/run" RUNTIME_DIRECTORY="$tmp/run/tandem" TANDEM_LOG=warn \
   "$tandemd" --config "$tmp/config/tandem/tandemd.conf" --socket "$sock" --threads 1 2>"$tmp/log" &
@@ -43,9 +44,11 @@ out="$(curl -sf --unix-socket "$sock" http://x/v1/completions -H 'Content-Type: 
   -d '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}')" \
   || { echo "no completion from the sample config's daemon:"; cat "$tmp/log"; exit 1; }
 grep -q '"choices"' <<<"$out" || { echo "unexpected reply: $out"; exit 1; }
-[ -e "$tmp/run/tandem/kv.pool" ] || { echo "the KV pool is not in RUNTIME_DIRECTORY:"; ls -la "$tmp/run/tandem"; exit 1; }
+pools=("$tmp"/run/tandem/tandem-kv-*)
+[ -e "${pools[0]}" ] || { echo "the KV pool is not in RUNTIME_DIRECTORY:"; ls -la "$tmp/run/tandem"; exit 1; }
 kill -TERM "$pid"
 rc=0; wait "$pid" || rc=$?
 pid=
 [ "$rc" = 0 ] || { echo "tandemd exited $rc on SIGTERM:"; cat "$tmp/log"; exit 1; }
+[ ! -e "${pools[0]}" ] || { echo "the KV pool outlived the daemon (kv_pool_persist is off by default)"; exit 1; }
 echo "user instance from the shipped sample: served a completion"

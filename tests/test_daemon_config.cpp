@@ -92,7 +92,8 @@ std::string config_error(const std::string& text) {
 TEST_CASE("config: the installed sample systemd/tandemd.conf loads and validates for any user") {
     config c;
     c.load_file(sample_conf);
-    CHECK(c.model == "/var/lib/tandem/models/model.gguf");
+    CHECK(c.origin.empty()); // it sets no key: as it is, tandemd serves the installed demo model
+    CHECK(c.model.empty());
     // nothing a user instance cannot have: no system socket, no tandem group, an auto-sized pool
     CHECK(c.socket.empty());
     CHECK(c.socket_group.empty());
@@ -100,7 +101,34 @@ TEST_CASE("config: the installed sample systemd/tandemd.conf loads and validates
     CHECK(c.allowed_users.empty());
     CHECK(c.kv_cache_mb == 0);
     CHECK(c.listen_tcp.empty());
+    c.model = "/var/lib/tandem/models/model.gguf";
     CHECK_NOTHROW(c.validate());
+}
+
+TEST_CASE("config: the default model is the demo model of tandemd's install prefix, none in a build tree") {
+    // this suite runs from the build tree, which has no share/tandem/models (the package test
+    // checks the installed tandemd's default)
+    CHECK(default_model_path().empty());
+    const std::string msg = [] {
+        try {
+            config{}.validate();
+        } catch (const error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    }();
+    CHECK(msg.find("no model") != std::string::npos);
+}
+
+TEST_CASE("config: load_wait_s takes 0 (no wait); the other timeouts do not") {
+    config c;
+    CHECK(c.load_wait_s == 30);
+    CHECK_FALSE(c.set("load_wait_s", "0"));
+    CHECK(c.load_wait_s == 0);
+    CHECK_FALSE(c.set("load_wait_s", "0.5"));
+    CHECK(c.load_wait_s == 0.5);
+    CHECK(c.set("load_wait_s", "-1") == "expected seconds, 0 or more");
+    CHECK(c.set("drain_timeout_s", "0") == "expected seconds, more than 0");
 }
 
 TEST_CASE("config: the sample names every key the parser knows, each line's default parses") {
@@ -138,6 +166,8 @@ TEST_CASE("config: the sample names every key the parser knows, each line's defa
     CHECK(all.priority_aging_s == d.priority_aging_s);
     CHECK(all.workers == d.workers);
     CHECK(all.kv_pool_persist == d.kv_pool_persist);
+    CHECK(all.load_wait_s == d.load_wait_s);
+    CHECK(all.drain_timeout_s == d.drain_timeout_s);
     CHECK(all.placement == d.placement);
     CHECK(all.log_level == d.log_level);
     CHECK_NOTHROW(all.validate());
@@ -148,6 +178,10 @@ TEST_CASE("config: the sample names every key the parser knows, each line's defa
         if (line.starts_with("| `")) documented.push_back(line.substr(3, line.find('`', 3) - 3));
     std::erase(keys, "kv_size_mb");
     CHECK(documented == keys); // the parser's order
+}
+
+TEST_CASE("config: KV pools are removed at exit unless asked") {
+    CHECK_FALSE(config{}.kv_pool_persist);
 }
 
 TEST_CASE("config: every error is FILE:LINE: key: problem") {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -256,6 +257,7 @@ TEST_CASE("kv_pool: one owner at a time (flock); the next owner adopts once the 
     CHECK(msg.find(tp.path) != std::string::npos);
     CHECK(msg.find("in use") != std::string::npos);
     CHECK(first->pages()[7] == 77); // the failed owner did not rebuild anything
+    CHECK(::access(tp.path.c_str(), F_OK) == 0); // nor remove the file
     first.reset();
     std::string why = "unset";
     auto second = ipc::kv_pool::create_or_adopt(tp.path, info, &why);
@@ -277,6 +279,24 @@ TEST_CASE("kv_pool: open errors name the path and the errno text; a bad layout i
     auto bad = info;
     bad.n_pages = 0;
     CHECK(thrown_by([&] { ipc::kv_pool::create_or_adopt(tp.path, bad); }).find("bad layout") != std::string::npos);
+}
+
+TEST_CASE("kv_pool: a segment the file system has no room for is refused and leaves no file") {
+    temp_pool tp;
+    auto huge = small_info();
+    huge.layout.n_layer = 64;
+    huge.layout.n_head_kv = 64;
+    huge.layout.head_dim = 256; // 128 MiB a page (f32): 2^20 pages are 128 TiB, more than any machine has free
+    huge.n_pages = 1 << 20;
+    const std::string msg = thrown_by([&] { ipc::kv_pool::create_or_adopt(tp.path, huge); });
+    CHECK(msg.find(tp.path) != std::string::npos);
+    CHECK(msg.find("free") != std::string::npos);
+    CHECK(::access(tp.path.c_str(), F_OK) != 0); // created, then removed
+    // an existing (adoptable) segment that a bigger one replaces is gone too: it was truncated
+    ipc::kv_pool::create_or_adopt(tp.path, small_info()).reset();
+    CHECK(::access(tp.path.c_str(), F_OK) == 0);
+    CHECK_FALSE(thrown_by([&] { ipc::kv_pool::create_or_adopt(tp.path, huge); }).empty());
+    CHECK(::access(tp.path.c_str(), F_OK) != 0);
 }
 
 TEST_CASE("kv_pool: publish and clear page entries") {
@@ -324,20 +344,30 @@ TEST_CASE("kv_pool: what a forked worker writes through attach is visible to the
     CHECK_FALSE(pages_match_pattern(*owner, 6));
 }
 
-TEST_CASE("kv_pool: default path") {
+TEST_CASE("kv_pool: default path: one per socket and model, in the RuntimeDirectory under systemd") {
     const char* old = std::getenv("RUNTIME_DIRECTORY");
     const std::string saved = old ? old : "";
-    ::setenv("RUNTIME_DIRECTORY", "/run/tandem", 1);
-    CHECK(ipc::default_kv_pool_path("/run/tandem/tandem.sock") == "/run/tandem/kv.pool");
-    ::setenv("RUNTIME_DIRECTORY", "/run/a:/run/b", 1);
-    CHECK(ipc::default_kv_pool_path("x") == "/run/a/kv.pool");
     ::unsetenv("RUNTIME_DIRECTORY");
-    const std::string a = ipc::default_kv_pool_path("/tmp/a.sock"), b = ipc::default_kv_pool_path("/tmp/b.sock");
-    const std::string prefix = "/dev/shm/tandem-" + std::to_string(::getuid()) + "-";
+    const std::string a = ipc::default_kv_pool_path("/tmp/a.sock", "/m/x.gguf");
+    const std::string prefix = "/dev/shm/tandem-kv-";
     CHECK(a.rfind(prefix, 0) == 0);
-    CHECK(a.size() == prefix.size() + 16 + 3);
-    CHECK(a.substr(a.size() - 3) == ".kv");
-    CHECK(a != b);
-    CHECK(a == ipc::default_kv_pool_path("/tmp/a.sock"));
+    // tandem-kv-USER-HASH: the user's name (or uid), 12 hex digits
+    const std::string rest = a.substr(prefix.size());
+    const auto dash = rest.rfind('-');
+    REQUIRE(dash != std::string::npos);
+    CHECK(rest.size() - dash - 1 == 12);
+    CHECK(rest.substr(dash + 1).find_first_not_of("0123456789abcdef") == std::string::npos);
+    const passwd* pw = ::getpwuid(::getuid());
+    CHECK(rest.substr(0, dash) == (pw ? std::string(pw->pw_name) : std::to_string(::getuid())));
+    CHECK(a == ipc::default_kv_pool_path("/tmp/a.sock", "/m/x.gguf"));
+    CHECK(a != ipc::default_kv_pool_path("/tmp/b.sock", "/m/x.gguf"));
+    CHECK(a != ipc::default_kv_pool_path("/tmp/a.sock", "/m/y.gguf"));
+    // the parts cannot run into each other
+    CHECK(ipc::default_kv_pool_path("/tmp/a", "b/x") != ipc::default_kv_pool_path("/tmp/a/b", "x"));
+    ::setenv("RUNTIME_DIRECTORY", "/run/tandem", 1);
+    CHECK(ipc::default_kv_pool_path("/tmp/a.sock", "/m/x.gguf") == "/run/tandem/" + a.substr(std::string("/dev/shm/").size()));
+    ::setenv("RUNTIME_DIRECTORY", "/run/a:/run/b", 1);
+    CHECK(ipc::default_kv_pool_path("/tmp/a.sock", "/m/x.gguf").rfind("/run/a/tandem-kv-", 0) == 0);
     if (old) ::setenv("RUNTIME_DIRECTORY", saved.c_str(), 1);
+    else ::unsetenv("RUNTIME_DIRECTORY");
 }

@@ -1288,7 +1288,7 @@ TEST_CASE("SIGTERM drains in-flight requests, then tandemd exits 0; sd_notify me
     ::close(nfd);
 }
 
-TEST_CASE("while the model loads: /health and generation answer 503 with Retry-After, READY=1 comes after") {
+TEST_CASE("while the model loads: /health answers 503 at once, a completion is held until it has loaded; READY=1 after") {
     const std::string notify_path = scratch().file("notify-load.sock");
     const int nfd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     sockaddr_un a{};
@@ -1305,14 +1305,29 @@ TEST_CASE("while the model loads: /health and generation answer 503 with Retry-A
     CHECK(h.status == 503);
     CHECK(h.j()["status"] == "loading");
     CHECK(h.headers.count("retry-after") == 1);
-    auto c = post(d.sock, "/v1/completions", {{"prompt", "x"}});
-    CHECK(c.status == 503);
-    CHECK(c.j()["error"]["code"] == "model_loading");
-    CHECK(c.headers.count("retry-after") == 1);
     char buf[512];
     std::string notes;
     for (ssize_t n; (n = ::recv(nfd, buf, sizeof buf, MSG_DONTWAIT)) > 0;) notes.append(buf, size_t(n));
     CHECK(notes.find("READY=1") == std::string::npos);
+    // sent during the load (load_wait_s, 30 s by default): answered once the model is there
+    const auto t0 = std::chrono::steady_clock::now();
+    std::atomic<bool> answered{false};
+    http_response c;
+    std::thread client([&] {
+        c = post(d.sock, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}});
+        answered = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_FALSE(answered); // held
+    // meanwhile /health and the status answer at once, still loading
+    const auto th = std::chrono::steady_clock::now();
+    CHECK(request(d.sock, "GET", "/health").j()["status"] == "loading");
+    CHECK(request(d.sock, "GET", "/v1/tandem/status").j()["status"] == "loading");
+    CHECK(std::chrono::steady_clock::now() - th < std::chrono::milliseconds(500));
+    client.join();
+    CHECK(c.status == 200);
+    CHECK(c.j()["choices"][0]["text"] == offline_text("Once upon a time", 8));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
     REQUIRE(d.wait_ready());
     pollfd p{nfd, POLLIN, 0};
     std::string ready;
@@ -1326,22 +1341,187 @@ TEST_CASE("while the model loads: /health and generation answer 503 with Retry-A
     ::close(nfd);
 }
 
-TEST_CASE("socket activation through systemd-socket-activate") {
-    if (std::system("command -v systemd-socket-activate >/dev/null 2>&1") != 0) {
+namespace {
+
+// Whether something accepts connections at `sock` within a few seconds.
+bool listening(const std::string& sock) {
+    for (int i = 0; i < 500; ++i) {
+        if (const int fd = connect_unix(sock); fd >= 0) {
+            ::close(fd);
+            return true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+}
+
+} // namespace
+
+TEST_CASE("a request held for the model gets 503 with Retry-After after load_wait_s") {
+    daemon_process d;
+    d.start(scratch().file("load-wait.sock"), {"--set", "load_wait_s=0.3"}, {"TANDEMD_TEST_LOAD_DELAY_MS=3000"});
+    REQUIRE(listening(d.sock));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto c = post(d.sock, "/v1/completions", {{"prompt", "x"}});
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    CHECK(c.status == 503);
+    CHECK(c.j()["error"]["code"] == "model_loading");
+    CHECK(c.headers.count("retry-after") == 1);
+    CHECK(waited >= std::chrono::milliseconds(280));
+    CHECK(waited < std::chrono::milliseconds(2500));
+    // 0: no wait at all
+    daemon_process d0;
+    d0.start(scratch().file("load-wait0.sock"), {"--set", "load_wait_s=0"}, {"TANDEMD_TEST_LOAD_DELAY_MS=3000"});
+    REQUIRE(listening(d0.sock));
+    const auto t1 = std::chrono::steady_clock::now();
+    CHECK(post(d0.sock, "/v1/models", {}).status == 405); // POST on a GET route: an error that needs no model
+    CHECK(request(d0.sock, "GET", "/v1/models").status == 503);
+    CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::milliseconds(1000));
+    // SIGTERM while a request is held: it gets its 503 at once, and the daemon exits 0
+    http_response held;
+    std::thread client([&] { held = post(d0.sock, "/v1/completions", {{"prompt", "x"}}); });
+    daemon_process d2;
+    d2.start(scratch().file("load-wait2.sock"), {}, {"TANDEMD_TEST_LOAD_DELAY_MS=3000"});
+    REQUIRE(listening(d2.sock));
+    http_response held2;
+    std::thread client2([&] { held2 = post(d2.sock, "/v1/completions", {{"prompt", "x"}}); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto t2 = std::chrono::steady_clock::now();
+    ::kill(d2.pid, SIGTERM);
+    client2.join();
+    CHECK(std::chrono::steady_clock::now() - t2 < std::chrono::milliseconds(2000));
+    CHECK(held2.status == 503);
+    CHECK(held2.j()["error"]["code"] == "shutting_down");
+    CHECK(d2.wait_exit(10) == 0);
+    client.join();
+    CHECK(held.status == 503); // load_wait_s = 0
+    CHECK(d.stop() == 0);
+    CHECK(d0.stop() == 0);
+}
+
+namespace {
+
+// tandemd under `systemd-socket-activate -l SOCK` (started by the first connection), with the
+// default KV pool (no kv_pool key); false when systemd-socket-activate is not installed.
+bool spawn_activated(daemon_process& d, const std::string& sock, const std::vector<std::string>& env = {}) {
+    if (std::system("command -v systemd-socket-activate >/dev/null 2>&1") != 0) return false;
+    d.sock = sock;
+    d.spawn({"-l", d.sock, binary_dir() + "/daemon/tandemd", "--model", model_path("stories260K.gguf"), "--threads",
+             "1", "--log", "warn"},
+            env, "systemd-socket-activate");
+    for (int i = 0; i < 500 && !std::filesystem::exists(d.sock); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return std::filesystem::exists(d.sock);
+}
+
+} // namespace
+
+TEST_CASE("socket activation: the request that starts tandemd gets 200; daemons on two sockets each have their own KV pool") {
+    daemon_process a, b;
+    if (!spawn_activated(a, scratch().file("activated-a.sock"))) {
         MESSAGE("systemd-socket-activate not installed: skipped");
         return;
     }
+    REQUIRE(spawn_activated(b, scratch().file("activated-b.sock")));
+    // the first connection starts tandemd (systemd holds it in the backlog until then), and
+    // its request is answered, not refused as "still loading"
+    const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}};
+    auto ra = post(a.sock, "/v1/completions", body);
+    CHECK(ra.status == 200);
+    CHECK(ra.j()["choices"][0]["text"] == offline_text("Once upon a time", 8));
+    auto rb = post(b.sock, "/v1/completions", body);
+    CHECK(rb.status == 200);
+    // the same model, the same user, no kv_pool set: two pools, named by socket (and model)
+    const json sa = request(a.sock, "GET", "/v1/tandem/status").j(), sb = request(b.sock, "GET", "/v1/tandem/status").j();
+    const std::string pa = sa["kv_pool"]["path"], pb = sb["kv_pool"]["path"];
+    CHECK(pa != pb);
+    CHECK(std::filesystem::path(pa).filename().string().rfind("tandem-kv-", 0) == 0);
+    CHECK(std::filesystem::exists(pa));
+    CHECK(std::filesystem::exists(pb));
+    CHECK(sa["kv_pool"]["bytes"].get<int64_t>() == int64_t(std::filesystem::file_size(pa)));
+    CHECK(sa["kv_pool"]["persist"] == false);
+    CHECK(a.stop() == 0);
+    CHECK(b.stop() == 0);
+    // not kept by default: nothing accumulates in /dev/shm
+    CHECK_FALSE(std::filesystem::exists(pa));
+    CHECK_FALSE(std::filesystem::exists(pb));
+}
+
+TEST_CASE("a start that fails after its KV pool was made leaves no pool file, unless kv_pool_persist") {
+    // the default pool goes to $RUNTIME_DIRECTORY: a scratch one here
+    const std::string rt = scratch().file("failed-start-rt");
+    std::filesystem::create_directories(rt);
+    auto pools = [&] { // every file but the socket: whatever its name, a pool file is one
+        std::vector<std::string> out;
+        for (const auto& e : std::filesystem::directory_iterator(rt))
+            if (e.is_regular_file()) out.push_back(e.path().string());
+        return out;
+    };
+    auto start_failing = [&](const std::string& model, std::vector<std::string> extra) {
+        daemon_process d;
+        std::vector<std::string> args = {"--model", model, "--socket", rt + "/tandem.sock", "--threads", "1", "--log",
+                                         "off"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        d.spawn(args, {"RUNTIME_DIRECTORY=" + rt});
+        return d.wait_exit(60);
+    };
+    // no room for the pool: the file is made, then refused
+    CHECK(start_failing(model_path("stories260K.gguf"), {"--set", "kv_cache_mb=16000000"}) == 1);
+    CHECK(pools().empty());
+    // the workers cannot load the weights (a tensor is missing), after the daemon made the pool
+    // from the model's header
+    std::string bytes;
+    {
+        std::ifstream in(model_path("stories260K.gguf"), std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const auto at = bytes.find("output_norm.weight");
+    REQUIRE(at != std::string::npos);
+    bytes.replace(at, 18, "output_norm.wxyzzy");
+    const std::string broken = scratch().file("no-output-norm.gguf");
+    std::ofstream(broken, std::ios::binary) << bytes;
+    CHECK(start_failing(broken, {}) == 1);
+    CHECK(pools().empty());
+    // kv_pool_persist keeps it, as asked
+    CHECK(start_failing(broken, {"--set", "kv_pool_persist=true"}) == 1);
+    CHECK(pools().size() == 1);
+}
+
+TEST_CASE("SIGTERM: while the drain lasts /health says stopping and new requests get 503; the running stream finishes") {
     daemon_process d;
-    d.sock = scratch().file("activated.sock");
-    d.spawn({"-l", d.sock, binary_dir() + "/daemon/tandemd", "--model", model_path("stories260K.gguf"), "--threads",
-             "1", "--log", "warn", "--set", "kv_pool=" + d.sock + ".kv"},
-            {}, "systemd-socket-activate");
-    // the first connection may arrive before tandemd runs: systemd holds it in the backlog
+    d.start(scratch().file("stopping.sock"));
     REQUIRE(d.wait_ready());
-    auto r = post(d.sock, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}});
-    CHECK(r.status == 200);
-    CHECK(r.j()["choices"][0]["text"] == offline_text("Once upon a time", 8));
-    CHECK(d.stop() == 0);
+    // a stream longer than the socket buffers hold: unread, it is still running below
+    const int fd = connect_unix(d.sock);
+    const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 1000}, {"ignore_eos", true}, {"n", 4},
+                       {"temperature", 0}, {"stream", true}};
+    send_all(fd, make_request("POST", "/v1/completions", body.dump()));
+    pollfd p{fd, POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 10000) == 1);
+    ::kill(d.pid, SIGTERM);
+    http_response h;
+    for (int i = 0; i < 200; ++i) { // 200 until the signal is handled
+        h = request(d.sock, "GET", "/health");
+        if (h.status != 200) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(h.status == 503);
+    CHECK(h.j()["status"] == "stopping");
+    CHECK(h.headers.count("retry-after") == 1);
+    auto c = post(d.sock, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+    CHECK(c.status == 503);
+    CHECK(c.j()["error"]["code"] == "shutting_down");
+    CHECK(c.headers.count("retry-after") == 1);
+    CHECK(request(d.sock, "GET", "/v1/tandem/status").j()["status"] == "stopping");
+    const auto r = parse_response(read_until_eof(fd));
+    ::close(fd);
+    REQUIRE(r.status == 200);
+    bool done = false, ok = false;
+    auto ev = sse_events(r.body, &done, &ok);
+    CHECK(done);
+    CHECK(ok);
+    CHECK(stream_text(ev, false, 3) == offline_text("Once upon a time", 1000, true));
+    CHECK(d.wait_exit(30) == 0);
 }
 
 TEST_CASE("a bad config or a missing model fails clearly") {

@@ -369,10 +369,11 @@ TEST_CASE("workers: the prefix cache is warm after a restart; a mismatched or da
                          "with her friends. One day, she saw a big red ball under a tree. She wanted it so much.";
     const std::string expect = offline_text(prompt, 30);
     std::filesystem::remove(pool); // each subcase starts cold
+    const std::vector<std::string> keep = {"--set", "kv_pool_persist=true"}; // off by default
     auto hits = [&](const std::string& s) { return metric(request(s, "GET", "/metrics").body, "tandem_prefix_cache_hits_total"); };
     {
         daemon_process d;
-        d.start(sock);
+        d.start(sock, keep);
         REQUIRE(d.wait_ready());
         CHECK(completion(d.sock, prompt, 30)["choices"][0]["text"] == expect);
         CHECK(hits(d.sock) == 0);
@@ -381,7 +382,7 @@ TEST_CASE("workers: the prefix cache is warm after a restart; a mismatched or da
     REQUIRE(std::filesystem::exists(pool));
     {
         daemon_process d;
-        d.start(sock);
+        d.start(sock, keep);
         REQUIRE(d.wait_ready());
         CHECK(completion(d.sock, prompt, 30)["choices"][0]["text"] == expect);
         CHECK(hits(d.sock) >= 32); // whole pages of the prompt came from the last run
@@ -394,13 +395,13 @@ TEST_CASE("workers: the prefix cache is warm after a restart; a mismatched or da
     }
     SUBCASE("another page size") {
         daemon_process d;
-        d.start(sock, {"--set", "page_size=8"});
+        d.start(sock, {"--set", "kv_pool_persist=true", "--set", "page_size=8"});
         REQUIRE(d.wait_ready());
         CHECK(hits(d.sock) == 0);
         CHECK(d.stop() == 0);
     }
     daemon_process d;
-    d.start(sock);
+    d.start(sock, keep);
     REQUIRE(d.wait_ready());
     CHECK(completion(d.sock, prompt, 30)["choices"][0]["text"] == expect);
     CHECK(hits(d.sock) == 0); // nothing trusted from a pool that does not match
