@@ -71,7 +71,10 @@ int main(int argc, char** argv) {
     // `tandem help COMMAND` is `tandem COMMAND --help` (CLI11 would read COMMAND as a command
     // of its own, with its required options missing).
     std::vector<const char*> args(argv, argv + argc);
-    if (argc >= 3 && std::string_view(argv[1]) == "help") {
+    if (argc == 3 && std::string_view(argv[1]) == "help" && (std::string_view(argv[2]) == "--help" ||
+                                                             std::string_view(argv[2]) == "-h"))
+        args = {argv[0], "--help"}; // help about help: the main help
+    else if (argc >= 3 && std::string_view(argv[1]) == "help") {
         const auto names = command_names(app);
         if (argc > 3 || std::find(names.begin(), names.end(), argv[2]) == names.end()) {
             const auto near = argc > 3 ? std::nullopt : cli::nearest(argv[2], names);

@@ -109,6 +109,9 @@ TEST_CASE("tandem help [COMMAND] shows help; --help exits 0") {
     check_usage(run_tandem({"help", "run", "chat"}), "tandem: help: takes one command's name");
     CHECK(run_tandem({"--help"}).rc == 0);
     CHECK(run_tandem({"--help"}).out.find("--wait") != std::string::npos);
+    const auto hh = run_tandem({"help", "--help"}); // help about help: the main help
+    CHECK(hh.rc == 0);
+    CHECK(hh.out == run_tandem({"--help"}).out);
 }
 
 TEST_CASE("tandem --log is global: accepted after the command too") {
