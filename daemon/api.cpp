@@ -776,6 +776,7 @@ std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const
             return bad(fmt::format("'{}' is not supported", key), key);
     const tokenizer& tok = *ms.bundle.tok;
     TRY(read_model(body, ms));
+    if (auto e = embeddings_unavailable(ms)) return *e;
     embedding_plan plan;
     if (auto it = body.find("input"); it != body.end()) { // (nothing to embed: OpenAI refuses it too)
         const auto empty = [](const json& x) { return x == ""; };
@@ -851,6 +852,17 @@ json embeddings_response(const embedding_plan& plan, const std::vector<std::vect
                 {"data", std::move(data)},
                 {"model", model},
                 {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}};
+}
+
+std::optional<api_error> embeddings_unavailable(const model_state& ms) {
+    const model_config& c = ms.bundle.cfg;
+    if (c.n_embd <= c.n_vocab) return std::nullopt;
+    api_error e{400,
+                fmt::format("this model's hidden states ({} floats) are wider than its output rows ({} logits), which "
+                            "carry them: it has no embeddings here",
+                            c.n_embd, c.n_vocab),
+                "invalid_request_error", "", "embeddings_unavailable"};
+    return e;
 }
 
 api_error submit_error(submit_status s) {

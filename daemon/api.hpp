@@ -120,6 +120,10 @@ std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const
 json embeddings_response(const embedding_plan& plan, const std::vector<std::vector<float>>& vectors,
                          const std::string& model);
 
+// Why this model has no embeddings (its hidden states do not fit the rows that carry them,
+// n_embd > n_vocab: no real model), or nullopt.
+std::optional<api_error> embeddings_unavailable(const model_state& ms);
+
 // The error a refused engine submission gets (queue full, too long, shutting down).
 api_error submit_error(submit_status s);
 

@@ -210,6 +210,7 @@ std::string describe(const CLI::ParseError& e, const CLI::App& app) {
             name = msg.substr(to + 14, msg.find(',', to) - to - 14);
         else
             name = msg.substr(0, msg.find(':'));
+        if (msg.find("At Most") != std::string::npos) return name + ": given more than once"; // "At Most 1 required but received 2"
         return name + ": needs a value";
     }
     return one_line(msg); // ValidationError: "--x: <our check's problem>"

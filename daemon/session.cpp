@@ -365,6 +365,10 @@ asio::awaitable<std::optional<api_error>> session::retrieve(generation_plan& pla
     const tokenizer& tok = *ms.bundle.tok;
     const pending_grounding& g = *plan.retrieval;
     const std::vector<document>& docs = g.ground.documents;
+    if (auto e = embeddings_unavailable(ms)) { // passages are ranked by embeddings
+        e->param = "documents";
+        co_return e;
+    }
     // Passages of a quarter of the room the messages leave (16 to 256 tokens).
     const int32_t room = g.budget - int32_t(grounded_prompt(g, {}, ms).size());
     constexpr int32_t min_passage = 16, max_passage = 256, tags = 24; // a passage's <document> tags, at most

@@ -43,6 +43,7 @@ TEST_CASE("tandem: every parse error is one line `tandem: <option>: <problem>` a
     check_usage(run_tandem({"--socket", none, "--log", "bogus", "hi"}),
                 "tandem: --log: expected trace, debug, info, warn, error, critical or off, got 'bogus'");
     check_usage(run_tandem({"--socket"}), "tandem: --socket: needs a value");
+    check_usage(run_tandem({"--socket", none, "--socket", none, "hi"}), "tandem: --socket: given more than once");
     // Subcommands name themselves in the hint.
     check_usage(run_tandem({"chat", "-t", "0"}), "tandem: -t: unknown option", "tandem chat --help");
     check_usage(run_tandem({"run", "-m", stories, "-p", "x", "-t", "0"}), "tandem: --threads: must be at least 1, got 0",

@@ -297,6 +297,23 @@ TEST_CASE("embeddings: OpenAI's shape, the engine's unit vectors, a list equal t
     CHECK(run_tandem({"embed", "--socket", s, long_text}).rc == 4);    // the daemon's 400
 }
 
+TEST_CASE("embeddings: a model whose hidden states are wider than its vocabulary has none: a 400 that says so") {
+    const std::string path = scratch().file("wide.gguf");
+    const auto syn = run_tandem({"synth", "-o", path, "--dim", "512", "--vocab", "300", "--heads", "8", "--layers", "1",
+                                 "--ff", "64", "--ctx", "256"});
+    INFO(syn.err);
+    REQUIRE(syn.rc == 0);
+    daemon_process d;
+    d.sock = scratch().file("wide.sock");
+    d.spawn({"--model", path, "--socket", d.sock, "--threads", "1", "--log", "warn", "--set", "kv_pool=" + d.sock + ".kv"});
+    REQUIRE(d.wait_ready());
+    auto r = post(d.sock, "/v1/embeddings", {{"input", "hello"}});
+    CHECK(r.status == 400);
+    CHECK(r.j()["error"]["code"] == "embeddings_unavailable");
+    CHECK(post(d.sock, "/v1/completions", {{"prompt", "hello"}, {"max_tokens", 2}}).status == 200); // it still generates
+    CHECK(d.stop() == 0);
+}
+
 TEST_CASE("guided generation: response_format, structured_outputs, llama.cpp's fields; errors name what") {
     const auto& s = shared_socket();
     const json schema = {{"type", "object"},
