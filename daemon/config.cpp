@@ -141,6 +141,7 @@ const std::vector<std::pair<std::string, setter>>& setters() {
         {"load_wait_s", [](config& c, const std::string& v) { return parse_seconds(v, c.load_wait_s, true); }},
         {"drain_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.drain_timeout_s); }},
         {"worker_timeout_s", [](config& c, const std::string& v) { return parse_seconds(v, c.worker_timeout_s); }},
+        {"worker_heartbeat_s", [](config& c, const std::string& v) { return parse_seconds(v, c.worker_heartbeat_s); }},
         {"allowed_users",
          [](config& c, const std::string& v) { c.allowed_users = split_list(v); return std::optional<std::string>(); }},
         {"allowed_groups",

@@ -47,6 +47,7 @@ struct config {
     double load_wait_s = 30;           // a request that needs the model waits this long for it to load (0: 503 at once)
     double drain_timeout_s = 30;
     double worker_timeout_s = 300;     // a worker silent on one batch this long is killed and restarted
+    double worker_heartbeat_s = 5;     // a worker whose heartbeat stops this long (SIGSTOP, frozen) is too
     std::vector<std::string> allowed_users;  // names or uids
     std::vector<std::string> allowed_groups; // names or gids
     std::string log_level = "info";

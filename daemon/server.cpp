@@ -214,6 +214,7 @@ void server::load_engine(const config& cfg, const std::string& socket_name, mode
     base.n_vocab = mc.n_vocab;
     base.log_level = cfg.log_level;
     base.timeout_s = cfg.worker_timeout_s;
+    base.heartbeat_s = cfg.worker_heartbeat_s;
     deployment dep = deploy_workers(cfg, base, n_threads);
     ms.prefill_device = dep.prefill_device;
     ms.decode_device = dep.decode_device;

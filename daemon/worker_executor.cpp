@@ -86,6 +86,12 @@ public:
         if (auto st = proc_->try_reap()) return died(ipc::worker_process::describe(*st));
         if (in_flight_ && clock_type::now() - t_start_ > timeout())
             return died(fmt::format("did not answer a batch within {} s (hung)", spec_.timeout_s));
+        if (const uint64_t n = ch_->beats(); n != beats_) {
+            beats_ = n;
+            t_beat_ = clock_type::now();
+        } else if (clock_type::now() - t_beat_ > seconds(spec_.heartbeat_s)) {
+            return died(fmt::format("stopped: no heartbeat for {} s", spec_.heartbeat_s));
+        }
         return std::nullopt;
     }
 
@@ -102,10 +108,10 @@ public:
     std::chrono::milliseconds poll_interval() const override {
         if (!proc_ && failure_.empty()) return std::max(1ms, std::chrono::duration_cast<std::chrono::milliseconds>(
                                                                  next_spawn_ - clock_type::now()));
-        if (in_flight_) // wake up in time to notice a hung worker
-            return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(t_start_ + timeout() - clock_type::now()),
-                              1ms, 1000ms);
-        return 1000ms;
+        // wake up in time to notice a hung batch, or a heartbeat that stopped
+        auto due = t_beat_ + seconds(spec_.heartbeat_s);
+        if (in_flight_) due = std::min(due, t_start_ + timeout());
+        return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(due - clock_type::now()), 1ms, 1000ms);
     }
 
     void shutdown() override {
@@ -120,9 +126,10 @@ public:
     }
 
 private:
-    clock_type::duration timeout() const {
-        return std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(spec_.timeout_s));
+    static clock_type::duration seconds(double s) {
+        return std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(s));
     }
+    clock_type::duration timeout() const { return seconds(spec_.timeout_s); }
 
     void spawn() {
         ipc::channel_config cc;
@@ -132,7 +139,8 @@ private:
         ch_ = ipc::channel::create(cc);
         const auto fds = ch_->child_fds();
         proc_ = ipc::worker_process::spawn(worker_args(spec_, fds), fds);
-        t_spawn_ = clock_type::now();
+        t_spawn_ = t_beat_ = clock_type::now();
+        beats_ = 0;
         hello_ = false;
         log_->debug("{} worker started: pid {}", spec_.role, proc_->pid());
     }
@@ -178,6 +186,8 @@ private:
     int32_t n_rows_ = 0;                            // logits rows of the batch in flight
     std::vector<uint8_t> buf_, msg_;
     clock_type::time_point t_spawn_{}, t_hello_{}, t_start_{}, next_spawn_{};
+    uint64_t beats_ = 0;                            // the heartbeat counter as last seen
+    clock_type::time_point t_beat_{};               // when it last changed (or the worker started)
 };
 
 } // namespace

@@ -16,7 +16,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
+#include <stop_token>
+#include <thread>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -40,6 +44,18 @@ int run_worker(const worker_args_parsed& a) {
     int memfd = -1, to_w = -1, to_s = -1;
     if (std::sscanf(a.fds.c_str(), "%d,%d,%d", &memfd, &to_w, &to_s) != 3) throw error("--fds: expected M,A,B");
     auto ch = ipc::channel::attach(memfd, to_w, to_s);
+    // The heartbeat, from the start (loading the model included): it stops only when the
+    // whole process does (SIGSTOP, a frozen machine), which the supervisor tells from a batch
+    // that takes long.
+    std::jthread heartbeat([&ch](std::stop_token stop) {
+        std::mutex mu;
+        std::condition_variable_any cv;
+        std::unique_lock lock(mu);
+        while (!stop.stop_requested()) {
+            ch->beat();
+            cv.wait_for(lock, stop, 200ms, [] { return false; });
+        }
+    });
     // The supervisor's pidfd: its exit wakes us even if the parent-death signal was missed.
     const int parent_fd = int(::syscall(SYS_pidfd_open, a.parent, 0));
     TANDEM_CHECK(parent_fd >= 0 && ::getppid() == a.parent, "the supervisor (pid {}) is gone", a.parent);

@@ -28,6 +28,7 @@ struct worker_spec {
     int32_t n_vocab = 0;
     std::string log_level = "info";
     double timeout_s = 300;           // longest a batch may take before the worker counts as hung
+    double heartbeat_s = 5;           // longest the worker's heartbeat may stop (a stopped or frozen process)
 };
 
 // The worker's command line: the spec, the channel's fds and the supervisor's pid.

@@ -4,6 +4,7 @@
 #include "runtime/error.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <type_traits>
@@ -20,7 +21,7 @@ namespace tandem::ipc {
 namespace {
 
 constexpr uint64_t channel_magic = 0x4c544354444e4154ull; // "TANDCTL" + 'L'
-constexpr uint32_t channel_version = 4; // 2: run_msg carries page generations; 3: done_msg, device K/V bytes; 4: run_msg is a batch (per-token logits flags)
+constexpr uint32_t channel_version = 5; // 2: run_msg carries page generations; 3: done_msg, device K/V bytes; 4: run_msg is a batch (per-token logits flags); 5: the worker's heartbeat
 constexpr int32_t max_rows_cap = 1 << 16;
 constexpr int32_t n_vocab_cap = 1 << 24;
 constexpr uint64_t logits_bytes_cap = uint64_t(1) << 34;
@@ -31,7 +32,7 @@ struct channel_header {
     uint32_t header_bytes;
     uint64_t command_bytes, result_bytes;
     int32_t max_rows, n_vocab;
-    uint64_t commands_offset, results_offset, logits_offset, total_bytes;
+    uint64_t heartbeat_offset, commands_offset, results_offset, logits_offset, total_bytes;
 };
 static_assert(std::is_trivially_copyable_v<channel_header>);
 static_assert(std::has_unique_object_representations_v<channel_header>, "compared with memcmp");
@@ -56,7 +57,8 @@ channel_header layout_of(const channel_config& cfg) {
     channel_header h{};
     h.magic = channel_magic;
     h.version = channel_version;
-    h.header_bytes = uint32_t(round_up(sizeof(channel_header), 64));
+    h.heartbeat_offset = round_up(sizeof(channel_header), 64); // a cache line of its own
+    h.header_bytes = uint32_t(h.heartbeat_offset + 64);
     h.command_bytes = cfg.command_bytes;
     h.result_bytes = cfg.result_bytes;
     h.max_rows = cfg.max_rows;
@@ -95,6 +97,7 @@ std::unique_ptr<channel> channel::create(const channel_config& cfg) {
     c->commands_ = ring::init(b + h.commands_offset, h.command_bytes);
     c->results_ = ring::init(b + h.results_offset, h.result_bytes);
     c->logits_ = reinterpret_cast<float*>(b + h.logits_offset);
+    c->heartbeat_ = reinterpret_cast<uint64_t*>(b + h.heartbeat_offset);
     std::memcpy(b, &h, sizeof h); // a fresh memfd reads as zeros, the rest needs no writing
 
     c->to_worker_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -138,6 +141,7 @@ std::unique_ptr<channel> channel::attach(int memfd, int to_worker_efd, int to_su
     c->commands_ = ring::attach(b + want.commands_offset, want.command_bytes);
     c->results_ = ring::attach(b + want.results_offset, want.result_bytes);
     c->logits_ = reinterpret_cast<float*>(b + want.logits_offset);
+    c->heartbeat_ = reinterpret_cast<uint64_t*>(b + want.heartbeat_offset);
     // Owned from here on (the destructor closes them); on a throw above they stay the caller's.
     c->memfd_ = memfd;
     c->to_worker_ = to_worker_efd;
@@ -168,6 +172,10 @@ void signal_efd(int fd) {
 }
 
 } // namespace
+
+void channel::beat() { std::atomic_ref<uint64_t>(*heartbeat_).fetch_add(1, std::memory_order_relaxed); }
+
+uint64_t channel::beats() const { return std::atomic_ref<uint64_t>(*heartbeat_).load(std::memory_order_relaxed); }
 
 void channel::notify_worker() { signal_efd(to_worker_); }
 

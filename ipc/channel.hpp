@@ -38,6 +38,12 @@ public:
     ring& results() { return results_; }    // worker -> supervisor
     float* logits_row(int32_t row);         // [n_vocab] floats, row < max_rows
 
+    // The worker's heartbeat: a counter in the shared area that a thread of the worker bumps
+    // a few times a second, whatever its batch is doing, so a stopped (SIGSTOP) or frozen
+    // process is told from a long batch.
+    void beat();
+    uint64_t beats() const;
+
     void notify_worker();
     void notify_supervisor();
     // The fd each side polls (readable when woken); consume_* resets it.
@@ -56,6 +62,7 @@ private:
     uint64_t bytes_ = 0;
     ring commands_, results_;
     float* logits_ = nullptr;
+    uint64_t* heartbeat_ = nullptr; // in the shared area
 };
 
 // Waits until one of `fds` is readable or `timeout` passes; returns the indices of the

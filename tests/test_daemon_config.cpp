@@ -163,6 +163,7 @@ TEST_CASE("config: the sample names every key the parser knows, each line's defa
     CHECK(all.max_connections == d.max_connections);
     CHECK(all.step_tokens == d.step_tokens);
     CHECK(all.worker_timeout_s == d.worker_timeout_s);
+    CHECK(all.worker_heartbeat_s == d.worker_heartbeat_s);
     CHECK(all.priority_aging_s == d.priority_aging_s);
     CHECK(all.workers == d.workers);
     CHECK(all.kv_pool_persist == d.kv_pool_persist);

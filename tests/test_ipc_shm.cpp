@@ -474,7 +474,7 @@ TEST_CASE("channel: attach refuses what is not a whole channel; the area cannot 
     std::memcpy(bad_vocab.data() + 36, &big, 4); // n_vocab
     CHECK(attach_fails(memfd_with(bad_vocab)).find("bad header") != std::string::npos);
     auto bad_ring = area;
-    bad_ring[128 + 128] ^= 1; // the command ring's capacity (channel header 128 bytes, then head, tail)
+    bad_ring[192 + 128] ^= 1; // the command ring's capacity (header 128 bytes and the heartbeat's 64, then head, tail)
     CHECK(attach_fails(memfd_with(bad_ring)).find("capacity") != std::string::npos);
     CHECK(thrown_by([&] { ipc::channel::attach(-1, fds[1], fds[2]); }).find("not open") != std::string::npos);
     // A bad configuration is refused at create.
@@ -487,6 +487,11 @@ TEST_CASE("channel: attach refuses what is not a whole channel; the area cannot 
 
     // Two views of one area (the second from duplicated fds) talk through the rings.
     auto w = ipc::channel::attach(::dup(fds[0]), ::dup(fds[1]), ::dup(fds[2]));
+    // the heartbeat: the worker's beats are the supervisor's count
+    CHECK(c->beats() == 0);
+    w->beat();
+    w->beat();
+    CHECK(c->beats() == 2);
     const std::vector<uint8_t> msg{1, 2, 3};
     REQUIRE(c->commands().push(5, msg));
     uint32_t type = 0;

@@ -349,6 +349,36 @@ TEST_CASE("workers: a hung worker (SIGSTOP) is killed after worker_timeout_s and
     CHECK(d.stop() == 0);
 }
 
+TEST_CASE("workers: a stopped worker (SIGSTOP) is found by its heartbeat within 10 s with the default settings") {
+    daemon_process d;
+    d.start(scratch().file("hb.sock")); // worker_timeout_s stays 300: only the heartbeat can find it
+    REQUIRE(d.wait_ready());
+    // mid-stream: the decode worker, its batch in flight
+    const pid_t victim = worker_pid(d.pid, "decode");
+    REQUIRE(victim > 0);
+    std::vector<std::future<streamed>> fs = streaming(d, 2, 800, 30);
+    REQUIRE(::kill(victim, SIGSTOP) == 0);
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, "decode"); return p > 0 && p != victim; }, 10));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    for (size_t i = 0; i < fs.size(); ++i) {
+        const streamed s = fs[i].get();
+        CHECK(s.finish == "length");
+        CHECK_MESSAGE(s.text == offline_text(prompts[i], 800), "request ", i);
+    }
+    CHECK_FALSE(alive(victim));
+    // idle: the prefill worker, no batch in flight
+    const pid_t idle = worker_pid(d.pid, "prefill");
+    REQUIRE(idle > 0);
+    REQUIRE(::kill(idle, SIGSTOP) == 0);
+    t0 = std::chrono::steady_clock::now();
+    CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, "prefill"); return p > 0 && p != idle; }, 10));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    CHECK(status(d.sock)["worker_restarts"] == 2);
+    CHECK(completion(d.sock, prompts[3], 20)["choices"][0]["text"] == offline_text(prompts[3], 20));
+    CHECK(d.stop() == 0);
+}
+
 TEST_CASE("workers: when the supervisor dies, its workers exit") {
     daemon_process d;
     d.start(scratch().file("s.sock"));
