@@ -138,7 +138,8 @@ private:
         cc.command_bytes = uint64_t(4) << 20;
         ch_ = ipc::channel::create(cc);
         const auto fds = ch_->child_fds();
-        proc_ = ipc::worker_process::spawn(worker_args(spec_, fds), fds);
+        // the program this daemon runs, even after its file was replaced (a package upgrade)
+        proc_ = ipc::worker_process::spawn(worker_args(spec_, fds), fds, spec_.exe.empty() ? ipc::self_exe_fd() : "");
         t_spawn_ = t_beat_ = clock_type::now();
         beats_ = 0;
         hello_ = false;

@@ -29,7 +29,7 @@ std::string errno_text(int e) { return std::strerror(e); }
 // It starts with every signal blocked (the parent blocks them around fork), so none of the
 // parent's handlers can run in it: they are reset to the default before the mask is
 // restored, and a signal sent meanwhile (stop's SIGTERM) acts on it then, as on the worker.
-[[noreturn]] void exec_child(char* const* args, const int* keep, size_t n_keep, pid_t parent,
+[[noreturn]] void exec_child(const char* program, char* const* args, const int* keep, size_t n_keep, pid_t parent,
                              const sigset_t* unblocked) {
     for (int sig = 1; sig < NSIG; ++sig) {
         struct sigaction sa {};
@@ -58,7 +58,7 @@ std::string errno_text(int e) { return std::strerror(e); }
     // The signal mask survives exec: the worker starts with nothing blocked, whatever the
     // forking thread blocks.
     (void)::sigprocmask(SIG_SETMASK, unblocked, nullptr);
-    ::execv(args[0], args);
+    ::execv(program, args);
     ::_exit(127);
 }
 
@@ -67,7 +67,7 @@ int pidfd_open(pid_t pid) { return int(::syscall(SYS_pidfd_open, pid, 0)); }
 } // namespace
 
 std::unique_ptr<worker_process> worker_process::spawn(const std::vector<std::string>& argv,
-                                                      std::span<const int> keep_fds) {
+                                                      std::span<const int> keep_fds, const std::string& program) {
     TANDEM_CHECK(!argv.empty() && !argv[0].empty(), "worker_process: no program to start");
     // Everything the child needs is built before fork: it must not allocate.
     std::vector<char*> args;
@@ -83,7 +83,8 @@ std::unique_ptr<worker_process> worker_process::spawn(const std::vector<std::str
     sigfillset(&all);
     ::pthread_sigmask(SIG_SETMASK, &all, &old);
     const pid_t pid = ::fork();
-    if (pid == 0) exec_child(args.data(), keep.data(), keep.size(), parent, &unblocked);
+    if (pid == 0) exec_child(program.empty() ? args[0] : program.c_str(), args.data(), keep.data(), keep.size(), parent,
+                             &unblocked);
     const int fork_errno = errno;
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     if (pid < 0) fail("worker_process: fork for {}: {}", argv[0], errno_text(fork_errno));
@@ -168,6 +169,12 @@ std::string worker_process::describe(int st) {
     }
     if (WIFSTOPPED(st)) return fmt::format("stopped by signal {}", WSTOPSIG(st));
     return fmt::format("wait status {:#x}", st);
+}
+
+std::string self_exe_fd() {
+    static const int fd = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot open /proc/self/exe: {}", errno_text(errno));
+    return "/proc/self/fd/" + std::to_string(fd);
 }
 
 std::string self_exe() {

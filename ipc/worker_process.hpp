@@ -19,7 +19,9 @@ public:
     // fires when the *thread* that forked exits, so call this from a thread that outlives
     // the child.
     // Throws tandem::error when fork or pidfd_open fails; exec failure shows as exit 127.
-    static std::unique_ptr<worker_process> spawn(const std::vector<std::string>& argv, std::span<const int> keep_fds);
+    // `program`, when given, is what runs (argv[0] is then only its name, as ps shows it).
+    static std::unique_ptr<worker_process> spawn(const std::vector<std::string>& argv, std::span<const int> keep_fds,
+                                                 const std::string& program = {});
     ~worker_process(); // kills (SIGKILL) and reaps a child still running
 
     int pid() const { return pid_; }
@@ -44,5 +46,9 @@ private:
 
 // The path of the running executable (/proc/self/exe resolved), for re-exec as a worker.
 std::string self_exe();
+// The running executable as a path that stays valid when its file is replaced or removed (a
+// package upgrade under a running daemon): /proc/self/fd/N of a descriptor opened on the first
+// call (close-on-exec; the exec opens the file before it closes the descriptor).
+std::string self_exe_fd();
 
 } // namespace tandem::ipc

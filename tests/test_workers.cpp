@@ -379,6 +379,27 @@ TEST_CASE("workers: a stopped worker (SIGSTOP) is found by its heartbeat within 
     CHECK(d.stop() == 0);
 }
 
+TEST_CASE("workers: after the daemon's binary is replaced on disk (a package upgrade), a killed worker still restarts") {
+    // tandemd from a copy, which is then replaced by another file, as dpkg does (rename over it)
+    const std::string exe = scratch().file("tandemd-copy"), next = scratch().file("tandemd-next");
+    std::filesystem::copy_file(default_tandemd(), exe, std::filesystem::copy_options::overwrite_existing);
+    daemon_process d;
+    d.sock = scratch().file("up.sock");
+    d.spawn({"--model", model_path("stories260K.gguf"), "--socket", d.sock, "--threads", "1", "--log", "warn", "--set",
+             "kv_pool=" + d.sock + ".kv"},
+            {}, exe);
+    REQUIRE(d.wait_ready());
+    std::ofstream(next) << "#!/bin/sh\nexit 3\n"; // not the program: a worker run from it would fail
+    std::filesystem::rename(next, exe);
+    const pid_t victim = worker_pid(d.pid, "decode");
+    REQUIRE(victim > 0);
+    REQUIRE(::kill(victim, SIGKILL) == 0);
+    CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, "decode"); return p > 0 && p != victim; }, 10));
+    CHECK(completion(d.sock, prompts[1], 20)["choices"][0]["text"] == offline_text(prompts[1], 20));
+    CHECK(status(d.sock)["worker_restarts"] == 1);
+    CHECK(d.stop() == 0);
+}
+
 TEST_CASE("workers: when the supervisor dies, its workers exit") {
     daemon_process d;
     d.start(scratch().file("s.sock"));
