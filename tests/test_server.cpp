@@ -101,7 +101,22 @@ std::string norm(const std::string& t) {
     return n.text;
 }
 
-std::string stream_text(const std::vector<json>& events, bool chat, int index = 0) {
+std::string stream_text(const std::vector<json>& events, bool chat, int index = 0);
+
+// A completions stream of "Once upon a time" read to its end from fd (then closed): whole,
+// [DONE] included, choice `index` the offline loop's n_tokens.
+void check_whole_stream(int fd, int index, int n_tokens) {
+    const auto r = parse_response(read_until_eof(fd));
+    ::close(fd);
+    REQUIRE(r.status == 200);
+    bool done = false, ok = false;
+    const auto ev = sse_events(r.body, &done, &ok);
+    CHECK(done);
+    CHECK(ok);
+    CHECK(stream_text(ev, false, index) == offline_text("Once upon a time", n_tokens, true));
+}
+
+std::string stream_text(const std::vector<json>& events, bool chat, int index) {
     std::string s;
     for (const auto& e : events)
         for (const auto& c : e["choices"])
@@ -1288,14 +1303,7 @@ TEST_CASE("SIGTERM drains in-flight requests, then tandemd exits 0; sd_notify me
     pollfd p{fd, POLLIN, 0};
     REQUIRE(::poll(&p, 1, 10000) == 1);
     ::kill(d.pid, SIGTERM);
-    const auto r = parse_response(read_until_eof(fd));
-    ::close(fd);
-    REQUIRE(r.status == 200);
-    bool done = false, ok = false;
-    auto ev = sse_events(r.body, &done, &ok);
-    CHECK(done);
-    CHECK(ok);
-    CHECK(stream_text(ev, false, 0) == offline_text("Once upon a time", 600, true));
+    check_whole_stream(fd, 0, 600);
     CHECK(d.wait_exit(30) == 0);
     CHECK_FALSE(std::filesystem::exists(d.sock)); // the socket file is removed
     msgs = read_notify(500);
@@ -1530,14 +1538,7 @@ TEST_CASE("SIGTERM: while the drain lasts /health says stopping and new requests
     CHECK(c.j()["error"]["code"] == "shutting_down");
     CHECK(c.headers.count("retry-after") == 1);
     CHECK(request(d.sock, "GET", "/v1/tandem/status").j()["status"] == "stopping");
-    const auto r = parse_response(read_until_eof(fd));
-    ::close(fd);
-    REQUIRE(r.status == 200);
-    bool done = false, ok = false;
-    auto ev = sse_events(r.body, &done, &ok);
-    CHECK(done);
-    CHECK(ok);
-    CHECK(stream_text(ev, false, 3) == offline_text("Once upon a time", 1000, true));
+    check_whole_stream(fd, 3, 1000);
     CHECK(d.wait_exit(30) == 0);
 }
 
