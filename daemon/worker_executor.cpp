@@ -56,7 +56,16 @@ public:
             return r;
         }
         if (!proc_) {
-            if (failure_.empty() && clock_type::now() >= next_spawn_) spawn();
+            if (failure_.empty() && clock_type::now() >= next_spawn_) {
+                // A failed fork, memfd or eventfd (EAGAIN, EMFILE, ENOMEM) must not leave the
+                // engine thread: it is a worker that could not start, tried again later.
+                try {
+                    spawn();
+                } catch (const std::exception& e) {
+                    ch_.reset();
+                    gone(fmt::format("could not be started ({})", e.what()), -1);
+                }
+            }
             return std::nullopt;
         }
         ipc::channel::consume(ch_->supervisor_wait_fd());
@@ -153,24 +162,30 @@ private:
         proc_->try_reap();
         proc_.reset();
         ch_.reset();
+        gone(why, pid);
+        if (!in_flight_) return std::nullopt;
+        in_flight_ = false;
+        return outcome{false, true, fmt::format("the {} worker died ({})", spec_.role, why)};
+    }
+
+    // The worker (pid, or -1 when it never started) is gone: plan a restart, backing off when
+    // it keeps dying soon after starting; a worker that never came up at all fails the
+    // daemon's start (the engine reports failure()).
+    void gone(const std::string& why, int pid) {
         const auto now = clock_type::now();
-        // Back off when it keeps dying soon after starting; a worker that never came up at
-        // all fails the daemon's start (the engine reports failure()).
         if (!up_) {
-            failure_ = fmt::format("the {} worker exited during start-up ({})", spec_.role, why);
+            failure_ = pid < 0 ? fmt::format("the {} worker {}", spec_.role, why)
+                               : fmt::format("the {} worker exited during start-up ({})", spec_.role, why);
             log_->error("{}", failure_);
         } else {
             n_early_deaths_ = hello_ && now - t_hello_ > 30s ? 0 : n_early_deaths_ + 1;
             const auto delay = std::min<std::chrono::milliseconds>(10000ms, 100ms * (1 << std::min(n_early_deaths_, 7)));
             next_spawn_ = now + (n_early_deaths_ <= 1 ? 0ms : delay);
             ++n_restarts_;
-            log_->warn("{} worker (pid {}) {}; restarting it{}", spec_.role, pid, why,
+            log_->warn("{} worker{} {}; restarting it{}", spec_.role, pid < 0 ? "" : fmt::format(" (pid {})", pid), why,
                        n_early_deaths_ <= 1 ? "" : fmt::format(" in {} ms", delay.count()));
         }
         hello_ = false;
-        if (!in_flight_) return std::nullopt;
-        in_flight_ = false;
-        return outcome{false, true, fmt::format("the {} worker died ({})", spec_.role, why)};
     }
 
     worker_spec spec_;

@@ -228,6 +228,27 @@ TEST_CASE("workers: through a worker process, 5 tokens with logits for all 5 in 
     }
 }
 
+TEST_CASE("workers: a worker that cannot be started is a failure the executor reports, not an exception") {
+    // A channel the supervisor cannot make (no logits rows) fails every start, as a failed
+    // fork or memfd would: poll() runs on the engine thread and must not throw.
+    daemon::worker_spec s;
+    s.role = "decode";
+    s.exe = default_tandemd();
+    s.model = model_path("stories260K.gguf");
+    s.max_rows = 0;
+    s.n_vocab = 512;
+    auto ex = daemon::make_worker_executor(s, work_kind::decode);
+    std::optional<executor::outcome> out;
+    REQUIRE_NOTHROW(out = ex->poll());
+    CHECK_FALSE(out.has_value());
+    CHECK_FALSE(ex->ready());
+    CHECK_FALSE(ex->up());
+    CHECK(ex->failure().find("could not be started") != std::string::npos);
+    CHECK(ex->failure().find("decode") != std::string::npos);
+    REQUIRE_NOTHROW(out = ex->poll()); // and stays failed, quietly
+    CHECK(ex->n_restarts() == 0);
+}
+
 TEST_CASE("workers: two worker processes share the pool; outputs equal the offline loop") {
     daemon_process d;
     d.start(scratch().file("a.sock"));
