@@ -304,27 +304,40 @@ session::embed(std::vector<std::vector<token_id>> inputs, int32_t priority) {
     ch->this_ptr = ch;
     std::vector<uint64_t> ids;
     auto cancel_all = [&] {
-        for (uint64_t id : ids) ms.eng->cancel(id);
+        for (uint64_t id : ids) ms.eng->cancel(id); // (those done already are no longer known: no-ops)
         ch->finished = true;
         current_.reset();
     };
-    for (size_t i = 0; i < inputs.size(); ++i) {
-        engine_request r;
-        r.prompt = std::move(inputs[i]);
-        r.embed = ms.bundle.cfg.pooling;
-        r.priority = priority;
-        const submit_result sr =
-            ms.eng->submit(std::move(r), [ch, i](engine_event&& ev) { ch->push(int(i), std::move(ev)); });
-        if (sr.status != submit_status::ok) {
-            cancel_all();
+    // A window of inputs in the engine at a time, the next as each one finishes: the engine's
+    // queue is bounded (max_waiting), and a list of 2,048 inputs is not a daemon at capacity.
+    const size_t window = size_t(std::max(1, st_.cfg.max_running));
+    size_t next = 0, n_live = 0;
+    auto submit_more = [&]() -> std::optional<api_error> {
+        for (; next < inputs.size() && n_live < window; ++next, ++n_live) {
+            engine_request r;
+            r.prompt = inputs[next]; // (kept: a refused one is submitted again)
+            r.embed = ms.bundle.cfg.pooling;
+            r.priority = priority;
+            const size_t i = next;
+            const submit_result sr =
+                ms.eng->submit(std::move(r), [ch, i](engine_event&& ev) { ch->push(int(i), std::move(ev)); });
+            if (sr.status == submit_status::ok) {
+                ids.push_back(sr.id);
+                continue;
+            }
+            if (sr.status == submit_status::queue_full && n_live > 0) break; // again when one of ours ends
             api_error e = submit_error(sr.status);
             if (sr.status == submit_status::too_long) {
                 e.message = fmt::format("input {} does not fit in the context or the KV cache", i);
                 e.param = "input";
             }
-            co_return e;
+            return e;
         }
-        ids.push_back(sr.id);
+        return std::nullopt;
+    };
+    if (auto e = submit_more()) {
+        cancel_all();
+        co_return *e;
     }
     current_ = ch;
     asio::co_spawn(socket_.get_executor(), watch_peer(ch), asio::detached);
@@ -345,6 +358,7 @@ session::embed(std::vector<std::vector<token_id>> inputs, int32_t priority) {
         for (auto& [i, ev] : events) {
             if (!ev.done) continue;
             ++n_done;
+            --n_live;
             if (ev.finish_reason != "stop" || ev.embedding.empty()) {
                 cancel_all();
                 co_return api_error{500, fmt::format("the engine failed while embedding input {}{}", i,
@@ -352,6 +366,10 @@ session::embed(std::vector<std::vector<token_id>> inputs, int32_t priority) {
                                     "server_error"};
             }
             out[size_t(i)] = std::move(ev.embedding);
+        }
+        if (auto e = submit_more()) {
+            cancel_all();
+            co_return *e;
         }
     }
     ch->finished = true;
@@ -393,17 +411,22 @@ asio::awaitable<std::optional<api_error>> session::retrieve(generation_plan& pla
         inputs[0].erase(inputs[0].begin(), inputs[0].end() - ms.max_prompt_tokens);
     if (inputs[0].empty()) inputs[0].push_back(tok.bos() >= 0 ? tok.bos() : 0);
     std::vector<size_t> missing;
-    for (size_t i = 0; i < passages.size(); ++i)
-        if (!cache.find(text_of(passages[i]))) {
-            missing.push_back(i);
-            inputs.push_back(tok.encode(text_of(passages[i]), true, false));
+    std::vector<std::vector<float>> embedded(passages.size());
+    for (size_t i = 0; i < passages.size(); ++i) {
+        if (const auto* known = cache.find(text_of(passages[i]))) {
+            embedded[i] = *known;
+            continue;
         }
+        missing.push_back(i);
+        inputs.push_back(tok.encode(text_of(passages[i]), true, false));
+    }
     auto vectors = co_await embed(std::move(inputs), g.base.priority);
     if (auto* e = std::get_if<api_error>(&vectors)) co_return *e;
     auto& v = std::get<0>(vectors);
-    for (size_t k = 0; k < missing.size(); ++k) cache.put(text_of(passages[missing[k]]), std::move(v[k + 1]));
-    std::vector<std::vector<float>> embedded;
-    for (const passage& p : passages) embedded.push_back(*cache.find(text_of(p)));
+    for (size_t k = 0; k < missing.size(); ++k) { // (more passages than the cache holds: the vectors are kept here)
+        embedded[missing[k]] = v[k + 1];
+        cache.put(text_of(passages[missing[k]]), std::move(v[k + 1]));
+    }
 
     // The best-ranked passages that fit, rendered in document order; while the prompt is over
     // the budget (the tags' estimate was short), the lowest-ranked goes.

@@ -239,6 +239,16 @@ TEST_CASE("embeddings: OpenAI's shape, the engine's unit vectors, a list equal t
     REQUIRE(tok.status == 200);
     CHECK(max_diff(tok.j()["data"][0]["embedding"], offline_embedding(b)) < 1e-5);
 
+    // more inputs than the engine queues at once (max_waiting 64 + 16 running): fed a window at a time
+    json many = json::array();
+    for (int i = 0; i < 300; ++i) many.push_back(i % 2 ? a : b);
+    auto lots = post(s, "/v1/embeddings", {{"input", many}});
+    REQUIRE(lots.status == 200);
+    REQUIRE(lots.j()["data"].size() == 300);
+    CHECK(lots.j()["data"][299]["index"] == 299);
+    CHECK(max_diff(lots.j()["data"][299]["embedding"], offline_embedding(a)) < 1e-5);
+    CHECK(max_diff(lots.j()["data"][200]["embedding"], offline_embedding(b)) < 1e-5);
+
     // base64: the float32 array's little-endian bytes
     auto b64 = post(s, "/v1/embeddings", {{"input", a}, {"encoding_format", "base64"}});
     REQUIRE(b64.status == 200);
