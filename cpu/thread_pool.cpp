@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -57,9 +58,18 @@ void thread_pool::worker(int ith) {
         spin_then_wait(generation_, seen);
         seen = generation_.load(std::memory_order_acquire);
         if (stop_.load(std::memory_order_acquire)) return;
-        (*job_)(ith, n_threads_);
+        try {
+            (*job_)(ith, n_threads_);
+        } catch (...) {
+            keep_error(std::current_exception());
+        }
         if (n_pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) n_pending_.notify_one();
     }
+}
+
+void thread_pool::keep_error(std::exception_ptr e) {
+    const std::lock_guard lock(error_mutex_);
+    if (!error_) error_ = std::move(e);
 }
 
 void thread_pool::run(const std::function<void(int, int)>& fn) {
@@ -72,9 +82,20 @@ void thread_pool::run(const std::function<void(int, int)>& fn) {
     n_pending_.store(n_threads_ - 1, std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_acq_rel); // publishes job_
     generation_.notify_all();
-    fn(0, n_threads_);
+    try {
+        fn(0, n_threads_);
+    } catch (...) {
+        keep_error(std::current_exception());
+    }
+    // The other threads still read job_ (and fn's captures) until they are done.
     for (int left; (left = n_pending_.load(std::memory_order_acquire)) != 0;) spin_then_wait(n_pending_, left);
     job_ = nullptr;
+    std::exception_ptr e;
+    {
+        const std::lock_guard lock(error_mutex_);
+        e = std::exchange(error_, nullptr);
+    }
+    if (e) std::rethrow_exception(e);
 }
 
 void thread_pool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

@@ -3,7 +3,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -41,11 +43,15 @@ public:
     // does fewer chunks instead of holding up the join.
     void parallel_for_dynamic(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn);
 
-    // Calls fn(ith, nth) once on each of the nth threads.
+    // Calls fn(ith, nth) once on each of the nth threads. An exception thrown by fn on any
+    // thread (an allocation failing inside a parallel region) waits for the other threads to
+    // finish their part, then leaves run() on the calling thread: the first one thrown, the
+    // others dropped. The pool stays usable.
     void run(const std::function<void(int, int)>& fn);
 
 private:
     void worker(int ith);
+    void keep_error(std::exception_ptr e);
 
     int n_threads_;
     std::vector<std::thread> threads_;
@@ -53,6 +59,8 @@ private:
     std::atomic<uint64_t> generation_{0};
     std::atomic<int> n_pending_{0};
     std::atomic<bool> stop_{false};
+    std::mutex error_mutex_;
+    std::exception_ptr error_; // the first exception of the current run
 };
 
 } // namespace tandem::cpu

@@ -9,9 +9,13 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <random>
 #include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
 
 using namespace tandem;
 
@@ -55,6 +59,37 @@ TEST_CASE("thread pool covers every index exactly once") {
         });
         CHECK(calls.load() == nt);
     }
+}
+
+TEST_CASE("thread pool: an exception on any thread leaves run() after every thread is done") {
+    cpu::thread_pool pool(3);
+    for (int thrower : {0, 1, 2}) {
+        INFO("thrower " << thrower);
+        std::atomic<int> finished{0};
+        bool caught = false;
+        try {
+            pool.run([&](int ith, int) {
+                if (ith == thrower) throw std::runtime_error("thrown on thread " + std::to_string(ith));
+                std::this_thread::sleep_for(std::chrono::milliseconds(20)); // still in fn when the thrower leaves
+                finished++;
+            });
+        } catch (const std::runtime_error& e) {
+            caught = true;
+            CHECK(std::string(e.what()) == "thrown on thread " + std::to_string(thrower));
+        }
+        CHECK(caught);
+        CHECK(finished.load() == 2); // the others finished before run() let go of fn
+        std::atomic<int> calls{0};
+        pool.run([&](int, int) { calls++; }); // still usable
+        CHECK(calls.load() == 3);
+    }
+    // Every thread throwing: one exception comes out, the pool goes on.
+    CHECK_THROWS_AS(pool.parallel_for_dynamic(64, 1, [](int64_t, int64_t) { throw std::bad_alloc(); }), std::bad_alloc);
+    std::vector<std::atomic<int>> hits(100);
+    pool.parallel_for(100, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+    });
+    for (auto& h : hits) REQUIRE(h.load() == 1);
 }
 
 TEST_CASE("block pool against a naive model") {
