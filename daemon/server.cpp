@@ -211,6 +211,7 @@ void server::load_engine(const config& cfg, const std::string& socket_name, mode
     base.n_pages = eo.n_pages;
     base.fingerprint = fp;
     base.max_rows = eo.max_logits;
+    base.command_bytes = command_ring_bytes(eo, cfg.max_n);
     base.n_vocab = mc.n_vocab;
     base.log_level = cfg.log_level;
     base.timeout_s = cfg.worker_timeout_s;

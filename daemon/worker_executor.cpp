@@ -40,9 +40,13 @@ public:
         in_flight_ = true;
         t_start_ = clock_type::now();
         if (!ch_->commands().push(uint32_t(ipc::msg_type::run), buf_)) {
-            // cannot happen with one batch in flight and a ring sized for the largest one
-            pending_ = outcome{false, false, fmt::format("batch of {} bytes does not fit the {} worker's ring",
-                                                         buf_.size(), spec_.role)};
+            // The worker broke the ring (it writes the read position): restart it, and the
+            // batch is retried. Otherwise the batch is larger than command_ring_bytes allowed
+            // for (a planning bug): it fails, the next one may fit.
+            if (ch_->commands().corrupt()) pending_ = died("corrupted its command ring");
+            else
+                pending_ = outcome{false, false, fmt::format("a batch of {} bytes does not fit the {} worker's ring of {}",
+                                                             buf_.size(), spec_.role, spec_.command_bytes)};
             return;
         }
         ch_->notify_worker();
@@ -144,7 +148,8 @@ private:
         ipc::channel_config cc;
         cc.max_rows = spec_.max_rows;
         cc.n_vocab = spec_.n_vocab;
-        cc.command_bytes = uint64_t(4) << 20;
+        cc.command_bytes = spec_.command_bytes;
+        cc.result_bytes = ipc::ring::capacity_for(ipc::result_bytes_max()); // an error text at its longest
         ch_ = ipc::channel::create(cc);
         const auto fds = ch_->child_fds();
         // the program this daemon runs, even after its file was replaced (a package upgrade)

@@ -2,6 +2,7 @@
 // parsed by the worker).
 #pragma once
 
+#include "runtime/engine.hpp"
 #include "runtime/kv_layout.hpp"
 #include "runtime/weights.hpp"
 
@@ -25,11 +26,18 @@ struct worker_spec {
     int32_t n_pages = 0;
     uint64_t fingerprint = 0;         // what the supervisor computed; the worker checks its own
     int32_t max_rows = 1;             // logits rows per batch
+    uint64_t command_bytes = 1 << 20; // the command ring's capacity: holds the largest batch (command_ring_bytes)
     int32_t n_vocab = 0;
     std::string log_level = "info";
     double timeout_s = 300;           // longest a batch may take before the worker counts as hung
     double heartbeat_s = 5;           // longest the worker's heartbeat may stop (a stopped or frozen process)
 };
+
+// The command ring's capacity for the largest batch the engine plans under these options
+// (runtime/scheduler.cpp plan: decodes up to max_logits rows, prefill chunks from
+// step_tokens, at most max_running requests of up to max_n sequences each), every sequence
+// with a full context's block table.
+uint64_t command_ring_bytes(const engine_options& eo, int32_t max_n);
 
 // The worker's command line: the spec, the channel's fds and the supervisor's pid.
 std::vector<std::string> worker_args(const worker_spec& s, const std::vector<int>& fds);

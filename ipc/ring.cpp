@@ -23,6 +23,15 @@ bool valid_capacity(uint64_t c) { return c >= ring::min_capacity && c <= ring::m
 
 } // namespace
 
+uint64_t ring::capacity_for(uint64_t payload_bytes) {
+    TANDEM_CHECK(payload_bytes <= std::numeric_limits<uint32_t>::max(), "a ring message of {} bytes", payload_bytes);
+    const uint64_t need = 2 * record_bytes(payload_bytes);
+    uint64_t c = min_capacity;
+    while (c < need) c <<= 1;
+    TANDEM_CHECK(c <= max_capacity, "a ring for messages of {} bytes would need {} bytes", payload_bytes, c);
+    return c;
+}
+
 ring ring::init(void* mem, uint64_t capacity) {
     TANDEM_CHECK(valid_capacity(capacity), "ring capacity {} is not a power of two in [{}, {}]", capacity,
                  min_capacity, max_capacity);

@@ -31,6 +31,11 @@ public:
     static ring init(void* mem, uint64_t capacity);
     static ring attach(void* mem, uint64_t capacity);
     static uint64_t bytes_for(uint64_t capacity) { return sizeof(ring_header) + capacity; }
+    // The capacity at which a message of up to `payload_bytes` always fits when the ring is
+    // empty, wherever the last message left the position (twice its record, so it fits
+    // either before the end or, after the wrap, at the start). Throws tandem::error past
+    // max_capacity.
+    static uint64_t capacity_for(uint64_t payload_bytes);
 
     // False when the message does not fit now (the ring is full) or ever (too big, or
     // type == pad_type). A message that fits only after the wrap may publish the pad record

@@ -147,6 +147,18 @@ void encode_run(uint64_t batch_id, const batch& b, std::vector<uint8_t>& out) {
     }
 }
 
+uint64_t run_bytes(int64_t n_seqs, int64_t n_tokens, int64_t n_blocks) {
+    // batch_id, n_seqs; per sequence: seq_id, n_past, four counts; 4 + 1 bytes a token (its
+    // id and its row flag), 4 + 4 a block (page and generation)
+    constexpr uint64_t head = 8 + 4, per_seq = 8 + 4 + 4 * 4;
+    return head + per_seq * uint64_t(n_seqs) + 5 * uint64_t(n_tokens) + 8 * uint64_t(n_blocks);
+}
+
+uint64_t result_bytes_max() {
+    constexpr uint64_t hello = 4 + 4 + 8 + 4 + max_string, done = 8 + 1 + 4 + max_string + 8 + 8 + 8;
+    return std::max(hello, done);
+}
+
 void encode(const done_msg& m, std::vector<uint8_t>& out) {
     put(out, m.batch_id);
     put(out, uint8_t(m.ok ? 1 : 0));

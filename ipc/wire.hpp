@@ -60,6 +60,13 @@ void encode(const run_msg& m, std::vector<uint8_t>& out);
 void encode_run(uint64_t batch_id, const batch& b, std::vector<uint8_t>& out);
 void encode(const done_msg& m, std::vector<uint8_t>& out);
 std::optional<hello_msg> decode_hello(std::span<const uint8_t> in);
+
+// The largest encodings, which size the channel's rings: a run_msg of n_seqs sequences with
+// n_tokens tokens and n_blocks block-table entries in all (exact), and the largest hello and
+// done (their strings at wire_max_string).
+uint64_t run_bytes(int64_t n_seqs, int64_t n_tokens, int64_t n_blocks);
+uint64_t result_bytes_max();
+
 std::optional<run_msg> decode_run(std::span<const uint8_t> in);
 std::optional<done_msg> decode_done(std::span<const uint8_t> in);
 

@@ -2,6 +2,8 @@
 #include "daemon/api.hpp"
 #include "daemon/config.hpp"
 #include "daemon/peer_cred.hpp"
+#include "daemon/worker_spec.hpp"
+#include "ipc/wire.hpp"
 #include "runtime/error.hpp"
 #include "test_util.hpp"
 
@@ -241,4 +243,36 @@ TEST_CASE("api: error bodies are OpenAI's shape and JSON stays valid with bad UT
     CHECK(route_label("/v1/completions?x=1") == "/v1/completions");
     CHECK(route_label("/v1/models/abc") == "/v1/models");
     CHECK(route_label("/etc/passwd") == "other");
+}
+
+TEST_CASE("worker channel: the command ring holds the largest batch the options allow") {
+    // A 128K context with 16-token pages: every sequence's block table has 8193 entries.
+    engine_options eo;
+    eo.n_ctx = 131072;
+    eo.page_size = 16;
+    eo.n_pages = 1 << 20;
+    eo.max_running = 16;
+    eo.step_tokens = 512;
+    eo.max_logits = 16;
+    // The largest batch a plan can make: every running sequence (max_running requests of
+    // max_n each, or the 16 decodes and 512 one-token prefill chunks a step can hold) at the
+    // end of the context, one of them with the whole prefill budget.
+    for (const auto& [max_n, n_seqs] : {std::pair{4, 64}, std::pair{64, 16 + 512}}) {
+        INFO("max_n ", max_n);
+        const uint64_t cap = command_ring_bytes(eo, max_n);
+        batch b;
+        const std::vector<int32_t> table(size_t(eo.n_ctx / eo.page_size + 1), 7);
+        const std::vector<uint32_t> gens(table.size(), 1);
+        for (int i = 0; i < n_seqs; ++i) {
+            const std::vector<token_id> toks(i == 0 ? size_t(eo.step_tokens) + 1 : 1, 5);
+            b.add_seq(uint64_t(i), eo.n_ctx - 1 - int32_t(toks.size()), toks, table, gens, eo.n_ctx - 1);
+        }
+        std::vector<uint8_t> bytes;
+        ipc::encode_run(1, b, bytes);
+        INFO(n_seqs, " sequences: ", bytes.size(), " bytes, ring of ", cap);
+        CHECK(2 * (bytes.size() + 8) <= cap); // fits wherever the ring's position is
+        CHECK(cap > (uint64_t(4) << 20));      // the fixed ring it replaces could not
+    }
+    eo.n_ctx = 2048; // a small context keeps a small ring
+    CHECK(command_ring_bytes(eo, 8) <= (uint64_t(1) << 20));
 }

@@ -17,6 +17,7 @@
 #include <deque>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <fcntl.h>
@@ -167,6 +168,39 @@ TEST_CASE("ring: a full ring refuses, then takes more once read; oversized messa
     CHECK(got == big);
     CHECK(r.empty());
     CHECK_FALSE(r.corrupt());
+}
+
+TEST_CASE("ring: at capacity_for(n), a message of n bytes fits an empty ring wherever the last one ended") {
+    for (const uint64_t n : {uint64_t(0), uint64_t(1), uint64_t(100), uint64_t(1000), uint64_t(4096), uint64_t(65573)}) {
+        INFO("payload ", n);
+        const uint64_t cap = ipc::ring::capacity_for(n);
+        CHECK((cap & (cap - 1)) == 0);
+        CHECK(cap >= ipc::ring::min_capacity);
+        shared_mem m(ipc::ring::bytes_for(cap));
+        const std::vector<uint8_t> big(n, 0xab);
+        const uint64_t rec = 8 + (n + 7) / 8 * 8;
+        // Every 8-byte position where the message meets the end (the wrap cases), a
+        // sample elsewhere.
+        std::set<uint64_t> at;
+        for (uint64_t o = 0; o < cap; o += cap <= 16384 ? 8 : 4096) at.insert(o);
+        for (uint64_t edge : {cap - rec, cap / 2, cap - 8})
+            for (uint64_t d = 0; d <= 128; d += 8)
+                for (uint64_t o : {edge - d, edge + d})
+                    if (o < cap) at.insert(o);
+        std::vector<uint8_t> got;
+        uint32_t type = 0;
+        for (uint64_t o : at) {
+            auto r = ipc::ring::init(m.p, cap);
+            auto* h = static_cast<ipc::ring_header*>(m.p);
+            h->head.store(o + cap); // an empty ring whose last message ended at o
+            h->tail.store(o + cap);
+            REQUIRE_MESSAGE(r.push(1, big), "at ", o);
+            REQUIRE(r.pop(type, got));
+            CHECK(got == big);
+            CHECK(r.empty());
+        }
+    }
+    CHECK(thrown_by([] { ipc::ring::capacity_for(ipc::ring::max_capacity); }).find("ring") != std::string::npos);
 }
 
 TEST_CASE("ring: a producer in a forked child pushes 100k checksummed messages") {

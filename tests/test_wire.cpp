@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iterator>
 #include <random>
@@ -104,6 +105,21 @@ TEST_CASE("wire: every message round trips") {
     auto l2 = ipc::decode_done(enc(long_err));
     REQUIRE(l2);
     CHECK(l2->error.size() == ipc::wire_max_string);
+}
+
+TEST_CASE("wire: run_bytes is a run message's exact size; result_bytes_max holds the longest hello and done") {
+    // sample_run: 3 sequences, 8 tokens, 5 pages
+    CHECK(enc(sample_run()).size() == ipc::run_bytes(3, 8, 5));
+    ipc::run_msg empty;
+    CHECK(enc(empty).size() == ipc::run_bytes(0, 0, 0));
+    ipc::done_msg d;
+    d.ok = false;
+    d.error.assign(200000, 'x'); // cut at wire_max_string
+    const auto done_bytes = enc(d).size();
+    ipc::hello_msg h;
+    h.device.assign(200000, 'y');
+    const auto hello_bytes = enc(h).size();
+    CHECK(std::max(done_bytes, hello_bytes) == ipc::result_bytes_max());
 }
 
 TEST_CASE("wire: every truncation fails, and so do trailing bytes") {

@@ -7,6 +7,7 @@
 #include "daemon_client.hpp"
 #include "ipc/channel.hpp"
 #include "ipc/kv_pool.hpp"
+#include "ipc/ring.hpp"
 #include "runtime/fingerprint.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
@@ -14,6 +15,8 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -192,6 +195,54 @@ private:
     batch wire_; // valid until the outcome is taken
 };
 
+// A decode worker's spec on stories260K with the pool at `path`.
+daemon::worker_spec decode_spec(const std::string& path, uint64_t fp, const load_options& lo, int32_t page_size,
+                                int32_t n_pages, int32_t n_vocab, int32_t max_rows) {
+    daemon::worker_spec s;
+    s.role = "decode";
+    s.exe = default_tandemd();
+    s.model = model_path("stories260K.gguf");
+    s.pool = path;
+    s.weights = lo.weights;
+    s.kv = lo.kv;
+    s.page_size = page_size;
+    s.n_pages = n_pages;
+    s.fingerprint = fp;
+    s.max_rows = max_rows;
+    s.n_vocab = n_vocab;
+    s.timeout_s = 60;
+    return s;
+}
+
+// Its executor, polled until the worker is ready.
+std::unique_ptr<executor> start_decode_worker(const daemon::worker_spec& s) {
+    auto ex = daemon::make_worker_executor(s, work_kind::decode);
+    REQUIRE(poll_until(*ex, [&](const auto&) { return ex->ready() || !ex->failure().empty(); }));
+    REQUIRE_MESSAGE(ex->failure().empty(), ex->failure());
+    return ex;
+}
+
+// The command ring's header in this process's (the supervisor's) worker channel, found by
+// the ring's magic: the first ring of the only channel the test has open.
+ipc::ring_header* command_ring_of_channel() {
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+        std::error_code ec;
+        if (std::filesystem::read_symlink(e.path(), ec).string().find("memfd:tandem-ctl") == std::string::npos) continue;
+        const int fd = std::atoi(e.path().filename().c_str());
+        struct stat st {};
+        REQUIRE(::fstat(fd, &st) == 0);
+        void* p = ::mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        REQUIRE(p != MAP_FAILED); // left mapped: the test process ends soon
+        auto* base = static_cast<uint8_t*>(p);
+        for (size_t at = 0; at + sizeof(ipc::ring_header) <= size_t(st.st_size); at += 64) {
+            auto* h = reinterpret_cast<ipc::ring_header*>(base + at);
+            if (h->magic == 0x474e4952 && h->capacity >= ipc::ring::min_capacity) return h; // "RING"
+        }
+    }
+    FAIL("no worker channel open");
+    return nullptr;
+}
+
 } // namespace
 
 TEST_CASE("workers: through a worker process, 5 tokens with logits for all 5 in one step equal 5 one-token steps") {
@@ -206,26 +257,47 @@ TEST_CASE("workers: through a worker process, 5 tokens with logits for all 5 in 
         auto pool = ipc::kv_pool::create_or_adopt(path, {fp, layout, n_pages});
         // The supervisor's view of the pool: its block pool hands out the pages.
         kv_cache pages(layout, n_pages, pool->pages());
-        daemon::worker_spec s;
-        s.role = "decode";
-        s.exe = default_tandemd();
-        s.model = model_path("stories260K.gguf");
-        s.pool = path;
-        s.weights = lo.weights;
-        s.kv = lo.kv;
-        s.page_size = ps;
-        s.n_pages = n_pages;
-        s.fingerprint = fp;
-        s.max_rows = 6; // just the rows of the 6-token step
-        s.n_vocab = n_vocab;
-        s.timeout_s = 60;
-        auto ex = daemon::make_worker_executor(s, work_kind::decode);
-        REQUIRE(poll_until(*ex, [&](const auto&) { return ex->ready() || !ex->failure().empty(); }));
-        REQUIRE_MESSAGE(ex->failure().empty(), ex->failure());
+        auto ex = start_decode_worker(decode_spec(path, fp, lo, ps, n_pages, n_vocab, 6)); // 6: the 6-token step's rows
         executor_runner r(*ex, pages, n_vocab);
         check_multi_token_step(r, *b.mdl, pages, 1e-9);
         ex->shutdown();
     }
+}
+
+TEST_CASE("workers: a worker that corrupts its command ring is restarted and the batch retried") {
+    // The worker writes the ring's read position; a broken one made every push fail, each
+    // batch an error, and the worker was never restarted.
+    const load_options lo;
+    model_bundle b = load_model(model_path("stories260K.gguf"), lo);
+    const uint64_t fp = model_fingerprint(*b.file, lo.weights, lo.kv);
+    const int32_t n_pages = 8, n_vocab = b.mdl->config().n_vocab;
+    const kv_layout layout = b.mdl->make_kv_layout(16);
+    const std::string path = scratch().file("corrupt-ring.kv");
+    auto pool = ipc::kv_pool::create_or_adopt(path, {fp, layout, n_pages});
+    kv_cache pages(layout, n_pages, pool->pages());
+    auto ex = start_decode_worker(decode_spec(path, fp, lo, 16, n_pages, n_vocab, 1));
+    executor_runner r(*ex, pages, n_vocab);
+    const std::vector<token_id> prompt{1, 403, 407, 136, 261};
+    sequence_kv seq(pages);
+    REQUIRE(seq.reserve(int32_t(prompt.size())));
+    std::vector<float> before(size_t(n_vocab), 0.f), after(size_t(n_vocab), 0.f);
+    r.forward(one_sequence(prompt, 0, seq.block_table()), pages, before.data());
+
+    command_ring_of_channel()->head.store(3); // not a record boundary: the supervisor's next push sees it
+    batch wire = one_sequence(prompt, 0, seq.block_table());
+    for (int32_t p : wire.tables) wire.generations.push_back(pages.pool().generation(p));
+    REQUIRE(ex->ready());
+    ex->start(wire);
+    std::optional<executor::outcome> out;
+    REQUIRE(poll_until(*ex, [&](const auto& o) { return (out = o).has_value(); }));
+    CHECK_FALSE(out->ok);
+    CHECK(out->crashed); // the engine retries the batch
+    CHECK_MESSAGE(out->error.find("command ring") != std::string::npos, out->error);
+    REQUIRE(poll_until(*ex, [&](const auto&) { return ex->ready() || !ex->failure().empty(); }));
+    CHECK(ex->n_restarts() == 1);
+    r.forward(one_sequence(prompt, 0, seq.block_table()), pages, after.data()); // the retry, on the new worker
+    CHECK(after == before);
+    ex->shutdown();
 }
 
 TEST_CASE("workers: a worker that cannot be started is a failure the executor reports, not an exception") {
