@@ -245,6 +245,10 @@ std::unique_ptr<kv_pool> kv_pool::create_or_adopt(const std::string& path, const
         if (::ftruncate(m.fd, off_t(h.total_bytes)) != 0)
             fail("kv pool {}: cannot size to {} bytes: {}", path, h.total_bytes, errno_text(errno));
     }
+    // Every page allocated now (an adopted file too: it may be sparse): a file system that
+    // fills up later cannot leave a page unbacked, which would be a SIGBUS on first touch.
+    if (const int e = ::posix_fallocate(m.fd, 0, off_t(h.total_bytes)); e != 0)
+        fail("kv pool {}: cannot allocate {} MiB: {}", path, h.total_bytes >> 20, errno_text(e));
     m.map(path, h);
     if (!why.empty()) {
         // The header goes in last, its magic after everything else: a crash before that

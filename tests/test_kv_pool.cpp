@@ -299,6 +299,34 @@ TEST_CASE("kv_pool: a segment the file system has no room for is refused and lea
     CHECK(::access(tp.path.c_str(), F_OK) != 0);
 }
 
+TEST_CASE("kv_pool: the segment is allocated whole, an adopted sparse one too (no SIGBUS when the disk fills later)") {
+    temp_pool tp;
+    const auto info = small_info();
+    auto allocated = [&] {
+        struct stat st {};
+        REQUIRE(::stat(tp.path.c_str(), &st) == 0);
+        return int64_t(st.st_blocks) * 512;
+    };
+    int64_t bytes = 0;
+    {
+        auto pool = ipc::kv_pool::create_or_adopt(tp.path, info);
+        bytes = pool->bytes();
+        CHECK(allocated() >= bytes);
+        fill_pool(*pool);
+    }
+    // A hole in the pages (a sparse file, as ftruncate alone leaves one): adopting fills it.
+    const int fd = ::open(tp.path.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    REQUIRE(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, bytes - (1 << 20), 1 << 20) == 0);
+    ::close(fd);
+    REQUIRE(allocated() < bytes);
+    std::string why = "unset";
+    auto pool = ipc::kv_pool::create_or_adopt(tp.path, info, &why);
+    CHECK(why == ""); // adopted, not rebuilt
+    CHECK(allocated() >= bytes);
+    CHECK(pool->entry(1).hash == 1001); // the page table (before the hole) kept
+}
+
 TEST_CASE("kv_pool: publish and clear page entries") {
     temp_pool tp;
     auto pool = ipc::kv_pool::create_or_adopt(tp.path, small_info());
