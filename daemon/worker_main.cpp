@@ -30,6 +30,8 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
+constexpr int max_failed_batches = 3; // in a row, before the worker exits to be restarted
+
 // Checks a batch against the pool before any page is touched: the supervisor is trusted,
 // but a bug there must end as an error message, not as a write out of the segment.
 std::optional<std::string> check_batch(const batch& b, const worker_spec& s) {
@@ -84,6 +86,7 @@ int run_worker(const worker_args_parsed& a) {
     ch->notify_supervisor();
 
     int32_t mirror_pages = 0; // device pages a GPU runner holds (logged when it changes)
+    int n_failed = 0;         // batches whose forward failed in a row
     for (;;) {
         const auto ready = ipc::wait_readable({ch->worker_wait_fd(), parent_fd}, 1000ms);
         if (std::find(ready.begin(), ready.end(), size_t(1)) != ready.end()) {
@@ -112,6 +115,7 @@ int run_worker(const worker_args_parsed& a) {
                     d.error = e.what();
                     log->error("batch {} failed: {}", m->batch_id, e.what());
                 }
+                n_failed = d.ok ? 0 : n_failed + 1;
                 d.compute_s = std::chrono::duration<double>(clock_type::now() - t0).count();
                 if (const auto st = device_kv_of(*run); st && d.ok) {
                     if (st->mirror_pages != mirror_pages) {
@@ -131,6 +135,12 @@ int run_worker(const worker_args_parsed& a) {
             ipc::encode(d, buf);
             TANDEM_CHECK(ch->results().push(uint32_t(ipc::msg_type::done), buf), "cannot post a result");
             ch->notify_supervisor();
+            // A failure that stays (a sticky CUDA error: every later call fails too) would fail
+            // every batch from now on; a fresh process gets a fresh device context.
+            if (n_failed >= max_failed_batches) {
+                log->error("{} batches failed in a row; exiting to be restarted", n_failed);
+                return 1;
+            }
         }
         TANDEM_CHECK(!ch->commands().corrupt(), "the command ring is corrupt");
     }

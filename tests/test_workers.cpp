@@ -609,6 +609,33 @@ TEST_CASE("workers: a GPU too small ends the daemon with exit 1; one with room f
     }
     CHECK(d.stop() == 0);
 }
+
+TEST_CASE("workers: a GPU worker with a sticky device error exits after 3 failed batches and serves again once restarted (emulated device)") {
+    // The emulated device fails every synchronize from the moment the file exists, for the
+    // rest of the process, as a real sticky error does; a new worker process starts clean.
+    const std::string fault = scratch().file("sticky-fault");
+    std::filesystem::remove(fault);
+    daemon_process d;
+    d.start(scratch().file("sticky.sock"), {"--set", "prefill=cpu", "--set", "decode=gpu", "--set", "kv_pool_persist=false"},
+            {"TANDEM_EMU_FAULT_FILE=" + fault});
+    REQUIRE(d.wait_ready(60));
+    const json req = {{"prompt", prompts[0]}, {"max_tokens", 8}, {"temperature", 0}};
+    const auto healthy = post(d.sock, "/v1/completions", req);
+    REQUIRE(healthy.status == 200);
+    const pid_t before = worker_pid(d.pid, "decode");
+    { std::ofstream(fault) << "x"; }
+    for (int i = 0; i < 3; ++i) {
+        const auto r = post(d.sock, "/v1/completions", req);
+        CHECK_MESSAGE(r.status == 500, r.body); // the device's error is in the daemon's log
+    }
+    std::filesystem::remove(fault);
+    // The third failure ended the worker; its successor never saw the fault.
+    CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, "decode"); return p > 0 && p != before; }, 10));
+    const auto again = post(d.sock, "/v1/completions", req);
+    CHECK(again.status == 200);
+    CHECK(again.j()["choices"][0]["text"] == healthy.j()["choices"][0]["text"]);
+    CHECK(d.stop() == 0);
+}
 #endif
 
 TEST_CASE("workers: a pool smaller than the load preempts, and every request still completes") {

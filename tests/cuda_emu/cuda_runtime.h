@@ -7,6 +7,7 @@
 
 #include "cuda_emu.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,8 @@
 #include <set>
 #include <utility>
 
+#include <unistd.h>
+
 enum cudaError_t {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
@@ -25,6 +28,7 @@ enum cudaError_t {
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
+    cudaErrorIllegalAddress = 700,
     cudaErrorHostMemoryAlreadyRegistered = 712,
     cudaErrorHostMemoryNotRegistered = 713,
 };
@@ -87,6 +91,17 @@ inline cudaError_t fail_with(cudaError_t e) {
     rt().last = e;
     return e;
 }
+// A sticky device error, as a kernel's illegal address leaves one: once the file that
+// TANDEM_EMU_FAULT_FILE names exists, every synchronize of this process fails from then on.
+inline bool sticky_fault() {
+    static const char* path = std::getenv("TANDEM_EMU_FAULT_FILE");
+    static std::atomic<bool> faulted{false};
+    if (!faulted && path && *path && ::access(path, F_OK) == 0) faulted = true;
+    return faulted;
+}
+inline cudaError_t synchronized() {
+    return sticky_fault() ? fail_with(cudaErrorIllegalAddress) : cudaSuccess;
+}
 
 } // namespace tandem::cuda_emu
 
@@ -99,6 +114,7 @@ inline const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
     case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
     }
@@ -113,12 +129,14 @@ inline const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevicePointer: return "invalid device pointer";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
     case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
     }
     return "unknown error";
 }
 inline cudaError_t cudaGetLastError() {
+    if (tandem::cuda_emu::sticky_fault()) return cudaErrorIllegalAddress; // never cleared
     const cudaError_t e = tandem::cuda_emu::rt().last;
     tandem::cuda_emu::rt().last = cudaSuccess;
     return e;
@@ -199,8 +217,8 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
     delete s;
     return cudaSuccess;
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return tandem::cuda_emu::synchronized(); }
+inline cudaError_t cudaDeviceSynchronize() { return tandem::cuda_emu::synchronized(); }
 
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t = nullptr) {
     if (bytes && (!dst || !src)) return tandem::cuda_emu::fail_with(cudaErrorInvalidValue);
