@@ -9,6 +9,8 @@
 #include "runtime/log.hpp"
 
 #include <algorithm>
+#include <memory>
+#include <vector>
 
 namespace tandem::daemon {
 namespace {
@@ -59,8 +61,9 @@ public:
             pending_.reset();
             return r;
         }
+        reap_dying();
         if (!proc_) {
-            if (failure_.empty() && clock_type::now() >= next_spawn_) {
+            if (failure_.empty() && clock_type::now() >= next_spawn_ && may_spawn()) {
                 // A failed fork, memfd or eventfd (EAGAIN, EMFILE, ENOMEM) must not leave the
                 // engine thread: it is a worker that could not start, tried again later.
                 try {
@@ -99,6 +102,8 @@ public:
         if (auto st = proc_->try_reap()) return died(ipc::worker_process::describe(*st));
         if (in_flight_ && clock_type::now() - t_start_ > timeout())
             return died(fmt::format("did not answer a batch within {} s (hung)", spec_.timeout_s));
+        if (!hello_ && clock_type::now() - t_spawn_ > timeout())
+            return died(fmt::format("was not ready within {} s of its start (hung while loading)", spec_.timeout_s));
         if (const uint64_t n = ch_->beats(); n != beats_) {
             beats_ = n;
             t_beat_ = clock_type::now();
@@ -114,20 +119,25 @@ public:
     }
 
     std::vector<int> wait_fds() override {
-        if (!proc_) return {};
-        return {ch_->supervisor_wait_fd(), proc_->pidfd()};
+        std::vector<int> fds;
+        for (const auto& p : dying_) fds.push_back(p->pidfd());
+        if (proc_) fds.insert(fds.end(), {ch_->supervisor_wait_fd(), proc_->pidfd()});
+        return fds;
     }
 
     std::chrono::milliseconds poll_interval() const override {
+        if (!proc_ && !dying_.empty()) return 100ms; // their pidfds wake the engine when they exit
         if (!proc_ && failure_.empty()) return std::max(1ms, std::chrono::duration_cast<std::chrono::milliseconds>(
                                                                  next_spawn_ - clock_type::now()));
         // wake up in time to notice a hung batch, or a heartbeat that stopped
         auto due = t_beat_ + seconds(spec_.heartbeat_s);
         if (in_flight_) due = std::min(due, t_start_ + timeout());
+        if (!hello_) due = std::min(due, t_spawn_ + timeout());
         return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(due - clock_type::now()), 1ms, 1000ms);
     }
 
     void shutdown() override {
+        dying_.clear(); // reaped now (their destructors wait): the daemon is stopping
         if (!proc_) return;
         ch_->commands().push(uint32_t(ipc::msg_type::shutdown), {});
         ch_->notify_worker();
@@ -160,13 +170,40 @@ private:
         log_->debug("{} worker started: pid {}", spec_.role, proc_->pid());
     }
 
+    // Reaps the killed workers that have exited since.
+    void reap_dying() {
+        std::erase_if(dying_, [&](const std::unique_ptr<ipc::worker_process>& p) {
+            const auto st = p->try_reap();
+            if (st) log_->debug("{} worker (pid {}) {}", spec_.role, p->pid(), ipc::worker_process::describe(*st));
+            return st.has_value();
+        });
+    }
+
+    // A new worker waits for the one killed before it to be gone (its device memory free),
+    // but not for longer than dying_grace: a process stuck in teardown does not keep the role
+    // empty for good.
+    bool may_spawn() {
+        if (dying_.empty()) return true;
+        if (clock_type::now() - t_killed_ < dying_grace) return false;
+        if (!dying_warned_) {
+            log_->warn("{} worker (pid {}) has not exited {} s after SIGKILL; starting its successor anyway",
+                       spec_.role, dying_.back()->pid(), std::chrono::duration<double>(dying_grace).count());
+            dying_warned_ = true;
+        }
+        return true;
+    }
+
     // The worker is gone (or broken): kill what is left, plan a restart, and fail its batch.
     std::optional<outcome> died(const std::string& why) {
         const int pid = proc_->pid();
         proc_->kill_now();
-        proc_->try_reap();
+        // Reaped later, never waited for here on the engine thread: a GPU worker can take
+        // seconds to leave its driver's teardown.
+        if (!proc_->try_reap()) dying_.push_back(std::move(proc_));
         proc_.reset();
         ch_.reset();
+        t_killed_ = clock_type::now();
+        dying_warned_ = false;
         gone(why, pid);
         if (!in_flight_) return std::nullopt;
         in_flight_ = false;
@@ -198,6 +235,10 @@ private:
     std::shared_ptr<spdlog::logger> log_;
     std::unique_ptr<ipc::channel> ch_;
     std::unique_ptr<ipc::worker_process> proc_;
+    std::vector<std::unique_ptr<ipc::worker_process>> dying_; // killed, not yet reaped
+    clock_type::time_point t_killed_{};
+    bool dying_warned_ = false;
+    static constexpr clock_type::duration dying_grace = std::chrono::seconds(10);
     bool hello_ = false, up_ = false, in_flight_ = false;
     std::optional<outcome> pending_;
     std::string failure_;

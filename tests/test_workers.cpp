@@ -300,6 +300,31 @@ TEST_CASE("workers: a worker that corrupts its command ring is restarted and the
     ex->shutdown();
 }
 
+TEST_CASE("workers: a worker that never becomes ready (hung while loading) is given up after worker_timeout_s") {
+    // Its model is a FIFO nobody writes: opening it blocks for good. The heartbeat is set far
+    // off, so only the start's deadline can notice.
+    const std::string fifo = scratch().file("model.fifo");
+    std::filesystem::remove(fifo);
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    daemon::worker_spec s;
+    s.role = "decode";
+    s.exe = default_tandemd();
+    s.model = fifo;
+    s.pool = scratch().file("never.kv");
+    s.n_pages = 8;
+    s.max_rows = 1;
+    s.n_vocab = 512;
+    s.timeout_s = 2;
+    s.heartbeat_s = 600;
+    auto ex = daemon::make_worker_executor(s, work_kind::decode);
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(poll_until(*ex, [&](const auto&) { return ex->ready() || !ex->failure().empty(); }));
+    CHECK_FALSE(ex->ready());
+    CHECK_MESSAGE(ex->failure().find("not ready within 2 s") != std::string::npos, ex->failure());
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+    ex->shutdown();
+}
+
 TEST_CASE("workers: a worker that cannot be started is a failure the executor reports, not an exception") {
     // A channel the supervisor cannot make (no logits rows) fails every start, as a failed
     // fork or memfd would: poll() runs on the engine thread and must not throw.
