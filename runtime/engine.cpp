@@ -107,7 +107,7 @@ struct request_state {
     int32_t n_prompt = 0;
     int32_t n_cached = 0;             // prompt tokens the prefix cache gave it at admission
     int32_t max_tokens = 0;           // after cutting to the context
-    int32_t n_failures = 0;           // batches lost with it to a crashed worker
+    int32_t n_failures = 0;           // batches in a row lost with it to a crashed worker
     int32_t n_live = 0;               // sequences not done
     bool forked = false;
     bool cancel_pending = false;      // cancelled while a batch ran it
@@ -398,8 +398,9 @@ private:
                 auto it = reqs_.find(id);
                 if (it == reqs_.end()) continue;
                 request_state& r = *it->second;
-                // A worker that died may have died of something else; one that died twice
-                // with this request, or a step that failed, ends it.
+                // A worker that died may have died of something else; one that died with this
+                // request in two batches in a row (it may be what kills it), or a step that
+                // failed, ends it.
                 if (out.crashed && ++r.n_failures < 2 && !r.cancel_pending) continue;
                 log_->warn("request {} failed: {}", id, out.error);
                 finish(id, r.cancel_pending ? "cancelled" : "error", out.error);
@@ -417,7 +418,9 @@ private:
         for (int32_t i = 0; i < b.n_seqs(); ++i) index.emplace(b.seq_id[size_t(i)], i);
         for (uint64_t id : members) {
             auto it = reqs_.find(id);
-            if (it != reqs_.end() && it->second->cancel_pending) finish(id, "cancelled");
+            if (it == reqs_.end()) continue;
+            it->second->n_failures = 0; // crashes far apart are not this request's doing
+            if (it->second->cancel_pending) finish(id, "cancelled");
         }
         executor& ex = *parts_.executors[size_t(slot)];
         for (int32_t i = 0; i < b.n_seqs(); ++i) {

@@ -184,6 +184,7 @@ inline std::string default_tandemd() {
 struct daemon_process {
     pid_t pid = -1;
     std::string sock;
+    std::string log; // when set before spawn: the daemon's stderr (its log) is appended to this file
 
     // argv after the binary (tandemd unless `binary` names another); env entries ("K=V") added to ours.
     void spawn(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
@@ -206,7 +207,11 @@ struct daemon_process {
         for (auto& e : env_s) envp.push_back(e.data());
         envp.push_back(nullptr);
         const std::string exe = argv_s[0];
-        if (posix_spawnp(&pid, exe.c_str(), nullptr, nullptr, argv.data(), envp.data()) != 0) pid = -1;
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        if (!log.empty()) posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (posix_spawnp(&pid, exe.c_str(), &fa, nullptr, argv.data(), envp.data()) != 0) pid = -1;
+        posix_spawn_file_actions_destroy(&fa);
     }
 
     void start(const std::string& socket_path, const std::vector<std::string>& extra = {},

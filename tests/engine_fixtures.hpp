@@ -27,6 +27,7 @@ struct collector {
     std::vector<std::vector<float>> logprobs;  // [index] each sequence's chosen tokens' (with logprobs)
     std::string text;
     std::string finish;
+    std::string error;                         // the done event's, with finish "error"
     int32_t n_generated = -1;
     int32_t n_draft_tokens = 0, n_accepted_tokens = 0; // summed over the sequences
     std::vector<std::string> finishes;         // [index] each sequence's finish reason
@@ -57,6 +58,7 @@ struct collector {
                 return;
             }
             finish = ev.finish_reason;
+            error = ev.error;
             n_generated = ev.n_generated;
             n_cached = ev.n_cached;
             if (!ev.embedding.empty()) embedding = ev.embedding;

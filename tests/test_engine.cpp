@@ -3,6 +3,8 @@
 #include "runtime/engine.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/kv_cache.hpp"
+#include "runtime/runner.hpp"
 #include "engine_fixtures.hpp"
 #include "test_util.hpp"
 
@@ -14,6 +16,7 @@
 #include <numeric>
 #include <limits>
 #include <set>
+#include <utility>
 
 using namespace tandem;
 using tandem::test::collector;
@@ -324,4 +327,150 @@ TEST_CASE("engine: a request's output observer sees each accepted token first, m
     CHECK(finish == std::vector<std::string>{"length", "stop"});
     CHECK(obs->done_reasons == finish);
     CHECK(std::count(texts[1].begin(), texts[1].end(), '<') == 3); // its amendments reached the sink
+}
+
+// ---- failure paths, with an executor that fails on a script ----------------------------------
+
+namespace {
+
+// Runs batches on a CPU runner like the in-process executor, except those the script marks:
+// 'c' a crashed worker (the batch may be retried), 'f' a failed step. Batches count from 1.
+class scripted_executor final : public executor {
+public:
+    scripted_executor(model& mdl, kv_cache& kv, std::string script, std::string failure = {})
+        : runner_(make_cpu_runner(mdl, 1)), kv_(kv), n_vocab_(mdl.config().n_vocab), script_(std::move(script)),
+          failure_(std::move(failure)) {}
+    std::string name() const override { return "scripted"; }
+    work_kind kind() const override { return work_kind::both; }
+    bool ready() override { return failure_.empty() && !result_; }
+    bool up() const override { return failure_.empty(); }
+    std::string failure() const override { return failure_; }
+    void start(const batch& b) override {
+        const char what = n_batches_ < script_.size() ? script_[n_batches_] : 'o';
+        ++n_batches_;
+        if (what == 'c') {
+            result_ = outcome{false, true, "scripted crash"};
+            return;
+        }
+        if (what == 'f') {
+            result_ = outcome{false, false, "scripted failure"};
+            return;
+        }
+        logits_.resize(size_t(b.n_logits()) * size_t(n_vocab_));
+        runner_->forward(b, kv_, logits_.data());
+        result_ = outcome{};
+    }
+    std::optional<outcome> poll() override { return std::exchange(result_, std::nullopt); }
+    std::span<const float> logits(int32_t row) override {
+        return std::span<const float>(logits_).subspan(size_t(row) * size_t(n_vocab_), size_t(n_vocab_));
+    }
+    std::vector<int> wait_fds() override { return {}; }
+    size_t n_batches() const { return n_batches_; }
+
+private:
+    std::unique_ptr<runner> runner_;
+    kv_cache& kv_;
+    int32_t n_vocab_;
+    std::string script_, failure_;
+    size_t n_batches_ = 0;
+    std::optional<outcome> result_;
+    std::vector<float> logits_;
+};
+
+struct scripted_engine {
+    engine_options o;
+    kv_cache kv;
+    std::unique_ptr<page_store> store;
+    scripted_executor* ex = nullptr;
+    std::unique_ptr<engine> eng;
+
+    explicit scripted_engine(const std::string& script, int32_t max_running = 8, const std::string& failure = {})
+        : o(options(max_running)), kv(stories().mdl->make_kv_layout(o.page_size), o.n_pages), store(make_local_store(kv)) {
+        engine_parts parts;
+        auto e = std::make_unique<scripted_executor>(*stories().mdl, kv, script, failure);
+        ex = e.get();
+        parts.executors.push_back(std::move(e));
+        parts.store = store.get();
+        eng = make_engine(stories().mdl->config(), *stories().tok, o, std::move(parts));
+    }
+    ~scripted_engine() { eng->stop(); }
+    static engine_options options(int32_t max_running) {
+        engine_options o;
+        o.n_ctx = 256;
+        o.n_pages = 96;
+        o.max_running = max_running;
+        o.step_tokens = 8; // prompts in several chunks
+        return o;
+    }
+};
+
+std::string solo_text(const std::string& prompt, int32_t n) {
+    cpu::thread_pool pool(1);
+    generate_params p;
+    p.n_predict = n;
+    p.sampling.temperature = 0;
+    p.ignore_eos = true;
+    return generate(exec_ctx{backend::cpu, &pool}, *stories().mdl, *stories().tok, greedy(prompt, 1).prompt, p).text;
+}
+
+const std::vector<std::string> failure_prompts = {"Once upon a time", "The cat sat", "One day, Tom", "Lily and Ben"};
+
+} // namespace
+
+TEST_CASE("engine failures: a crashed worker's batch is retried; every request equals its solo output") {
+    scripted_engine se("oooocoooooooooc"); // two crashes, far apart: each request is hit at most once in a row
+    std::vector<collector> cs(failure_prompts.size());
+    for (size_t i = 0; i < cs.size(); ++i)
+        REQUIRE(se.eng->submit(greedy(failure_prompts[i], 30), cs[i].sink()).status == submit_status::ok);
+    for (size_t i = 0; i < cs.size(); ++i) {
+        REQUIRE(cs[i].wait());
+        CHECK_MESSAGE(cs[i].finish == "length", cs[i].error);
+        CHECK_MESSAGE(cs[i].text == solo_text(failure_prompts[i], 30), "request ", i);
+    }
+    CHECK(se.ex->n_batches() > 15);
+    CHECK(se.eng->stats().n_pages_used == 0);
+}
+
+TEST_CASE("engine failures: a request in two crashed batches in a row ends with the error; the engine serves on") {
+    scripted_engine se("oocc");
+    collector a;
+    REQUIRE(se.eng->submit(greedy(failure_prompts[0], 30), a.sink()).status == submit_status::ok);
+    REQUIRE(a.wait());
+    CHECK(a.finish == "error");
+    CHECK(a.error == "scripted crash");
+    CHECK(se.eng->stats().n_pages_used == 0);
+    collector b;
+    REQUIRE(se.eng->submit(greedy(failure_prompts[1], 20), b.sink()).status == submit_status::ok);
+    REQUIRE(b.wait());
+    CHECK(b.finish == "length");
+    CHECK(b.text == solo_text(failure_prompts[1], 20));
+}
+
+TEST_CASE("engine failures: a failed step ends the requests in its batch, and only those") {
+    // Two run at once: the fifth batch holds the first two; the other two wait and then run.
+    scripted_engine se("oooof", 2);
+    std::vector<collector> cs(failure_prompts.size());
+    for (size_t i = 0; i < cs.size(); ++i)
+        REQUIRE(se.eng->submit(greedy(failure_prompts[i], 30), cs[i].sink()).status == submit_status::ok);
+    int n_failed = 0;
+    for (size_t i = 0; i < cs.size(); ++i) {
+        REQUIRE(cs[i].wait());
+        if (cs[i].finish == "error") {
+            ++n_failed;
+            CHECK(cs[i].error == "scripted failure");
+            CHECK(i < 2); // admitted first
+        } else {
+            CHECK(cs[i].finish == "length");
+            CHECK_MESSAGE(cs[i].text == solo_text(failure_prompts[i], 30), "request ", i);
+        }
+    }
+    CHECK(n_failed == 2);
+    CHECK(se.eng->stats().n_pages_used == 0);
+}
+
+TEST_CASE("engine failures: an executor that cannot start is the engine's failure, reported by wait_ready") {
+    scripted_engine se("", 8, "the scripted worker exited during start-up");
+    std::string failure;
+    CHECK_FALSE(se.eng->wait_ready(std::chrono::milliseconds(2000), failure));
+    CHECK(failure.find("exited during start-up") != std::string::npos);
 }

@@ -141,12 +141,20 @@ bool ready_or_exit(daemon_process& d, int& rc) {
     return false;
 }
 
-// A daemon started with a GPU placement: true once it serves; false (checked and reported as
-// skipped) when it refused to start with exit code 1, as it must without a usable device.
+// A daemon started with a GPU placement (its log captured in d.log): true once it serves;
+// false (checked and reported as skipped) when it refused to start with exit code 1 and the
+// log says there is no usable device, as it must without one. A GPU worker that crashes at
+// start is neither, and neither is a refusal on the emulated device, which is always usable.
 bool gpu_daemon_up(daemon_process& d, const std::string& placement) {
+    REQUIRE_MESSAGE(!d.log.empty(), "gpu_daemon_up reads the daemon's log: set d.log before starting it");
     int rc = -1;
     if (ready_or_exit(d, rc)) return true;
+    const std::string log = read_text(d.log);
+#if TANDEM_CUDA_EMULATED
+    FAIL("the emulated device is usable, yet ", placement, " did not start (exit code ", rc, "):\n", log);
+#endif
     CHECK(rc == 1);
+    CHECK_MESSAGE(log.find(placement + ": no CUDA device is usable") != std::string::npos, log);
     MESSAGE("skipped: no CUDA device (", placement, " refused to start, as it must without one)");
     return false;
 }
@@ -415,18 +423,35 @@ TEST_CASE("workers: two worker processes share the pool; outputs equal the offli
     CHECK_FALSE(alive(dec));
 }
 
-TEST_CASE("workers: kill -9 of a worker mid-stream; its requests resume, pages return, the worker restarts") {
+TEST_CASE("workers: kill -9 of a worker mid-batch; its requests resume, pages return, the worker restarts") {
     daemon_process d;
-    d.start(scratch().file("k.sock"));
+    // Prefill chunks of 32 tokens: a long prompt is several prefill batches.
+    d.start(scratch().file("k.sock"), {"--set", "step_tokens=32"});
     REQUIRE(d.wait_ready());
     const int n = 1000;
     int restarts = 0;
+    std::string story;
+    for (const auto& p : prompts) story += p + " and then. ";
     for (const std::string role : {"decode", "prefill"}) {
         CAPTURE(role);
         const pid_t victim = worker_pid(d.pid, role);
         REQUIRE(victim > 0);
-        std::vector<std::future<streamed>> fs = streaming(d, 4, n, 50); // once tokens flow, kill it
-        CHECK(status(d.sock)["running"].get<int>() >= 1); // killed while streaming
+        std::vector<std::future<streamed>> fs;
+        std::vector<std::string> sent;
+        if (role == "decode") {
+            fs = streaming(d, 4, n, 50); // once tokens flow, kill it
+            sent.assign(prompts.begin(), prompts.begin() + 4);
+            CHECK(status(d.sock)["running"].get<int>() >= 1); // killed while streaming
+        } else {
+            // Stopped first, the prefill worker holds the first chunk of these long prompts
+            // when it is killed: its batch was in flight.
+            REQUIRE(::kill(victim, SIGSTOP) == 0);
+            for (size_t i = 0; i < 2; ++i) {
+                sent.push_back(prompts[i] + ". " + story);
+                fs.push_back(std::async(std::launch::async, [sock = d.sock, p = sent.back()] { return stream(sock, p, 40); }));
+            }
+            REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
+        }
         const auto t_kill = std::chrono::steady_clock::now();
         REQUIRE(::kill(victim, SIGKILL) == 0);
         // a new worker within a second or two (model load included)
@@ -438,7 +463,7 @@ TEST_CASE("workers: kill -9 of a worker mid-stream; its requests resume, pages r
             CHECK(s.done);
             // resumed from the pages in the pool: the same tokens as without the crash
             CHECK_MESSAGE(s.finish == "length", "request ", i);
-            CHECK_MESSAGE(s.text == offline_text(prompts[i], n), "request ", i);
+            CHECK_MESSAGE(s.text == offline_text(sent[i], role == "decode" ? n : 40), "request ", i);
         }
         CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
         CHECK(status(d.sock)["worker_restarts"] == ++restarts);
@@ -579,6 +604,7 @@ TEST_CASE("workers: the prefix cache is warm after a restart; a mismatched or da
 
 TEST_CASE("workers: CPU prefill + GPU decode keeping its pages gives the cpu/cpu tokens, or fails to start cleanly without a GPU") {
     daemon_process d;
+    d.log = scratch().file("gd.log");
     // A pool smaller than the load (preemption: pages freed and taken again with new
     // contents) and prompts sharing a prefix, twice (cached pages shared, contents kept).
     d.start(scratch().file("gd.sock"), {"--set", "prefill=cpu", "--set", "decode=gpu", "--set", "kv_pages=24", "--set",
@@ -727,6 +753,7 @@ TEST_CASE("workers: beam search through the workers equals the offline search, a
 TEST_CASE("workers: GPU prefill + CPU or GPU decode gives the cpu/cpu tokens, or fails to start cleanly without a GPU") {
     for (const std::string decode : {"cpu", "gpu"}) {
         daemon_process d;
+        d.log = scratch().file("g" + decode + ".log");
         d.start(scratch().file("g" + decode + ".sock"), {"--set", "prefill=gpu", "--set", "decode=" + decode});
         if (!gpu_daemon_up(d, "prefill=gpu")) return;
         INFO("decode=", decode);
