@@ -29,6 +29,16 @@ using test::read_kv;
 
 namespace {
 
+// Logits of the CUDA runner against the CPU runner's (NMSE). The emulated kernels compute what
+// the CPU does in another order: 1e-10 apart, or about 5e-7 where a norm's last bit flips one
+// activation's rounding to int8 (the flat batch's sequence of 16 tokens); a real device's
+// tensor cores and fast math may differ far more.
+#if TANDEM_CUDA_EMULATED
+constexpr double runner_tol = 2e-6;
+#else
+constexpr double runner_tol = 1e-4;
+#endif
+
 bool have_device() {
     std::string why;
     const auto devs = cuda::list_devices(&why);
@@ -189,7 +199,7 @@ TEST_CASE("CUDA runner: greedy tokens on stories260K equal the CPU runner's (eve
             const token_id g0 = g.prefill(prompt, prompt.size());
             const double e = nmse(c.logits, g.logits);
             INFO("kv=", name_of(dt), " page=", ps, " prompt logits nmse=", e);
-            CHECK(e < 1e-4);
+            CHECK(e < runner_tol);
             const auto want = c.decode(c0, n_greedy), got = g.decode(g0, n_greedy);
             INFO("cpu:  ", join(want));
             INFO("cuda: ", join(got));
@@ -344,7 +354,7 @@ TEST_CASE("CUDA runner: a flat batch of sequences (prefill and decode) matches t
     for (size_t i = 0; i < prompts.size(); ++i) {
         const std::span<const float> c(&lc[i * size_t(n_vocab)], size_t(n_vocab)), g(&lg[i * size_t(n_vocab)], size_t(n_vocab));
         INFO("prefill sequence ", i);
-        CHECK(nmse(c, g) < 1e-4);
+        CHECK(nmse(c, g) < runner_tol);
         CHECK(std::max_element(c.begin(), c.end()) - c.begin() == std::max_element(g.begin(), g.end()) - g.begin());
     }
     std::vector<token_id> next(prompts.size());
@@ -361,7 +371,7 @@ TEST_CASE("CUDA runner: a flat batch of sequences (prefill and decode) matches t
     for (size_t i = 0; i < prompts.size(); ++i) {
         INFO("decode sequence ", i);
         CHECK(nmse(std::span(&lc[i * size_t(n_vocab)], size_t(n_vocab)),
-                   std::span(&lg[i * size_t(n_vocab)], size_t(n_vocab))) < 1e-4);
+                   std::span(&lg[i * size_t(n_vocab)], size_t(n_vocab))) < runner_tol);
     }
 }
 
@@ -411,12 +421,12 @@ TEST_CASE("CUDA runner: Qwen2-style synth (biases, NeoX RoPE, tied output, GQA 4
     for (int i = 0; i < 40; ++i) toks.push_back(token_id((i * 37 + 11) % n_vocab));
     c.prefill({toks.begin(), toks.begin() + 30}, 30);
     g.prefill({toks.begin(), toks.begin() + 30}, 30);
-    CHECK(nmse(c.logits, g.logits) < 1e-4);
+    CHECK(nmse(c.logits, g.logits) < runner_tol);
     for (int i = 30; i < 40; ++i) { // teacher-forced decode
         c.step(std::span(&toks[size_t(i)], 1));
         g.step(std::span(&toks[size_t(i)], 1));
         INFO("step ", i);
-        CHECK(nmse(c.logits, g.logits) < 1e-4);
+        CHECK(nmse(c.logits, g.logits) < runner_tol);
     }
 }
 
