@@ -55,6 +55,7 @@ struct collector {
                 }
                 by_seq[size_t(ev.index)].push_back(ev.id);
                 logprobs[size_t(ev.index)].push_back(ev.logprob);
+                cv.notify_all();
                 return;
             }
             finish = ev.finish_reason;
@@ -79,6 +80,12 @@ struct collector {
             done = true;
             cv.notify_all();
         };
+    }
+    // Until `n` tokens came (of any sequence), or the request ended.
+    bool wait_tokens(size_t n, double seconds = 60) {
+        std::unique_lock lock(mu);
+        return cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done || ids.size() >= n; }) &&
+               ids.size() >= n;
     }
     bool wait(double seconds = 60) {
         std::unique_lock lock(mu);

@@ -463,7 +463,7 @@ TEST_CASE("beam search: stop strings end beams, cancellation ends the request, o
     CHECK(n_stopped > 0);
     CHECK(c.by_seq[0] != plain.tokens[0]);
 
-    // Cancelled at once: each of the n choices ends "cancelled", no page is left.
+    // Cancelled mid-search: each of the n choices ends "cancelled", no page is left.
     engine_request longer = req;
     longer.stop.clear();
     longer.max_tokens = 400;
@@ -472,7 +472,11 @@ TEST_CASE("beam search: stop strings end beams, cancellation ends the request, o
     cc.n_seqs = 3;
     const submit_result sr = eng->submit(longer, cc.sink());
     REQUIRE(sr.status == submit_status::ok);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const uint64_t generated0 = eng->stats().n_generated_tokens;
+    // mid-search: beams stream nothing until the end, so the engine's count shows the progress
+    for (int i = 0; i < 10000 && eng->stats().n_generated_tokens < generated0 + 12; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(eng->stats().n_generated_tokens >= generated0 + 12);
     eng->cancel(sr.id);
     REQUIRE(cc.wait());
     CHECK(cc.finishes == std::vector<std::string>(3, "cancelled"));

@@ -48,7 +48,7 @@ TEST_CASE("engine: requests joining and leaving a running batch each equal their
     std::vector<collector> cs(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
         REQUIRE(eng->submit(greedy(prompts[i], lens[i]), cs[i].sink()).status == submit_status::ok);
-        if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(5)); // later ones join mid-run
+        if (i == 2) REQUIRE(cs[0].wait_tokens(3)); // later ones join mid-run
     }
     for (size_t i = 0; i < prompts.size(); ++i) {
         REQUIRE(cs[i].wait());

@@ -1139,7 +1139,8 @@ TEST_CASE("a client that disconnects cancels its request: compute stops and page
     const int fd2 = connect_unix(s);
     send_all(fd2, make_request("POST", "/v1/completions", json{{"prompt", "The cat"}, {"max_tokens", 2000},
                                                                {"ignore_eos", true}, {"n", 4}}.dump()));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int i = 0; i < 500 && metric(request(s, "GET", "/metrics").body, "tandem_requests_running") == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10)); // until it runs
     ::close(fd2);
     for (int i = 0; i < 200 && metric(request(s, "GET", "/metrics").body, "tandem_requests_running") != 0; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -118,14 +118,18 @@ bool wait_for(const std::function<bool()>& pred, double seconds) {
 const std::vector<std::string> prompts = {"Once upon a time", "The cat sat on", "One day, Tom went", "Lily and Ben",
                                           "A little bird", "The sun was hot and", "Mom said", "They played"};
 
-// Streams of n tokens from the first `count` prompts, returned once tokens flow (the batch is
-// running) and `settle_ms` more: a fault injected then hits them mid-stream.
-std::vector<std::future<streamed>> streaming(const daemon_process& d, size_t count, int n, int settle_ms) {
+double generated_tokens(const daemon_process& d) {
+    return metric(request(d.sock, "GET", "/metrics").body, "tandem_engine_generated_tokens_total");
+}
+
+// Streams of n tokens from the first `count` prompts, returned once `settled` tokens of theirs
+// were generated: a fault injected then hits them mid-stream.
+std::vector<std::future<streamed>> streaming(const daemon_process& d, size_t count, int n, int settled) {
+    const double before = generated_tokens(d);
     std::vector<std::future<streamed>> fs;
     for (size_t i = 0; i < count; ++i)
         fs.push_back(std::async(std::launch::async, [sock = d.sock, i, n] { return stream(sock, prompts[i], n); }));
-    REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
-    std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+    REQUIRE(wait_for([&] { return generated_tokens(d) >= before + settled; }, 10));
     return fs;
 }
 
@@ -439,7 +443,7 @@ TEST_CASE("workers: kill -9 of a worker mid-batch; its requests resume, pages re
         std::vector<std::future<streamed>> fs;
         std::vector<std::string> sent;
         if (role == "decode") {
-            fs = streaming(d, 4, n, 50); // once tokens flow, kill it
+            fs = streaming(d, 4, n, 40); // once tokens flow, kill it
             sent.assign(prompts.begin(), prompts.begin() + 4);
             CHECK(status(d.sock)["running"].get<int>() >= 1); // killed while streaming
         } else {
@@ -723,13 +727,13 @@ TEST_CASE("workers: beam search through the workers equals the offline search, a
     };
     for (bool kill : {false, true}) {
         CAPTURE(kill);
+        const double generated0 = generated_tokens(d);
         auto search = std::async(std::launch::async, [&] { return beams(prompts[0]); });
         std::vector<std::future<streamed>> others;
         for (size_t i = 1; i < 5; ++i) // (these alone need 28 pages)
             others.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 100); }));
-        if (kill) {
-            REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
-            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        if (kill) { // mid-search: once the beams have grown a few tokens
+            REQUIRE(wait_for([&] { return generated_tokens(d) >= generated0 + 40; }, 10));
             REQUIRE(::kill(worker_pid(d.pid, "decode"), SIGKILL) == 0);
         }
         const auto r = search.get();
