@@ -257,7 +257,8 @@ TEST_CASE("worker channel: the command ring holds the largest batch the options 
     // The largest batch a plan can make: every running sequence (max_running requests of
     // max_n each, or the 16 decodes and 512 one-token prefill chunks a step can hold) at the
     // end of the context, one of them with the whole prefill budget.
-    for (const auto& [max_n, n_seqs] : {std::pair{4, 64}, std::pair{64, 16 + 512}}) {
+    for (const auto& limits : {std::pair{4, 64}, std::pair{64, 16 + 512}}) {
+        const int max_n = limits.first, n_seqs = limits.second; // not a structured binding: clang 14 cannot capture one in INFO
         INFO("max_n ", max_n);
         const uint64_t cap = command_ring_bytes(eo, max_n);
         batch b;
