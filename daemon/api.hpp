@@ -131,6 +131,7 @@ api_error submit_error(submit_status s);
 struct choice_state {
     std::string text;
     std::string finish_reason;
+    std::string error;                // why, when finish_reason is "error"
     int32_t n_prompt = 0;
     int32_t n_cached = 0;             // of n_prompt, from the prefix cache
     int32_t n_generated = 0;

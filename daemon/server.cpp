@@ -22,11 +22,13 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstddef>
 #include <cstring>
@@ -64,6 +66,7 @@ std::string unix_socket_path(const sockaddr_storage& addr, socklen_t len) {
 model_state::~model_state() {
     eng.reset();
     if (pool && unlink_pool) pool->unlink_file();
+    if (model_fd >= 0) ::close(model_fd);
 }
 
 server::server(config cfg)
@@ -147,8 +150,13 @@ void server::listen() {
 void server::load_engine(const config& cfg, const std::string& socket_name, model_state& ms) {
     auto log = logger("server");
     const kv_dtype kv = *parse_kv_dtype(cfg.kv_dtype);
-    if (cfg.workers) ms.bundle = open_model_metadata(cfg.model);
-    else ms.bundle = load_model(cfg.model, load_options{weight_format::int8, kv, 0});
+    if (cfg.workers) {
+        // Opened once: the workers load the file this descriptor has open (they inherit it),
+        // so a model renamed over or removed on disk leaves their restarts alone.
+        ms.model_fd = ::open(cfg.model.c_str(), O_RDONLY | O_CLOEXEC);
+        if (ms.model_fd < 0) fail("{}: cannot open: {}", cfg.model, std::strerror(errno));
+        ms.bundle = open_model_metadata(cfg.model, ms.model_fd);
+    } else ms.bundle = load_model(cfg.model, load_options{weight_format::int8, kv, 0});
     ms.tmpl = chat_template::from_gguf(*ms.bundle.file, *ms.bundle.tok);
     const model_config& mc = ms.bundle.cfg;
     const int n_threads = cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
@@ -193,6 +201,9 @@ void server::load_engine(const config& cfg, const std::string& socket_name, mode
     }
 
     const uint64_t fp = model_fingerprint(*ms.bundle.file, weight_format::int8, kv);
+    // Nothing here reads the file again: its mapping goes, so a file truncated on disk cannot
+    // fault this process (the workers', in use, are restarted; worker_spec's file checks).
+    ms.bundle.file.reset();
     eo.prefix_seed = fp;
     // One pool per socket and model (the socket systemd passed, under activation): daemons
     // side by side never share one.
@@ -206,6 +217,10 @@ void server::load_engine(const config& cfg, const std::string& socket_name, mode
     worker_spec base;
     base.model = cfg.model;
     base.pool = pool_path;
+    base.model_fd = ms.model_fd;
+    base.pool_fd = ms.pool->fd();
+    base.model_stat = file_stamp::of(ms.model_fd);
+    base.pool_bytes = ms.pool->bytes();
     base.kv = kv;
     base.page_size = cfg.page_size;
     base.n_pages = eo.n_pages;
@@ -301,14 +316,25 @@ asio::awaitable<void> server::watchdog_loop() {
     }
 }
 
-// STATUS= for `systemctl status`: load every few seconds once serving.
+// Once serving, every second: an engine that failed for good (a worker that cannot start
+// again: its model or pool file changed under the daemon) ends the daemon with status 1, for
+// its service manager to start it anew; every few seconds, STATUS= for `systemctl status`.
 asio::awaitable<void> server::status_loop() {
     std::string last;
-    while (!finished_) {
-        status_timer_.expires_after(std::chrono::seconds(5));
+    const bool notify = std::getenv("NOTIFY_SOCKET") != nullptr;
+    for (int tick = 1; !finished_; ++tick) {
+        status_timer_.expires_after(std::chrono::seconds(1));
         error_code ec;
         co_await status_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         if (finished_ || st_.stopping || !st_.ms) continue;
+        if (std::string failure; !st_.ms->eng->wait_ready(std::chrono::milliseconds(0), failure) && !failure.empty()) {
+            logger("server")->error("cannot serve any more: {}; exiting", failure);
+            systemd::notify_status("failed: " + failure);
+            exit_code_ = 1;
+            begin_drain();
+            continue;
+        }
+        if (!notify || tick % 5 != 0) continue;
         const engine_stats es = st_.ms->eng->stats();
         const auto tot = st_.met.totals();
         std::string s = fmt::format("serving {}: {} running, {} waiting, KV {}/{} pages, {} requests", st_.ms->id,
@@ -377,7 +403,7 @@ int server::run() {
         if (!ec) on_signal(s);
     });
     if (systemd::watchdog_interval().count() > 0) asio::co_spawn(io_, watchdog_loop(), asio::detached);
-    if (std::getenv("NOTIFY_SOCKET")) asio::co_spawn(io_, status_loop(), asio::detached);
+    asio::co_spawn(io_, status_loop(), asio::detached);
     start_loading();
     io_.run();
 

@@ -631,6 +631,7 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
             c.text += ev.text;
             const reply_delta d = read_reply(c, ev.text, true);
             c.finish_reason = ev.finish_reason;
+            c.error = ev.error;
             c.n_prompt = ev.n_prompt;
             c.n_cached = ev.n_cached;
             c.n_generated = ev.n_generated;
@@ -646,6 +647,8 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
             if (plan.stream) {
                 json last = stream_chunk(id, ms.id, chat, i, c, d, nullptr, client_finish_reason(c), plan.include_usage);
                 if (plan.beam) add_beam_fields(last["choices"][0], c);
+                if (c.finish_reason == "error" && !c.error.empty())
+                    last["error"] = {{"message", "the engine failed while generating: " + c.error}, {"type", "server_error"}};
                 if (!cites.empty()) last["choices"][0]["delta"]["citations"] = cites;
                 if (plan.cites()) last["choices"][0]["citations"] = c.citations; // all of them
                 if (plan.strict) last["choices"][0]["unsupported"] = unsupported_sentences(c.text, c.citations);
@@ -659,10 +662,12 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
 
     const json usage = usage_json(cs, plan);
     st_.met.tokens(usage["prompt_tokens"].get<int64_t>(), usage["completion_tokens"].get<int64_t>());
-    bool failed = false;
-    for (const auto& c : cs) failed |= c.finish_reason == "error";
-    if (failed && !plan.stream) {
-        api_error e{500, "the engine failed while generating (see the daemon's log)", "server_error"};
+    const auto failed = std::find_if(cs.begin(), cs.end(), [](const choice_state& c) { return c.finish_reason == "error"; });
+    if (failed != cs.end() && !plan.stream) {
+        api_error e{500,
+                    fmt::format("the engine failed while generating{}",
+                                failed->error.empty() ? " (see the daemon's log)" : ": " + failed->error),
+                    "server_error"};
         st_.met.request_done(route, 500);
         co_return co_await write_reply(reply::of(e), false);
     }

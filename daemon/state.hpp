@@ -21,6 +21,7 @@ namespace tandem::daemon {
 struct model_state {
     model_bundle bundle;             // without weights when workers hold them
     chat_template tmpl;
+    int model_fd = -1;                    // the model file the workers load (workers only; closed with the state)
     std::unique_ptr<ipc::kv_pool> pool;   // the shared KV pool (workers only)
     std::unique_ptr<page_store> store;    // its prefix-cache page table
     bool unlink_pool = false;             // remove the pool's file with this state (kv_pool_persist = false)

@@ -66,6 +66,14 @@ public:
             if (failure_.empty() && clock_type::now() >= next_spawn_ && may_spawn()) {
                 // A failed fork, memfd or eventfd (EAGAIN, EMFILE, ENOMEM) must not leave the
                 // engine thread: it is a worker that could not start, tried again later.
+                // Files changed under the daemon would fail the worker's load or fault it: no
+                // restart can help, the executor fails for good (the engine ends its
+                // requests with why, the daemon exits for its service manager to restart it).
+                if (const std::string why = files_changed(spec_); !why.empty()) {
+                    failure_ = fmt::format("the {} worker cannot be started: {}", spec_.role, why);
+                    log_->error("{}", failure_);
+                    return std::nullopt;
+                }
                 try {
                     spawn();
                 } catch (const std::exception& e) {
@@ -162,8 +170,11 @@ private:
         cc.result_bytes = ipc::ring::capacity_for(ipc::result_bytes_max()); // an error text at its longest
         ch_ = ipc::channel::create(cc);
         const auto fds = ch_->child_fds();
+        std::vector<int> keep = fds; // the channel, and the files the worker loads and maps
+        for (const int fd : {spec_.model_fd, spec_.pool_fd})
+            if (fd >= 0) keep.push_back(fd);
         // the program this daemon runs, even after its file was replaced (a package upgrade)
-        proc_ = ipc::worker_process::spawn(worker_args(spec_, fds), fds, spec_.exe.empty() ? ipc::self_exe_fd() : "");
+        proc_ = ipc::worker_process::spawn(worker_args(spec_, fds), keep, spec_.exe.empty() ? ipc::self_exe_fd() : "");
         t_spawn_ = t_beat_ = clock_type::now();
         beats_ = 0;
         hello_ = false;

@@ -66,12 +66,13 @@ int run_worker(const worker_args_parsed& a) {
     lo.weights = s.weights;
     lo.kv = s.kv;
     lo.n_threads = s.n_threads;
+    lo.fd = s.model_fd;
     model_bundle b = load_model(s.model, lo);
     const uint64_t fp = model_fingerprint(*b.file, s.weights, s.kv);
     TANDEM_CHECK(fp == s.fingerprint, "{}: the model file changed since the daemon read it (fingerprint {:016x}, expected {:016x})",
                  s.model, fp, s.fingerprint);
     const kv_layout layout = b.mdl->make_kv_layout(s.page_size);
-    auto pool = ipc::kv_pool::attach(s.pool, {fp, layout, s.n_pages});
+    auto pool = ipc::kv_pool::attach(s.pool, {fp, layout, s.n_pages}, s.pool_fd);
     kv_cache kv(layout, s.n_pages, pool->pages());
     std::unique_ptr<runner> run = make_worker_runner(s, *b.mdl, kv);
 
@@ -160,6 +161,8 @@ int worker_main(int argc, char** argv) {
     app.add_option("--threads", s.n_threads);
     app.add_option("--model", s.model)->required();
     app.add_option("--pool", s.pool)->required();
+    app.add_option("--model-fd", s.model_fd);
+    app.add_option("--pool-fd", s.pool_fd);
     app.add_option("--weights", weights);
     app.add_option("--kv", kv);
     app.add_option("--page-size", s.page_size);

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,8 +25,30 @@ uint64_t command_ring_bytes(const engine_options& eo, int32_t max_n) {
     return ipc::ring::capacity_for(ipc::run_bytes(n_seqs, n_tokens, n_seqs * pages_per_seq));
 }
 
+file_stamp file_stamp::of(int fd) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return {};
+    return {int64_t(st.st_size), int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+std::string files_changed(const worker_spec& s) {
+    if (s.model_fd >= 0) {
+        if (const file_stamp now = file_stamp::of(s.model_fd); now != s.model_stat)
+            return fmt::format("the model file {} changed on disk while tandemd served it ({} bytes then, {} now; "
+                               "rewritten in place, not replaced): restart tandemd to load it",
+                               s.model, s.model_stat.size, now.size);
+    }
+    if (s.pool_fd >= 0) {
+        if (const file_stamp now = file_stamp::of(s.pool_fd); now.size < s.pool_bytes)
+            return fmt::format("the KV pool file {} was truncated by another process ({} of its {} bytes left): "
+                               "restart tandemd to rebuild it",
+                               s.pool, now.size, s.pool_bytes);
+    }
+    return "";
+}
+
 std::vector<std::string> worker_args(const worker_spec& s, const std::vector<int>& fds) {
-    return {s.exe.empty() ? ipc::self_exe() : s.exe,
+    std::vector<std::string> args = {s.exe.empty() ? ipc::self_exe() : s.exe,
             "--worker", s.role,
             "--fds", fmt::format("{},{},{}", fds.at(0), fds.at(1), fds.at(2)),
             "--parent", std::to_string(::getpid()),
@@ -40,6 +63,9 @@ std::vector<std::string> worker_args(const worker_spec& s, const std::vector<int
             "--fingerprint", fmt::format("{:016x}", s.fingerprint),
             "--max-rows", std::to_string(s.max_rows),
             "--log", s.log_level};
+    if (s.model_fd >= 0) args.insert(args.end(), {"--model-fd", std::to_string(s.model_fd)});
+    if (s.pool_fd >= 0) args.insert(args.end(), {"--pool-fd", std::to_string(s.pool_fd)});
+    return args;
 }
 
 } // namespace tandem::daemon

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
@@ -144,6 +145,30 @@ size_t read_header(int fd, const std::string& path, pool_header& h) {
     return n;
 }
 
+// Whole reads and writes at an offset of the segment's file; false on an error, or a read
+// past the end (a truncated file).
+bool pread_all(int fd, void* out, size_t n, int64_t off) {
+    auto* p = static_cast<uint8_t*>(out);
+    while (n > 0) {
+        const ssize_t r = ::pread(fd, p, n, off_t(off));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r, n -= size_t(r), off += r;
+    }
+    return true;
+}
+
+bool pwrite_all(int fd, const void* in, size_t n, int64_t off) {
+    const auto* p = static_cast<const uint8_t*>(in);
+    while (n > 0) {
+        const ssize_t r = ::pwrite(fd, p, n, off_t(off));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r, n -= size_t(r), off += r;
+    }
+    return true;
+}
+
 int64_t file_size(int fd, const std::string& path) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) fail("kv pool {}: fstat: {}", path, errno_text(errno));
@@ -158,6 +183,9 @@ struct kv_pool::impl {
     uint8_t* base = nullptr;
     int64_t bytes = 0;
     int64_t table_offset = 0, pages_offset = 0, entry_bytes = 0, page_bytes = 0;
+    std::vector<uint8_t> copy_buf; // copy_page's bounce buffer
+
+    int64_t entry_offset(int32_t page) const { return table_offset + int64_t(page) * entry_bytes; }
 
     ~impl() {
         if (fd >= 0) ::close(fd); // drops the flock with it
@@ -166,13 +194,10 @@ struct kv_pool::impl {
     // Maps the whole segment (already the right size) through Boost.Interprocess, MAP_SHARED.
     void map(const std::string& path, const pool_header& h) {
         try {
-            bip::file_mapping fm(path.c_str(), bip::read_write);
-            // The name could have been replaced since we opened (and locked) our fd: map only
-            // the file we checked.
-            struct stat ours {}, theirs {};
-            if (::fstat(fd, &ours) != 0 || ::fstat(fm.get_mapping_handle().handle, &theirs) != 0 ||
-                ours.st_dev != theirs.st_dev || ours.st_ino != theirs.st_ino)
-                fail("kv pool {}: the file was replaced while it was being opened", path);
+            // Through our descriptor's name: the file we checked (and locked), even if its
+            // path was replaced or removed since.
+            const std::string ours = fmt::format("/proc/self/fd/{}", fd);
+            bip::file_mapping fm(ours.c_str(), bip::read_write);
             region = bip::mapped_region(fm, bip::read_write, 0, size_t(h.total_bytes));
         } catch (const bip::interprocess_exception& e) {
             fail("kv pool {}: cannot map {} bytes: {}", path, h.total_bytes, e.what());
@@ -265,12 +290,12 @@ std::unique_ptr<kv_pool> kv_pool::create_or_adopt(const std::string& path, const
     return pool;
 }
 
-std::unique_ptr<kv_pool> kv_pool::attach(const std::string& path, const kv_pool_info& want) {
+std::unique_ptr<kv_pool> kv_pool::attach(const std::string& path, const kv_pool_info& want, int fd) {
     const pool_header h = expected_header(path, want);
     std::unique_ptr<kv_pool> pool(new kv_pool(path, want));
     impl& m = *pool->impl_;
 
-    m.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    m.fd = fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 0) : ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (m.fd < 0) fail("kv pool {}: cannot open: {}", path, errno_text(errno));
     pool_header got{};
     const size_t n_read = read_header(m.fd, path, got);
@@ -281,6 +306,8 @@ std::unique_ptr<kv_pool> kv_pool::attach(const std::string& path, const kv_pool_
     m.map(path, h);
     return pool;
 }
+
+int kv_pool::fd() const { return impl_->fd; }
 
 uint8_t* kv_pool::pages() { return impl_->base + impl_->pages_offset; }
 
@@ -296,37 +323,82 @@ std::span<int32_t> kv_pool::entry_tokens(int32_t page) {
     return {reinterpret_cast<int32_t*>(p), size_t(info_.layout.page_size)};
 }
 
+// The page table through the descriptor. An entry is page_entry's fields (state first) then
+// its tokens; a write that fails (the file system full after a truncation) stops there, so an
+// entry is never marked valid over contents that were not written.
+namespace {
+struct entry_fields { // page_entry's bytes, without the atomic
+    uint32_t state;
+    int32_t n_tokens;
+    uint64_t hash, parent, last_use;
+};
+static_assert(sizeof(entry_fields) == sizeof(page_entry) && offsetof(entry_fields, hash) == offsetof(page_entry, hash) &&
+              offsetof(entry_fields, last_use) == offsetof(page_entry, last_use));
+} // namespace
+
+kv_pool::entry_copy kv_pool::read_entry(int32_t page) const {
+    TANDEM_ASSERT(page >= 0 && page < info_.n_pages, "page {} of {}", page, info_.n_pages);
+    const impl& m = *impl_;
+    entry_fields f{};
+    entry_copy e;
+    if (!pread_all(m.fd, &f, sizeof f, m.entry_offset(page))) return e; // past the end: none
+    e.tokens.resize(size_t(info_.layout.page_size));
+    if (!pread_all(m.fd, e.tokens.data(), e.tokens.size() * sizeof(int32_t), m.entry_offset(page) + int64_t(sizeof f)))
+        return entry_copy{};
+    e.state = f.state;
+    e.n_tokens = f.n_tokens;
+    e.hash = f.hash;
+    e.parent = f.parent;
+    e.last_use = f.last_use;
+    return e;
+}
+
 void kv_pool::clear_entry(int32_t page) {
-    page_entry& e = entry(page);
-    e.state.store(0, std::memory_order_relaxed);
+    TANDEM_ASSERT(page >= 0 && page < info_.n_pages, "page {} of {}", page, info_.n_pages);
+    const impl& m = *impl_;
+    const int64_t off = m.entry_offset(page);
     // Invalid before anything else changes, for a reader after a crash.
-    std::atomic_thread_fence(std::memory_order_release);
-    e.n_tokens = 0;
-    e.hash = 0;
-    e.parent = 0;
-    e.last_use = 0;
-    auto toks = entry_tokens(page);
-    std::memset(toks.data(), 0, toks.size_bytes());
+    const uint32_t invalid = 0;
+    if (!pwrite_all(m.fd, &invalid, sizeof invalid, off)) return;
+    const std::vector<uint8_t> zeros(size_t(m.entry_bytes) - sizeof invalid, 0);
+    (void)pwrite_all(m.fd, zeros.data(), zeros.size(), off + int64_t(sizeof invalid));
 }
 
 void kv_pool::publish_entry(int32_t page, uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
                             uint64_t last_use) {
     TANDEM_ASSERT(int64_t(tokens.size()) == info_.layout.page_size, "publish_entry: {} tokens, page_size {}",
                   tokens.size(), info_.layout.page_size);
-    page_entry& e = entry(page);
-    e.state.store(0, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    e.n_tokens = int32_t(tokens.size());
-    e.hash = hash;
-    e.parent = parent;
-    e.last_use = last_use;
-    std::memcpy(entry_tokens(page).data(), tokens.data(), tokens.size_bytes());
-    e.state.store(1, std::memory_order_release);
+    TANDEM_ASSERT(page >= 0 && page < info_.n_pages, "page {} of {}", page, info_.n_pages);
+    const impl& m = *impl_;
+    const int64_t off = m.entry_offset(page);
+    entry_fields f{0, int32_t(tokens.size()), hash, parent, last_use};
+    if (!pwrite_all(m.fd, &f.state, sizeof f.state, off)) return;
+    if (!pwrite_all(m.fd, reinterpret_cast<const uint8_t*>(&f) + sizeof f.state, sizeof f - sizeof f.state,
+                    off + int64_t(sizeof f.state)) ||
+        !pwrite_all(m.fd, tokens.data(), tokens.size_bytes(), off + int64_t(sizeof f)))
+        return;
+    const uint32_t valid = 1;
+    (void)pwrite_all(m.fd, &valid, sizeof valid, off);
+}
+
+void kv_pool::copy_page(int32_t src, int32_t dst) {
+    TANDEM_ASSERT(src >= 0 && src < info_.n_pages && dst >= 0 && dst < info_.n_pages, "copy_page {} -> {} of {}", src,
+                  dst, info_.n_pages);
+    impl& m = *impl_;
+    m.copy_buf.resize(size_t(m.page_bytes));
+    // A page lost to a truncation copies as zeros; the worker that reads it faults first.
+    if (!pread_all(m.fd, m.copy_buf.data(), m.copy_buf.size(), m.pages_offset + int64_t(src) * m.page_bytes))
+        std::fill(m.copy_buf.begin(), m.copy_buf.end(), uint8_t(0));
+    (void)pwrite_all(m.fd, m.copy_buf.data(), m.copy_buf.size(), m.pages_offset + int64_t(dst) * m.page_bytes);
 }
 
 void kv_pool::unlink_file() {
-    // Best effort: a file someone else already removed is the outcome we want.
-    (void)::unlink(path_.c_str());
+    // Best effort: a file someone else already removed is the outcome we want; a file that
+    // another process put in its place since is theirs, left alone.
+    struct stat ours {}, at_path {};
+    if (::fstat(impl_->fd, &ours) == 0 && ::stat(path_.c_str(), &at_path) == 0 && ours.st_dev == at_path.st_dev &&
+        ours.st_ino == at_path.st_ino)
+        (void)::unlink(path_.c_str());
 }
 
 std::string default_kv_pool_path(const std::string& socket_path, const std::string& model_path) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace tandem::ipc {
 
@@ -45,25 +46,38 @@ public:
     // `rebuilt_why` (when not null) gets "" when adopted, else the reason.
     static std::unique_ptr<kv_pool> create_or_adopt(const std::string& path, const kv_pool_info& want,
                                                     std::string* rebuilt_why = nullptr);
-    // Worker: maps an existing segment; throws tandem::error unless it matches `want`.
-    static std::unique_ptr<kv_pool> attach(const std::string& path, const kv_pool_info& want);
+    // Worker: maps an existing segment; throws tandem::error unless it matches `want`. With
+    // `fd` (the owner's descriptor, inherited) it maps that file, found even once its name is
+    // gone; messages name `path`.
+    static std::unique_ptr<kv_pool> attach(const std::string& path, const kv_pool_info& want, int fd = -1);
     ~kv_pool();
 
     const kv_pool_info& info() const { return info_; }
     const std::string& path() const { return path_; }
+    int fd() const;                       // the segment's file, open for reading and writing
     uint8_t* pages();                     // page 0; page i at pages() + i * layout.page_bytes()
     int64_t bytes() const;                // whole segment
     page_entry& entry(int32_t page);
     std::span<int32_t> entry_tokens(int32_t page); // [page_size]
     static int64_t page_entry_bytes(int32_t page_size);
 
-    // Page-table helpers (supervisor): clear marks invalid first; publish fills the entry and
-    // marks it valid last.
+    // The supervisor's access: through the file's descriptor (pread/pwrite), never the
+    // mapping, so a file truncated under the daemon cannot SIGBUS it (a read past the end
+    // finds no entry; a worker that touches a lost page dies, see worker_spec's file checks). Clear marks invalid first; publish fills the entry and marks it valid
+    // last, each a write of its own, so a reader after a crash sees a whole entry or none.
+    struct entry_copy {
+        uint32_t state = 0;
+        int32_t n_tokens = 0;
+        uint64_t hash = 0, parent = 0, last_use = 0;
+        std::vector<int32_t> tokens; // [page_size] when valid
+    };
+    entry_copy read_entry(int32_t page) const;
     void clear_entry(int32_t page);
     void publish_entry(int32_t page, uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
                        uint64_t last_use);
+    void copy_page(int32_t src, int32_t dst); // the K/V bytes of page src into page dst
 
-    void unlink_file(); // removes the file (the mapping stays valid until destruction)
+    void unlink_file(); // removes the file if it is still this segment's (the mapping stays valid)
 
 private:
     kv_pool(std::string path, const kv_pool_info& info); // unmapped; create_or_adopt / attach map it

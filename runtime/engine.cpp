@@ -110,7 +110,8 @@ struct request_state {
     int32_t n_failures = 0;           // batches in a row lost with it to a crashed worker
     int32_t n_live = 0;               // sequences not done
     bool forked = false;
-    bool cancel_pending = false;      // cancelled while a batch ran it
+    bool cancel_pending = false;      // cancelled (or failed, with end_error) while a batch ran it
+    std::string end_error;            // why it fails once that batch is done ("": cancelled)
     steady_time t_admitted{};
     std::vector<std::unique_ptr<seq_state>> seqs; // [n]; beam search: [slot] its live beams, null when free
     std::vector<beam_hypothesis> finished;        // beam search: the best finished beams, at most width
@@ -278,7 +279,8 @@ private:
                 cancels.swap(cancels_);
             }
             if (stopping) break;
-            for (uint64_t id : cancels) cancel_now(id);
+            for (uint64_t id : cancels) end_now(id);
+            end_all_if_broken();
 
             bool progressed = false;
             for (size_t i = 0; i < parts_.executors.size(); ++i) {
@@ -376,15 +378,35 @@ private:
         return false;
     }
 
-    void cancel_now(uint64_t id) {
+    // Ends a request: cancelled, or failed with `error`; after its batch when one runs it.
+    void end_now(uint64_t id, std::string error = {}) {
         auto it = reqs_.find(id);
         if (it == reqs_.end()) return;
         if (busy(*it->second)) {
             it->second->cancel_pending = true; // its pages are being written: after the batch
+            it->second->end_error = std::move(error);
             return;
         }
-        log_->debug("request {} cancelled", id);
-        finish(id, "cancelled");
+        log_->debug("request {} {}", id, error.empty() ? "cancelled" : "failed: " + error);
+        finish_pending(id, std::move(error));
+    }
+    void finish_pending(uint64_t id, std::string error) {
+        if (error.empty()) finish(id, "cancelled");
+        else finish(id, "error", std::move(error));
+    }
+
+    // An executor that cannot work any more (its worker's files changed under the daemon)
+    // ends every request with why: none of them would ever run.
+    void end_all_if_broken() {
+        for (const auto& e : parts_.executors) {
+            std::string why = e->failure();
+            if (why.empty()) continue;
+            std::vector<uint64_t> ids;
+            for (const auto& [id, r] : reqs_)
+                if (!r->cancel_pending) ids.push_back(id);
+            for (uint64_t id : ids) end_now(id, why);
+            return;
+        }
     }
 
     void finish_batch(int slot, const executor::outcome& out) {
@@ -403,7 +425,8 @@ private:
                 // failed, ends it.
                 if (out.crashed && ++r.n_failures < 2 && !r.cancel_pending) continue;
                 log_->warn("request {} failed: {}", id, out.error);
-                finish(id, r.cancel_pending ? "cancelled" : "error", out.error);
+                if (r.cancel_pending) finish_pending(id, r.end_error);
+                else finish(id, "error", out.error);
             }
             return;
         }
@@ -420,7 +443,7 @@ private:
             auto it = reqs_.find(id);
             if (it == reqs_.end()) continue;
             it->second->n_failures = 0; // crashes far apart are not this request's doing
-            if (it->second->cancel_pending) finish(id, "cancelled");
+            if (it->second->cancel_pending) finish_pending(id, it->second->end_error);
         }
         executor& ex = *parts_.executors[size_t(slot)];
         for (int32_t i = 0; i < b.n_seqs(); ++i) {

@@ -255,7 +255,8 @@ public:
     virtual device_kv_bytes device_kv() const { return {}; }
     // Has been ready once (a worker loaded its model and said hello).
     virtual bool up() const { return true; }
-    // Non-empty when it cannot work at all (its worker died while starting).
+    // Non-empty when it cannot work at all (its worker died while starting, or cannot be
+    // started again); the engine then ends every request with it.
     virtual std::string failure() const { return {}; }
     // Ends the executor (workers exit); called from the engine thread as it stops.
     virtual void shutdown() {}

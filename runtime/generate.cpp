@@ -30,7 +30,7 @@ model_bundle load_model(const std::string& path) { return load_model(path, load_
 model_bundle load_model(const std::string& path, const load_options& opt) {
     const auto t0 = std::chrono::steady_clock::now();
     model_bundle b;
-    b.file = std::make_unique<gguf::file>(gguf::file::open(path));
+    b.file = std::make_unique<gguf::file>(gguf::file::open(path, opt.fd));
     model_config cfg = model_config::from_gguf(*b.file);
     b.tok = std::make_unique<tokenizer>(tokenizer::from_gguf(*b.file));
     std::optional<cpu::thread_pool> pool;
@@ -64,9 +64,9 @@ model_bundle load_draft_model(const std::string& path, const tokenizer& target, 
     return b;
 }
 
-model_bundle open_model_metadata(const std::string& path) {
+model_bundle open_model_metadata(const std::string& path, int fd) {
     model_bundle b;
-    b.file = std::make_unique<gguf::file>(gguf::file::open(path));
+    b.file = std::make_unique<gguf::file>(gguf::file::open(path, fd));
     b.cfg = model_config::from_gguf(*b.file);
     b.tok = std::make_unique<tokenizer>(tokenizer::from_gguf(*b.file));
     TANDEM_CHECK(b.tok->n_vocab() == b.cfg.n_vocab, "{}: the tokenizer has {} tokens but the model {}", path,

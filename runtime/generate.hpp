@@ -32,6 +32,8 @@ struct load_options {
     weight_format weights = weight_format::int8;
     kv_dtype kv = kv_dtype::f16;
     int n_threads = 0; // threads that quantize at load; 0: every core
+    int fd = -1;       // an open descriptor of the file to read instead of opening the path (a
+                       // worker reads the file its supervisor opened, even once replaced on disk)
 };
 
 // Throws tandem::error with one line naming the file and the problem.
@@ -39,7 +41,8 @@ model_bundle load_model(const std::string& path);
 model_bundle load_model(const std::string& path, const load_options& opt);
 // The file, its config and tokenizer, without weights: what the supervisor of worker
 // processes needs. Cheap (the file is mapped, not read).
-model_bundle open_model_metadata(const std::string& path);
+// With `fd`, reads the file that descriptor has open (load_options::fd).
+model_bundle open_model_metadata(const std::string& path, int fd = -1);
 // A draft model for speculative decoding: load_model, and tandem::error unless its vocabulary
 // is the target's token for token ("draft model PATH cannot draft for the model: token 17
 // is ...").

@@ -205,10 +205,12 @@ int64_t tensor_info::n_elements() const {
     return n;
 }
 
-file file::open(const std::string& path) {
+file file::open(const std::string& path) { return open(path, -1); }
+
+file file::open(const std::string& path, int given_fd) {
     file f;
     f.path_ = path;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = given_fd >= 0 ? ::fcntl(given_fd, F_DUPFD_CLOEXEC, 0) : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {

@@ -66,6 +66,9 @@ struct tensor_info {
 class file {
 public:
     static file open(const std::string& path);
+    // The same, reading the file that `fd` has open (it may have been renamed over or
+    // deleted since); messages name `path`. `fd` stays open.
+    static file open(const std::string& path, int fd);
     // Parses bytes the caller keeps alive (tests, fuzzing). `name` prefixes error messages.
     static file parse(std::span<const uint8_t> bytes, std::string name);
 

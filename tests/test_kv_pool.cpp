@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -351,6 +352,29 @@ TEST_CASE("kv_pool: publish and clear page entries") {
     CHECK(e.n_tokens == 0);
     CHECK(e.hash == 0);
     CHECK(pool->entry_tokens(3)[5] == 0);
+}
+
+TEST_CASE("kv_pool: the owner's table reads, writes and page copies go through the file: a truncated file is no entry, never a fault") {
+    temp_pool tp;
+    const auto info = small_info();
+    auto pool = ipc::kv_pool::create_or_adopt(tp.path, info);
+    const int64_t pb = info.layout.page_bytes();
+    pool->publish_entry(2, 0x1234, 0x5678, page_tokens(2, 16), 9);
+    const auto e = pool->read_entry(2);
+    CHECK(e.state == 1);
+    CHECK(e.hash == 0x1234);
+    CHECK(e.parent == 0x5678);
+    CHECK(e.last_use == 9);
+    CHECK(e.tokens == page_tokens(2, 16));
+    for (int64_t i = 0; i < pb; ++i) pool->pages()[1 * pb + i] = uint8_t(i * 7 + 3);
+    pool->copy_page(1, 5);
+    CHECK(std::memcmp(pool->pages() + 5 * pb, pool->pages() + 1 * pb, size_t(pb)) == 0);
+    // Another process truncates the file: the mapping would SIGBUS on these bytes.
+    REQUIRE(::truncate(tp.path.c_str(), 4096) == 0);
+    CHECK(pool->read_entry(2).state == 0);
+    pool->publish_entry(3, 1, 2, page_tokens(3, 16), 10); // no fault
+    pool->clear_entry(3);
+    pool->copy_page(6, 7);
 }
 
 TEST_CASE("kv_pool: what a forked worker writes through attach is visible to the owner") {

@@ -547,6 +547,64 @@ TEST_CASE("workers: after the daemon's binary is replaced on disk (a package upg
     CHECK(d.stop() == 0);
 }
 
+// tandemd serving a copy of stories260K (which the test may change on disk), its log kept.
+void start_on_copy(daemon_process& d, const std::string& name) {
+    const std::string model = scratch().file(name + ".gguf");
+    std::filesystem::copy_file(model_path("stories260K.gguf"), model, std::filesystem::copy_options::overwrite_existing);
+    d.sock = scratch().file(name + ".sock");
+    d.log = scratch().file(name + ".log");
+    d.spawn({"--model", model, "--socket", d.sock, "--threads", "1", "--log", "warn", "--set", "kv_pool=" + d.sock + ".kv"});
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path);
+    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+TEST_CASE("workers: with the model renamed over and the pool file removed on disk, killed workers restart from the files the daemon started with") {
+    daemon_process d;
+    start_on_copy(d, "moved");
+    REQUIRE(d.wait_ready());
+    const std::string model = scratch().file("moved.gguf"), other = scratch().file("moved-next.gguf");
+    // another model in its place, as a download tool or a package upgrade leaves it
+    std::filesystem::copy_file(model_path("llama-2-tiny-random.gguf"), other, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(other, model);
+    REQUIRE(::unlink((d.sock + ".kv").c_str()) == 0);
+    for (const std::string role : {"decode", "prefill"}) {
+        CAPTURE(role);
+        const pid_t victim = worker_pid(d.pid, role);
+        REQUIRE(victim > 0);
+        REQUIRE(::kill(victim, SIGKILL) == 0);
+        CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, role); return p > 0 && p != victim; }, 10));
+    }
+    // the model it loaded, on the pool it made (before: a restart loaded the new file and
+    // failed its fingerprint, or found no pool)
+    CHECK(completion(d.sock, prompts[2], 20)["choices"][0]["text"] == offline_text(prompts[2], 20));
+    CHECK(status(d.sock)["worker_restarts"] == 2);
+    CHECK(d.stop() == 0);
+    CHECK(!std::filesystem::exists(d.sock + ".kv")); // and it did not remove a file that is not its own
+}
+
+TEST_CASE("workers: a model file rewritten in place or a pool file truncated under the daemon: its requests end with an error that says so, tandemd exits 1 (no SIGBUS)") {
+    for (const std::string what : {"model", "pool"}) {
+        CAPTURE(what);
+        daemon_process d;
+        start_on_copy(d, "changed-" + what);
+        REQUIRE(d.wait_ready());
+        CHECK(completion(d.sock, prompts[0], 8)["choices"][0]["text"] == offline_text(prompts[0], 8));
+        const std::string file = what == "model" ? scratch().file("changed-model.gguf") : d.sock + ".kv";
+        REQUIRE(::truncate(file.c_str(), 4096) == 0);
+        // The pool's pages are gone: the next batch faults its worker. The model's weights are
+        // in the workers' memory: the fault shows when one has to load them again.
+        if (what == "model") REQUIRE(::kill(worker_pid(d.pid, "decode"), SIGKILL) == 0);
+        const auto r = post(d.sock, "/v1/completions", {{"prompt", prompts[1]}, {"max_tokens", 30}, {"temperature", 0}});
+        CHECK(r.status >= 500);
+        CHECK_MESSAGE(r.body.find(what == "model" ? "changed on disk" : "was truncated") != std::string::npos, r.body);
+        CHECK(d.wait_exit(30) == 1); // for its service manager to start it anew (Restart=on-failure)
+        CHECK(read_file(d.log).find("restart tandemd") != std::string::npos);
+    }
+}
+
 TEST_CASE("workers: when the supervisor dies, its workers exit") {
     daemon_process d;
     d.start(scratch().file("s.sock"));
