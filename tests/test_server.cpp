@@ -1570,13 +1570,57 @@ TEST_CASE("a bad config or a missing model fails clearly") {
     CHECK(d3.wait_exit(10) == 1);
 }
 
+TEST_CASE("many slow clients: past max_connections a 503, idle ones dropped after request_timeout_s; a reader that stops is dropped and its request cancelled") {
+    daemon_process d;
+    d.start(scratch().file("slow.sock"), {"--set", "max_connections=8", "--set", "request_timeout_s=1"});
+    REQUIRE(d.wait_ready());
+    auto running = [&] { return metric(request(d.sock, "GET", "/metrics").body, "tandem_requests_running"); };
+    // eight clients that connect and send nothing hold every place
+    std::vector<int> idle;
+    for (int i = 0; i < 8; ++i) idle.push_back(connect_unix(d.sock));
+    for (int fd : idle) REQUIRE(fd >= 0);
+    const auto full = request(d.sock, "GET", "/health");
+    CHECK(full.status == 503);
+    CHECK(full.headers.count("retry-after") == 1);
+    CHECK(full.j()["error"]["code"] == "too_many_connections");
+    // their read deadline frees the places: each sees its connection closed
+    for (int fd : idle) {
+        CHECK(read_until_eof(fd, 5000).empty());
+        ::close(fd);
+    }
+    CHECK(request(d.sock, "GET", "/health").status == 200);
+
+    // A client that asks for a long stream and stops reading: once the socket's buffer is full
+    // (logprobs make every chunk large) the daemon's writes stall, and after request_timeout_s
+    // it drops the connection mid-stream instead of holding it (and the stream) for good.
+    const int stuck = connect_unix(d.sock);
+    REQUIRE(stuck >= 0);
+    send_all(stuck, make_request("POST", "/v1/completions",
+                                 json{{"prompt", "Once upon a time"}, {"max_tokens", 1500}, {"ignore_eos", true},
+                                      {"logprobs", 5}, {"stream", true}}.dump()));
+    // others are served meanwhile
+    CHECK(post(d.sock, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 3}, {"temperature", 0}}).status == 200);
+    std::this_thread::sleep_for(std::chrono::seconds(3)); // not reading, past the deadline
+    const auto t_read = std::chrono::steady_clock::now();
+    const std::string got = read_until_eof(stuck, 10000); // what the buffer held, then the close
+    ::close(stuck);
+    CHECK(std::chrono::steady_clock::now() - t_read < std::chrono::seconds(5)); // closed, not timed out
+    MESSAGE(got.size(), " bytes reached the client before it was dropped");
+    CHECK(got.size() > 10000);
+    CHECK(got.find("[DONE]") == std::string::npos); // cut, not finished
+    CHECK(running() == 0);
+    CHECK(request(d.sock, "GET", "/v1/tandem/status").j()["kv_pages_used"] == 0);
+    CHECK(d.stop() == 0);
+}
+
 TEST_CASE("limits: over capacity is 429 with Retry-After; socket mode; TCP listener; peers that are not allowed get 403") {
     CHECK((std::filesystem::status(shared_socket()).permissions() & std::filesystem::perms::all) ==
           std::filesystem::perms(0660));
 
     const int port = 20000 + int(::getpid() % 20000);
+    const public_scratch_dir reachable("limits"); // the 403 check connects as another user
     daemon_process d;
-    d.start(scratch().file("limits.sock"), {"--set", "max_running=1", "--set", "max_waiting=0", "--set",
+    d.start(reachable.file("limits.sock"), {"--set", "max_running=1", "--set", "max_waiting=0", "--set",
                                             "socket_mode=0666", "--listen-tcp", "127.0.0.1:" + std::to_string(port)});
     REQUIRE(d.wait_ready());
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <sys/wait.h>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,24 @@ struct scratch_dir {
         std::filesystem::create_directories(path);
     }
     ~scratch_dir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+    std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+// A scratch directory that every user can reach (under /tmp, mode 0755), for checks that
+// connect as another user: the build directory may sit under a 0700 parent (a checkout in
+// a home directory), which would refuse that user before the daemon's own check.
+struct public_scratch_dir {
+    std::filesystem::path path;
+    explicit public_scratch_dir(const std::string& tag) {
+        std::string templ = (std::filesystem::temp_directory_path() / ("tandem-" + tag + "-XXXXXX")).string();
+        if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp " + templ + " failed");
+        path = templ;
+        std::filesystem::permissions(path, std::filesystem::perms(0755));
+    }
+    ~public_scratch_dir() {
         std::error_code ec;
         std::filesystem::remove_all(path, ec);
     }

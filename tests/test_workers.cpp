@@ -628,10 +628,32 @@ TEST_CASE("workers: a model file rewritten in place or a pool file truncated und
     }
 }
 
-TEST_CASE("workers: when the supervisor dies, its workers exit") {
+TEST_CASE("workers: logs that cannot be written (the disk full: stderr on /dev/full) change nothing: served, restarted, a clean exit") {
+    daemon_process d;
+    d.log = "/dev/full"; // every write fails with ENOSPC, the daemon's and its workers'
+    d.sock = scratch().file("full.sock");
+    d.spawn({"--model", model_path("stories260K.gguf"), "--socket", d.sock, "--threads", "1", "--log", "debug", // a line at every step
+             "--set", "kv_pool=" + d.sock + ".kv"});
+    REQUIRE(d.wait_ready());
+    CHECK(completion(d.sock, prompts[4], 20)["choices"][0]["text"] == offline_text(prompts[4], 20));
+    const pid_t victim = worker_pid(d.pid, "decode");
+    REQUIRE(victim > 0);
+    REQUIRE(::kill(victim, SIGKILL) == 0); // its warning cannot be written either
+    CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, "decode"); return p > 0 && p != victim; }, 10));
+    const auto s = stream(d.sock, prompts[6], 30);
+    CHECK(s.done);
+    CHECK(s.text == offline_text(prompts[6], 30));
+    CHECK(d.stop() == 0);
+}
+
+TEST_CASE("workers: when the supervisor dies, its workers exit; a new daemon on its socket adopts its pool") {
+    const std::string prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+                               "park with her friends. One day, she saw a big red ball under a tree.";
+    const std::string expect = offline_text(prompt, 20);
     daemon_process d;
     d.start(scratch().file("s.sock"));
     REQUIRE(d.wait_ready());
+    CHECK(completion(d.sock, prompt, 20)["choices"][0]["text"] == expect);
     const pid_t pre = worker_pid(d.pid, "prefill"), dec = worker_pid(d.pid, "decode");
     REQUIRE(pre > 0);
     REQUIRE(dec > 0);
@@ -639,6 +661,13 @@ TEST_CASE("workers: when the supervisor dies, its workers exit") {
     ::waitpid(d.pid, nullptr, 0);
     d.pid = -1;
     CHECK(wait_for([&] { return !alive(pre) && !alive(dec); }, 2));
+    // Its socket file and pool are left behind: the next daemon takes both over.
+    daemon_process next;
+    next.start(d.sock);
+    REQUIRE(next.wait_ready());
+    CHECK(completion(next.sock, prompt, 20)["choices"][0]["text"] == expect);
+    CHECK(metric(request(next.sock, "GET", "/metrics").body, "tandem_prefix_cache_hits_total") >= 32);
+    CHECK(next.stop() == 0);
 }
 
 TEST_CASE("workers: the prefix cache is warm after a restart; a mismatched or damaged pool is rebuilt") {
