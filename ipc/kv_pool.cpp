@@ -145,28 +145,23 @@ size_t read_header(int fd, const std::string& path, pool_header& h) {
     return n;
 }
 
-// Whole reads and writes at an offset of the segment's file; false on an error, or a read
-// past the end (a truncated file).
-bool pread_all(int fd, void* out, size_t n, int64_t off) {
-    auto* p = static_cast<uint8_t*>(out);
+// Whole reads and writes at an offset of the segment's file (`io`: pread or pwrite); false on
+// an error, or a read past the end (a truncated file).
+template <typename Byte, typename Io>
+bool whole_at(Io io, int fd, Byte* p, size_t n, int64_t off) {
     while (n > 0) {
-        const ssize_t r = ::pread(fd, p, n, off_t(off));
+        const ssize_t r = io(fd, p, n, off_t(off));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return false;
         p += r, n -= size_t(r), off += r;
     }
     return true;
 }
-
+bool pread_all(int fd, void* out, size_t n, int64_t off) {
+    return whole_at(::pread, fd, static_cast<uint8_t*>(out), n, off);
+}
 bool pwrite_all(int fd, const void* in, size_t n, int64_t off) {
-    const auto* p = static_cast<const uint8_t*>(in);
-    while (n > 0) {
-        const ssize_t r = ::pwrite(fd, p, n, off_t(off));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        p += r, n -= size_t(r), off += r;
-    }
-    return true;
+    return whole_at(::pwrite, fd, static_cast<const uint8_t*>(in), n, off);
 }
 
 int64_t file_size(int fd, const std::string& path) {
