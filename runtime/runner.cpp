@@ -1,4 +1,6 @@
-// The CPU runner: model::forward on a thread pool of its own.
+// The CPU runners: model::forward on a thread pool of their own or the caller's context. Each
+// runner has its own scratch arena, so runners of one model (two engines, or a reference
+// beside an engine in a test) may run at once: the weights are only read.
 #include "runtime/runner.hpp"
 
 #include "cpu/isa.hpp"
@@ -16,24 +18,30 @@ public:
         return fmt::format("cpu ({}, {} threads)", cpu::name_of(cpu::active_isa()), pool_.n_threads());
     }
     void forward(const batch& b, kv_cache& kv, float* logits) override {
-        mdl_.forward(exec_ctx{backend::cpu, &pool_}, b, kv, logits);
+        exec_ctx ctx{backend::cpu, &pool_};
+        ctx.scratch = &scratch_;
+        mdl_.forward(ctx, b, kv, logits);
     }
 
 private:
     model& mdl_;
     cpu::thread_pool pool_;
+    scratch_arena scratch_ = scratch_arena::host();
 };
 
 // model::forward on the caller's context.
 class ctx_runner final : public runner {
 public:
-    ctx_runner(model& mdl, const exec_ctx& ctx) : mdl_(mdl), ctx_(ctx) {}
+    ctx_runner(model& mdl, const exec_ctx& ctx) : mdl_(mdl), ctx_(ctx) {
+        if (ctx_.scratch == nullptr) ctx_.scratch = &scratch_;
+    }
     std::string device() const override { return std::string(name_of(ctx_.be)); }
     void forward(const batch& b, kv_cache& kv, float* logits) override { mdl_.forward(ctx_, b, kv, logits); }
 
 private:
     model& mdl_;
     exec_ctx ctx_;
+    scratch_arena scratch_ = scratch_arena::host(); // unless the context brings one
 };
 
 } // namespace
