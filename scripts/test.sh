@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: every suite on a Release build (CUDA compiled where nvcc exists, its
-# tests skip without a GPU), then the core and daemon suites under ASan+UBSan, plus a libFuzzer smoke
-# run of the GGUF parser when clang is present.
+# tests skip without a GPU), then the core and daemon suites under ASan+UBSan with short
+# libFuzzer runs of every fuzz target, then the engine, ipc and daemon suites (label tsan)
+# under ThreadSanitizer (both sanitizer builds need clang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -22,3 +23,15 @@ cmake -S . -B build-asan -G Ninja "${san[@]}" >/dev/null
 cmake --build build-asan -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan --output-on-failure -L 'core|fuzz|daemon'
+
+if command -v clang++ >/dev/null; then
+  echo "== ThreadSanitizer build: the engine, ipc and daemon suites (label tsan)"
+  cmake -S . -B build-tsan -G Ninja -DTANDEM_TSAN=ON -DTANDEM_CUDA=OFF -DTANDEM_FUZZ=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build build-tsan -j "$jobs" --target test_core test_engine test_scheduler test_kv_pool test_ipc_shm \
+    test_ipc_client test_workers test_server tandemd tandem
+  # A race fails the process that has it at once (a worker too: its restart fails the test).
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir build-tsan --output-on-failure -L tsan
+else
+  echo "clang not found: no ThreadSanitizer build"
+fi

@@ -1010,7 +1010,7 @@ TEST_CASE("16 concurrent streams all complete, each equal to its solo output at 
     const double steps0 = metric(request(s, "GET", "/metrics").body, "tandem_engine_steps_total");
     std::vector<std::thread> threads;
     std::vector<int> status(n);
-    std::vector<bool> complete(n);
+    std::vector<char> complete(n); // not vector<bool>: its elements share words, written from other threads
     std::latch all_connected(n); // send together, so they overlap even on a busy machine
     for (int i = 0; i < n; ++i)
         threads.emplace_back([&, i] {
