@@ -310,14 +310,19 @@ def catalogue(info):
 
 # ---------------------------------------------------------------- checks of replies
 
+def out_text(c):
+    """A choice's output: completions' text or chat's content."""
+    return (c.get("text") or "") + (c.get("content") or "")
+
+
 def check_person(body, reply):
     for c in reply["choices"]:
         if c.get("finish_reason") != "stop":
             continue  # cut by max_tokens: a prefix of a valid object
         try:
-            o = json.loads(c["content"])
-        except (ValueError, TypeError) as e:
-            return "json_schema: the content does not parse: {!r} ({})".format(c["content"], e)
+            o = json.loads(out_text(c))
+        except ValueError as e:
+            return "json_schema: the content does not parse: {!r} ({})".format(out_text(c), e)
         if not isinstance(o, dict) or set(o) != {"name", "age", "happy"}:
             return "json_schema: not the schema's object: {!r}".format(o)
         if not (isinstance(o["name"], str) and len(o["name"]) <= 12 and isinstance(o["happy"], bool)
@@ -328,8 +333,8 @@ def check_person(body, reply):
 
 def check_regex(body, reply):
     for c in reply["choices"]:
-        if c.get("finish_reason") == "stop" and not re.fullmatch(ANSWER_REGEX, c["content"]):
-            return "regex: {!r} does not match".format(c["content"])
+        if c.get("finish_reason") == "stop" and not re.fullmatch(ANSWER_REGEX, out_text(c)):
+            return "regex: {!r} does not match".format(out_text(c))
     return None
 
 
@@ -354,7 +359,7 @@ def check_tool_call(body, reply):
 
 def check_citations(body, reply):
     for c in reply["choices"]:
-        content = c["content"] or ""
+        content = out_text(c)
         for cit in c.get("citations") or []:
             if content[cit["start"]:cit["end"]] != cit["text"] or cit["document_index"] != 0:
                 return "grounding: a citation that is not the reply's text: {!r}".format(cit)
@@ -592,11 +597,13 @@ def compare_embeddings(reply, ref):
 def proc_tree(pid):
     """{name: pid} of the daemon and its worker processes (named by their --worker role)."""
     out = {"daemon": pid}
+    kids = []
     try:
-        with open("/proc/{}/task/{}/children".format(pid, pid)) as f:
-            kids = [int(x) for x in f.read().split()]
+        for tid in os.listdir("/proc/{}/task".format(pid)):  # each thread lists the children it started
+            with open("/proc/{}/task/{}/children".format(pid, tid)) as f:
+                kids += [int(x) for x in f.read().split()]
     except OSError:
-        kids = []
+        pass
     for kid in kids:
         try:
             with open("/proc/{}/cmdline".format(kid), "rb") as f:
