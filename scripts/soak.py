@@ -294,9 +294,13 @@ def catalogue(info):
          b'["prompt"]', b'{"prompt": "\xff\xfe", "max_tokens": 4}']
     ks.append(kind("malformed", comp, 3, v, expect=400, check=check_error_400))
     v = [{"prompt": "Once upon a time", "max_tokens": 8, "frobnicate": 1},
-         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature_x": 0.5},
-         {"prompt": "Once", "max_tokens": 8, "stream_options": {"include_usage": True, "extra": 1}, "stream": True}]
-    ks.append(kind("unknown_field", comp, 3, v, expect=400, check=check_unknown_field))
+         {"prompt": "Once", "max_tokens": 8, "stream_options": {"include_usage": True, "extra": 1}, "stream": True},
+         {"prompt": "Once", "max_tokens": 8, "speculative": {"method": "ngram", "frobnicate": 2}}]
+    ks.append(kind("unknown_field", comp, 2, v, expect=400, check=check_unknown_field))
+    v = [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "frobnicate": 0.5},
+         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "echo": True},  # a completions field
+         {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text", "frobnicate": 1}}]
+    ks.append(kind("unknown_field_chat", chat, 2, v, expect=400, check=check_unknown_field))
     v = [b'{"prompt": "' + b"a" * (info["max_body_bytes"] + 1024) + b'", "max_tokens": 4}']
     ks.append(kind("oversized", comp, 1, v, expect=413))
     n_long = info["max_prompt_tokens"] + 17
@@ -373,7 +377,7 @@ def check_error_400(body, reply):
     return None
 
 
-UNKNOWN_FIELDS = ("frobnicate", "temperature_x", "stream_options")
+UNKNOWN_FIELDS = ("frobnicate", "echo", "stream_options", "speculative", "response_format")
 
 
 def check_unknown_field(body, reply):
@@ -820,13 +824,13 @@ def goals(s):
          "{} requests, {} failed ({} without an answer)".format(n, len(s.failures), lost), "0 failed")
 
     # the daemon's own count of each reply equals ours: none lost, none duplicated
-    routes = {k.route for k in s.kinds}
+    routes = {k.route for k in s.kinds} | {"other"}
     ours = {}
     for o in s.done:
         if o.status is None:
             continue
         st = 499 if o.cancelled else o.status
-        r = s.kind_by_name[o.kind].route
+        r = s.kind_by_name[o.kind].route if st != 413 else "other"  # refused before routing
         ours[(r, st)] = ours.get((r, st), 0) + 1
     b, e = s.before["requests"], s.after["requests"]
     theirs = {key: e[key] - b.get(key, 0) for key in e if key[0] in routes and e[key] != b.get(key, 0)}
