@@ -664,6 +664,7 @@ class soak:
         self.failures = []      # (t, kind, variant, stream, why)
         self.samples = []
         self.sent = 0
+        self.ids_seen = set()   # every response id of the load
         self.stop_at = None
         self.t0 = None
 
@@ -739,6 +740,10 @@ class soak:
                 o.t_sent = o.t_first = o.t_done = time.monotonic()
                 o.error = "no answer within {} s (lost)".format(REQUEST_TIMEOUT_S)
             why = judge(k, o, self.refs.get((k.name, variant)))
+            for rid in o.ids:  # a reply seen twice (here, or on another connection) is a duplicate
+                if rid in self.ids_seen:
+                    why = why or "response id {} came twice".format(rid)
+                self.ids_seen.add(rid)
             o.failed = why is not None
             o.reply = None  # keep the memory flat over a long run
             o.choices = None
