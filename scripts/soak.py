@@ -96,14 +96,14 @@ class connection:
             self.writer.transport.abort()  # both directions at once: a client that went away
         self.reader = self.writer = None
 
-    async def send(self, method, path, body=b""):
+    async def send(self, method, path, body=b"", keep_alive=True):
         await self.open()
-        self.writer.write(encode_request(method, path, body))
+        self.writer.write(encode_request(method, path, body, keep_alive))
         await self.writer.drain()
 
-    async def exchange(self, method, path, body=b""):
+    async def exchange(self, method, path, body=b"", keep_alive=True):
         """A whole reply: (status, headers, body bytes)."""
-        await self.send(method, path, body)
+        await self.send(method, path, body, keep_alive)
         status, headers = await read_head(self.reader)
         data = b"".join([p async for p in body_pieces(self.reader, headers)])
         if headers.get("connection", "").lower() == "close":
@@ -114,7 +114,7 @@ class connection:
 async def one_shot(sock, method, path, body=b""):
     c = connection(sock)
     try:
-        return await c.exchange(method, path, body)
+        return await c.exchange(method, path, body, keep_alive=False)  # the daemon closes its end at once
     finally:
         c.drop()
 
@@ -715,8 +715,9 @@ class soak:
         print("soak: {} references in {:.1f} s".format(len(self.refs), self.ref_seconds), file=sys.stderr)
 
     async def idle_snapshot(self):
+        procs = snapshot_procs(self.a.pid)  # before this snapshot's own connection opens
         m = await metrics(self.sock)
-        return {"procs": snapshot_procs(self.a.pid), "kv_pages_used": m.get("tandem_kv_pages_used"),
+        return {"procs": procs, "kv_pages_used": m.get("tandem_kv_pages_used"),
                 "kv_pages_cached": m.get("tandem_kv_pages_cached"), "kv_tokens_stored": m.get("tandem_kv_tokens_stored"),
                 "running": m.get("tandem_requests_running"), "waiting": m.get("tandem_requests_waiting"),
                 "requests": requests_by_route(m), "metrics": m}
@@ -782,22 +783,26 @@ class soak:
                 return
             await asyncio.sleep(max(0.1, period - (time.monotonic() - t)))
 
-    async def wait_idle(self, before):
-        """Polls until the daemon's counts are back to `before` (or IDLE_SETTLE_S passes); the last snapshot."""
+    async def wait_idle(self, before=None):
+        """Polls every 0.5 s until the daemon is idle and its counts are back to `before`'s, or, without
+        `before`, the same twice in a row; gives up after IDLE_SETTLE_S. Returns the last snapshot."""
+        def counts(snap):
+            return ({n: (p["fds"], p["threads"]) if p else None for n, p in snap["procs"].items()},
+                    snap["kv_pages_used"], snap["kv_tokens_stored"], snap["running"], snap["waiting"])
         deadline = time.monotonic() + IDLE_SETTLE_S
+        last = None
         while True:
-            after = await self.idle_snapshot()
-            same = (after["kv_pages_used"] == before["kv_pages_used"] and after["running"] == 0
-                    and after["waiting"] == 0 and all(
-                        after["procs"].get(n) and b and (after["procs"][n]["fds"], after["procs"][n]["threads"]) ==
-                        (b["fds"], b["threads"]) for n, b in before["procs"].items()))
-            if same or time.monotonic() > deadline:
-                return after
+            snap = await self.idle_snapshot()
+            idle = snap["running"] == 0 and snap["waiting"] == 0
+            want = counts(before) if before else (counts(last) if last else None)
+            if (idle and counts(snap) == want) or time.monotonic() > deadline:
+                return snap
+            last = snap
             await asyncio.sleep(0.5)
 
     async def run(self):
         await self.setup()
-        self.before = await self.wait_idle(await self.idle_snapshot())  # the references' connections closed
+        self.before = await self.wait_idle()  # the references' connections closed, all steady
         self.t0 = time.monotonic()
         self.stop_at = self.t0 + self.a.minutes * 60
         sampler = asyncio.create_task(self.sampler())
@@ -805,8 +810,9 @@ class soak:
         self.load_s = time.monotonic() - self.t0
         self.stop_at = time.monotonic()
         await sampler
+        t = time.monotonic()
         self.after = await self.wait_idle(self.before)
-        self.settle_s = time.monotonic() - self.t0 - self.load_s
+        self.settle_s = time.monotonic() - t
 
 
 # ---------------------------------------------------------------- goals
