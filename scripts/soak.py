@@ -665,6 +665,7 @@ class soak:
         self.samples = []
         self.sent = 0
         self.ids_seen = set()   # every response id of the load
+        self.died = False       # the sampler saw the daemon or a worker gone
         self.stop_at = None
         self.t0 = None
 
@@ -716,7 +717,10 @@ class soak:
 
     async def idle_snapshot(self):
         procs = snapshot_procs(self.a.pid)  # before this snapshot's own connection opens
-        m = await metrics(self.sock)
+        try:
+            m = await metrics(self.sock)
+        except (OSError, http_error, asyncio.IncompleteReadError):
+            m = {}  # a dead daemon: every count unknown, every goal on them fails
         return {"procs": procs, "kv_pages_used": m.get("tandem_kv_pages_used"),
                 "kv_pages_cached": m.get("tandem_kv_pages_cached"), "kv_tokens_stored": m.get("tandem_kv_tokens_stored"),
                 "running": m.get("tandem_requests_running"), "waiting": m.get("tandem_requests_waiting"),
@@ -746,6 +750,8 @@ class soak:
                     why = why or "response id {} came twice".format(rid)
                 self.ids_seen.add(rid)
             o.failed = why is not None
+            if o.status is None:
+                await asyncio.sleep(0.1)  # no daemon to answer: do not spin
             o.reply = None  # keep the memory flat over a long run
             o.choices = None
             self.done.append(o)
@@ -779,6 +785,12 @@ class soak:
             for o in window:
                 s["kinds"][o.kind] = s["kinds"].get(o.kind, 0) + 1
             self.samples.append(s)
+            gone = [n for n, p in s["procs"].items() if p is None]
+            if gone and not self.died:  # a crash: stop the load, judge what there is
+                self.died = True
+                self.failures.append((s["t"], "daemon", 0, False, "{} is gone (pid {})".format(
+                    ", ".join(gone), self.a.pid if "daemon" in gone else "a worker's")))
+                self.stop_at = t
             if t >= self.stop_at:
                 return
             await asyncio.sleep(max(0.1, period - (time.monotonic() - t)))
@@ -800,7 +812,23 @@ class soak:
             last = snap
             await asyncio.sleep(0.5)
 
+    async def wait_ready(self):
+        """Until /health answers 200 (the model is loaded); exits 2 if the daemon dies or takes 2 minutes."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if (await one_shot(self.sock, "GET", "/health"))[0] == 200:
+                    return
+            except (OSError, http_error, asyncio.IncompleteReadError):
+                pass
+            if proc_stats(self.a.pid) is None:
+                break
+            await asyncio.sleep(0.1)
+        raise SystemExit("soak: tandemd did not get ready")
+
     async def run(self):
+        self.load_average = "{:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg())  # the machine's, as we start
+        await self.wait_ready()
         await self.setup()
         self.before = await self.wait_idle()  # the references' connections closed, all steady
         self.t0 = time.monotonic()
@@ -811,7 +839,7 @@ class soak:
         self.stop_at = time.monotonic()
         await sampler
         t = time.monotonic()
-        self.after = await self.wait_idle(self.before)
+        self.after = await self.wait_idle(self.before) if not self.died else await self.idle_snapshot()
         self.settle_s = time.monotonic() - t
 
 
@@ -926,11 +954,12 @@ def goals(s):
     kv_ok = (s.after["kv_pages_used"] == s.before["kv_pages_used"] and s.after["running"] == 0
              and s.after["waiting"] == 0 and s.after["kv_tokens_stored"] == s.before["kv_tokens_stored"])
     goal("KV pages back to idle after the load", kv_ok,
-         "pages used {:.0f} -> {:.0f}, tokens stored {:.0f} -> {:.0f}, prefix cache keeps {:.0f} -> {:.0f} free pages, "
-         "running {:.0f}, waiting {:.0f} ({:.1f} s after the load)".format(
-             s.before["kv_pages_used"], s.after["kv_pages_used"], s.before["kv_tokens_stored"],
-             s.after["kv_tokens_stored"], s.before["kv_pages_cached"], s.after["kv_pages_cached"],
-             s.after["running"], s.after["waiting"], s.settle_s),
+         "pages used {} -> {}, tokens stored {} -> {}, prefix cache keeps {} -> {} free pages, "
+         "running {}, waiting {} ({:.1f} s after the load)".format(*[
+             "?" if v is None else int(v) for v in (
+                 s.before["kv_pages_used"], s.after["kv_pages_used"], s.before["kv_tokens_stored"],
+                 s.after["kv_tokens_stored"], s.before["kv_pages_cached"], s.after["kv_pages_cached"],
+                 s.after["running"], s.after["waiting"])], s.settle_s),
          "pages used and tokens stored = idle before; nothing running or waiting")
     return out, warm, win
 
@@ -963,7 +992,7 @@ def write_outputs(s, out_dir):
         d["cancelled"] += o.cancelled
     gen = [o for o in s.done if o.status == 200 and not o.failed and not o.cancelled]
     result = {
-        "minutes": s.a.minutes, "clients": s.a.clients, "seed": s.a.seed, "sample_s": s.a.sample_s,
+        "load_average": s.load_average, "minutes": s.a.minutes, "clients": s.a.clients, "seed": s.a.seed, "sample_s": s.a.sample_s,
         "latency_ratio": s.a.latency_ratio, "daemon": s.info, "references": len(s.refs),
         "reference_s": round(s.ref_seconds, 1), "load_s": round(s.load_s, 1), "settle_s": round(s.settle_s, 1),
         "warmup_s": round(warm, 1), "window_s": round(win, 1), "requests": len(s.done),

@@ -47,18 +47,12 @@ fi
 [[ -f "$model" ]] || { echo "soak: no model at $model" >&2; exit 2; }
 out="${out:-$build/soak}"
 mkdir -p "$out"
-load_at_start="$(cut -d' ' -f1-3 /proc/loadavg | sed 's/ /, /g')"
 
+# the socket and config in a fresh directory; the KV pool on the tmpfs; all gone at exit
 run_dir="$(mktemp -d /tmp/tandem-soak.XXXXXX)"
+pool="/dev/shm/$(basename "$run_dir").kv"
 daemon_pid=""
-cleanup() {
-  if [[ -n "$daemon_pid" ]]; then
-    kill -KILL "$daemon_pid" 2>/dev/null || true
-    wait "$daemon_pid" 2>/dev/null || true
-  fi
-  rm -rf "$run_dir" "/dev/shm/$(basename "$run_dir").kv"
-}
-trap cleanup EXIT
+trap '[[ -z "$daemon_pid" ]] || { kill -KILL "$daemon_pid"; wait "$daemon_pid"; } 2>/dev/null; rm -rf "$run_dir" "$pool"' EXIT
 
 # A context of 1024 tokens and a pool of 96 pages (1536 tokens): the long prompts (about 2/3 of
 # the context) and 16 running sequences cannot all fit, so the load preempts all the time. The
@@ -67,7 +61,7 @@ trap cleanup EXIT
 cat >"$run_dir/tandemd.conf" <<EOF
 model = $(realpath "$model")
 socket = $run_dir/tandem.sock
-kv_pool = /dev/shm/$(basename "$run_dir").kv
+kv_pool = $pool
 n_ctx = 1024
 kv_pages = 96
 max_running = 16
@@ -81,27 +75,8 @@ cp "$run_dir/tandemd.conf" "$out/tandemd.conf"
 
 "$tandemd" --config "$run_dir/tandemd.conf" 2>"$out/tandemd.log" &
 daemon_pid=$!
-ready=0
-for _ in $(seq 1 600); do
-  if python3 - "$run_dir/tandem.sock" 2>/dev/null <<'EOF'
-import socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-s.sendall(b"GET /health HTTP/1.1\r\nHost: tandem\r\nConnection: close\r\n\r\n")
-sys.exit(0 if s.recv(64).startswith(b"HTTP/1.1 200") else 1)
-EOF
-  then ready=1; break; fi
-  kill -0 "$daemon_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [[ $ready != 1 ]]; then
-  echo "soak: tandemd did not get ready; its log:" >&2
-  cat "$out/tandemd.log" >&2
-  exit 1
-fi
-
 echo "soak: $clients clients for $minutes min against $tandemd (pid $daemon_pid), results in $out" >&2
-# bounded: the load stops at --minutes; references, drain and checks take a few minutes at most
+# bounded: the load stops at --minutes; start, references, drain and checks take a few minutes at most
 soak_rc=0
 timeout --signal=KILL "$(python3 -c "print(int($minutes * 60 + 900))")" \
   python3 scripts/soak.py --socket "$run_dir/tandem.sock" --pid "$daemon_pid" --out "$out" --minutes "$minutes" \
@@ -113,7 +88,8 @@ daemon_rc=0
 wait "$daemon_pid" || daemon_rc=$?
 daemon_pid=""
 if [[ ! -f "$out/result.json" || $soak_rc -gt 1 ]]; then
-  echo "soak: the load generator failed (exit $soak_rc); tandemd exited $daemon_rc" >&2
+  echo "soak: the load generator failed (exit $soak_rc); tandemd exited $daemon_rc; its log:" >&2
+  tail -20 "$out/tandemd.log" >&2
   exit 1
 fi
 
@@ -121,7 +97,7 @@ cmd="scripts/soak.sh --minutes $minutes --clients $clients"
 [[ -n "$latency_soft" ]] && cmd+=" --latency-soft"
 [[ "$latency_ratio" != 1.5 ]] && cmd+=" --latency-ratio $latency_ratio"
 report=(python3 scripts/soak_report.py --result "$out/result.json" --md "$out/report.md" --svg "$out/soak.svg"
-        --command "$cmd" --load "$load_at_start" --daemon-exit "$daemon_rc" --daemon-log "$out/tandemd.log")
+        --command "$cmd" --daemon-exit "$daemon_rc" --daemon-log "$out/tandemd.log")
 report_rc=0
 "${report[@]}" || report_rc=$?
 if [[ $docs == 1 ]]; then

@@ -3,7 +3,7 @@
 
 Python 3 standard library only. Usage (scripts/soak.sh calls it):
   soak_report.py --result DIR/result.json --md DIR/report.md --svg DIR/soak.svg --command CMD
-                 [--load "1, 5, 15 min averages"] [--docs-md docs/reliability.md --svg-link soak.svg]
+                 [--daemon-exit CODE] [--daemon-log LOG] [--docs-md docs/reliability.md --svg-link soak.svg]
 With --docs-md, the results block of that page's "## Soak" section (between the two markers
 below) is replaced by the summary.
 """
@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_report import git_commit, machine_description  # noqa: E402  (the same facts as performance.md)
+from bench_report import axes, git_commit, machine_description  # noqa: E402  (performance.md's facts and frames)
 
 BEGIN = "<!-- soak results: written by scripts/soak.sh --docs; edit the text around them, not them -->"
 END = "<!-- end of soak results -->"
@@ -42,7 +42,7 @@ def summary(r, args, svg_link):
     w("Run of {}: **{}**.".format(date, "all goals met" if not failed_goals else
                                   "{} goal(s) failed".format(len(failed_goals))))
     w("")
-    w("- Machine: {}; load average when the run started: {}".format(machine, args.load or "–"))
+    w("- Machine: {}; load average when the run started: {} (1, 5, 15 min)".format(machine, r["load_average"]))
     w("- Commit: {}".format(git_commit()))
     w("- Command: `{}`".format(args.command))
     w("- Daemon: model {}, placement {}, n_ctx {}, {} KV pages of {} tokens, max_running {}".format(
@@ -105,16 +105,11 @@ def nice_ticks(lo, hi, n=5):
     return ticks, lo, hi
 
 
-def panel(x0, y0, w, h, title, ylabel, t_max, series, shade, y_from_zero=True):
-    """One time panel. series: [(label, colour, dashed, [(t, y)])]; shade: [(t0, t1, label)]."""
+def panel(x0, y0, w, h, title, ylabel, t_max, series, shade):
+    """One time panel, y from 0. series: [(label, colour, dashed, [(t, y)])]; shade: [(t0, t1, label)]."""
     els = []
     ys = [y for _, _, _, pts in series for _, y in pts if y is not None]
-    lo = 0 if y_from_zero or not ys else min(ys)
-    hi = max(ys) * 1.05 if ys else 1
-    if not y_from_zero and ys:
-        pad = (max(ys) - min(ys)) * 0.1 or max(abs(max(ys)) * 0.05, 1)
-        lo, hi = min(ys) - pad, max(ys) + pad
-    yt, lo, hi = nice_ticks(lo, hi)
+    yt, lo, hi = nice_ticks(0, max(ys) * 1.05 if ys else 1)
     t_hi = max(t_max, 1e-9)
     xt = [t for t in nice_ticks(0, t_hi, 6)[0] if t <= t_hi * 1.001]
 
@@ -124,22 +119,11 @@ def panel(x0, y0, w, h, title, ylabel, t_max, series, shade, y_from_zero=True):
     def py(y):
         return y0 + h - (y - lo) / (hi - lo) * h
 
-    els.append('<text x="{:.1f}" y="{:.1f}" class="title">{}</text>'.format(x0 + w / 2, y0 - 10, html.escape(title)))
     for t0, t1, label in shade:
         els.append('<rect x="{:.1f}" y="{}" width="{:.1f}" height="{}" class="shade"><title>{}</title></rect>'.format(
             px(t0), y0, max(px(t1) - px(t0), 0), h, html.escape(label)))
-    els.append('<rect x="{}" y="{}" width="{}" height="{}" class="frame"/>'.format(x0, y0, w, h))
-    for t in yt:
-        y = py(t)
-        els.append('<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" class="grid"/>'.format(x0, y, x0 + w, y))
-        els.append('<text x="{}" y="{:.1f}" class="ytick">{:g}</text>'.format(x0 - 5, y + 4, t))
-    for t in xt:
-        x = px(t)
-        els.append('<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" class="grid"/>'.format(x, y0, x, y0 + h))
-        els.append('<text x="{:.1f}" y="{}" class="xtick">{:g}</text>'.format(x, y0 + h + 14, t))
-    els.append('<text x="{:.1f}" y="{}" class="axis">minutes into the load</text>'.format(x0 + w / 2, y0 + h + 30))
-    els.append('<text transform="translate({},{:.1f}) rotate(-90)" class="axis">{}</text>'.format(
-        x0 - 42, y0 + h / 2, html.escape(ylabel)))
+    els += axes(x0, y0, w, h, title, "minutes into the load", ylabel, [(py(t), "{:g}".format(t)) for t in yt],
+                [(px(t), "{:g}".format(t)) for t in xt])
     for i, (label, colour, dashed, pts) in enumerate(series):
         pts = [(t, y) for t, y in pts if y is not None]
         dash = ' stroke-dasharray="5,3"' if dashed else ""
@@ -147,7 +131,7 @@ def panel(x0, y0, w, h, title, ylabel, t_max, series, shade, y_from_zero=True):
             els.append('<polyline points="{}" fill="none" stroke="{}" stroke-width="1.6"{}/>'.format(
                 " ".join("{:.1f},{:.1f}".format(px(t), py(y)) for t, y in pts), colour, dash))
         # the legend under the axis, two columns
-        lx, ly = x0 + (i % 2) * w / 2, y0 + h + 50 + (i // 2) * 14
+        lx, ly = x0 + (i % 2) * w / 2, y0 + h + 54 + (i // 2) * 14
         els.append('<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" stroke="{}" stroke-width="2"{}/>'.format(
             lx, ly - 4, lx + 18, ly - 4, colour, dash))
         els.append('<text x="{:.1f}" y="{}" class="legend">{}</text>'.format(lx + 24, ly, html.escape(label)))
@@ -210,7 +194,6 @@ def main():
     ap.add_argument("--md", required=True)
     ap.add_argument("--svg", required=True)
     ap.add_argument("--command", required=True, help="the command as a reader can repeat it")
-    ap.add_argument("--load", default="")
     ap.add_argument("--docs-md", help="a page whose soak results block is replaced")
     ap.add_argument("--svg-link", default="soak.svg", help="the plot's path as the markdown links it")
     ap.add_argument("--daemon-exit", type=int, help="tandemd's exit code after SIGTERM at the end")
