@@ -713,7 +713,24 @@ class soak:
             want = self.refs[("completion", v)]["choices"][0]["text"]
             if status != 200 or reply["choices"][0]["text"] != want:
                 raise SystemExit("soak: speculative decoding changes the greedy text of {!r}".format(body["prompt"]))
+        await self.warm_lazy_paths(st)
         print("soak: {} references in {:.1f} s".format(len(self.refs), self.ref_seconds), file=sys.stderr)
+
+    async def warm_lazy_paths(self, st):
+        """What the workers build on first use, built before the idle baseline: a decode step of
+        max_running x (1 + drafts) rows, 64 or more, runs on oneDNN, whose OpenMP threads start
+        then (seen: the decode worker's threads 3 -> 4 and +1.9 MiB a minute into a run). One
+        request of max_running prompts that share a cached prefix, each with that many tokens of
+        its own, is such a step."""
+        own = 1 + (st.get("speculative") or {}).get("draft_tokens", 0)
+        page = self.info["kv_page_size"]
+        prefix = [1] + [(i * 7) % (self.info["n_vocab"] - 40) + 30 for i in range(4 * page - 1)]
+        prompts = [prefix + [(j * 11 + t) % (self.info["n_vocab"] - 40) + 30 for t in range(own)]
+                   for j in range(self.info["max_running"])]
+        for body in ({"prompt": [prefix], "max_tokens": 1}, {"prompt": prompts, "max_tokens": 2}):
+            status, reply = await post_json(self.sock, "/v1/completions", dict(body, temperature=0))
+            if status != 200:
+                raise SystemExit("soak: the warm-up request failed: {} {!r}".format(status, reply))
 
     async def idle_snapshot(self):
         procs = snapshot_procs(self.a.pid)  # before this snapshot's own connection opens
