@@ -36,6 +36,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
+[[ "$minutes" =~ ^[0-9]+(\.[0-9]+)?$ && "$clients" =~ ^[1-9][0-9]*$ && "$seed" =~ ^[0-9]+$ &&
+   "$latency_ratio" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "soak: --minutes, --clients, --seed and --latency-ratio take numbers" >&2; exit 2; }
 build="${TANDEM_BUILD:-${BUILD_DIR:-build}}"
 tandemd="$build/daemon/tandemd"
 [[ -x "$tandemd" ]] || { echo "soak: $tandemd is missing; build it: ninja -C $build tandemd" >&2; exit 2; }

@@ -16,6 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from bench_report import axes, git_commit, machine_description  # noqa: E402  (performance.md's facts and frames)
 
 BEGIN = "<!-- soak results: written by scripts/soak.sh --docs; edit the text around them, not them -->"
