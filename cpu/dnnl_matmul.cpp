@@ -48,11 +48,13 @@ struct prim {
     std::string impl;      // oneDNN's name for the implementation it chose
 };
 
-// One primitive per (m, k, n, packed): prefill sees few distinct shapes per model.
+std::mutex cache_mu;
+std::map<std::tuple<int64_t, int64_t, int64_t, bool>, prim> cache; // kept for the process's life
+
+// One primitive per (m, k, n, packed): matmul_i8 asks for m in multiples of 64 only, so a
+// model has a few per weight shape.
 prim& get_prim(int64_t m, int64_t k, int64_t n, bool packed) {
-    static std::mutex mu;
-    static std::map<std::tuple<int64_t, int64_t, int64_t, bool>, prim> cache;
-    std::lock_guard lock(mu);
+    std::lock_guard lock(cache_mu);
     auto key = std::make_tuple(m, k, n, packed);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
     const dnnl::memory::desc src({m, k}, dt::u8, tag::ab);
@@ -140,6 +142,11 @@ void ensure_passive_openmp() {
     argv.push_back(nullptr);
     ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     ::execv("/proc/self/exe", argv.data()); // returns only on failure: carry on as we are
+}
+
+size_t dnnl_primitive_count() {
+    std::lock_guard lock(cache_mu);
+    return cache.size();
 }
 
 const char* dnnl_impl_name(int64_t m, int64_t k, int64_t n) {

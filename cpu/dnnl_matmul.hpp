@@ -3,6 +3,7 @@
 
 #include "runtime/weight.hpp"
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tandem::cpu {
@@ -27,6 +28,9 @@ double dnnl_matmul_gops(int n_threads, int64_t m, int64_t k, int64_t n, int reps
 // loads. If it is unset, sets it to PASSIVE and re-executes this program with the same
 // arguments (from /proc/self), once; returns if it is already set or the exec fails.
 void ensure_passive_openmp();
+
+// The matmul primitives built so far (each holds its JIT code for the process's life).
+size_t dnnl_primitive_count();
 
 // The implementation oneDNN picked for that shape, e.g. "brg:avx512_core_amx" (for reports).
 const char* dnnl_impl_name(int64_t m, int64_t k, int64_t n);

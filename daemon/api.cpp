@@ -581,6 +581,9 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     TRY(read_bool(body, "stream", plan.stream));
     if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
         if (!it->is_object()) return bad("'stream_options' must be an object", "stream_options");
+        for (const auto& [key, value] : it->items())
+            if (key != "include_usage")
+                return bad(fmt::format("'stream_options.{}' is not supported (include_usage)", key), "stream_options");
         TRY(read_bool(*it, "include_usage", plan.include_usage));
     }
 

@@ -70,6 +70,9 @@ void scheduler::remove(uint64_t id) {
     free_pages(s);
     std::erase(waiting_, &s);
     std::erase(running_, &s);
+    // no news of a sequence that is gone: the engine looks up what take_* report
+    std::erase(preempted_, id);
+    std::erase(admitted_, id);
     seqs_.erase(id);
 }
 

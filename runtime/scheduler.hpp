@@ -106,7 +106,7 @@ public:
     // Sequences in the batch of `slot` (e.g. to fail them after repeated crashes).
     std::vector<uint64_t> in_batch(int slot) const;
 
-    // Ids preempted / admitted since the last call.
+    // Ids preempted / admitted since the last call, of sequences not removed since.
     std::vector<uint64_t> take_preempted();
     std::vector<uint64_t> take_admitted();
     // Prefix tokens reused when `id` was admitted (0 if none or not admitted yet).

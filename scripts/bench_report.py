@@ -176,6 +176,22 @@ def tick_label(v):
     return "{:g}".format(v)
 
 
+def axes(x0, y0, w, h, title, xlabel, ylabel, yticks, xticks):
+    """A panel's title, frame, grid and labels; yticks and xticks: [(pixel, label)]. Returns SVG elements."""
+    els = ['<text x="{:.1f}" y="{:.1f}" class="title">{}</text>'.format(x0 + w / 2, y0 - 14, html.escape(title)),
+           '<rect x="{}" y="{}" width="{}" height="{}" class="frame"/>'.format(x0, y0, w, h)]
+    for y, label in yticks:
+        els.append('<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" class="grid"/>'.format(x0, y, x0 + w, y))
+        els.append('<text x="{}" y="{:.1f}" class="ytick">{}</text>'.format(x0 - 6, y + 4, label))
+    for x, label in xticks:
+        els.append('<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" class="grid"/>'.format(x, y0, x, y0 + h))
+        els.append('<text x="{:.1f}" y="{}" class="xtick">{}</text>'.format(x, y0 + h + 16, label))
+    els.append('<text x="{:.1f}" y="{}" class="axis">{}</text>'.format(x0 + w / 2, y0 + h + 34, html.escape(xlabel)))
+    els.append('<text transform="translate({},{:.1f}) rotate(-90)" class="axis">{}</text>'.format(
+        x0 - 46, y0 + h / 2, html.escape(ylabel)))
+    return els
+
+
 def panel(x0, y0, w, h, title, ylabel, xs_all, series):
     """One log-log panel. series: [(label, colour, dashed, [(x, y)])]. Returns SVG elements."""
     els = []
@@ -198,19 +214,8 @@ def panel(x0, y0, w, h, title, ylabel, xs_all, series):
     def py(y):
         return y0 + h - (math.log10(y) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * h
 
-    els.append('<text x="{:.1f}" y="{:.1f}" class="title">{}</text>'.format(x0 + w / 2, y0 - 14, html.escape(title)))
-    els.append('<rect x="{}" y="{}" width="{}" height="{}" class="frame"/>'.format(x0, y0, w, h))
-    for t in log_ticks(lo, hi):
-        y = py(t)
-        els.append('<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" class="grid"/>'.format(x0, y, x0 + w, y))
-        els.append('<text x="{}" y="{:.1f}" class="ytick">{}</text>'.format(x0 - 6, y + 4, tick_label(t)))
-    for x in xs:
-        xx = px(x)
-        els.append('<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" class="grid"/>'.format(xx, y0, xx, y0 + h))
-        els.append('<text x="{:.1f}" y="{}" class="xtick">{}</text>'.format(xx, y0 + h + 16, x))
-    els.append('<text x="{:.1f}" y="{}" class="axis">concurrent clients</text>'.format(x0 + w / 2, y0 + h + 34))
-    els.append('<text transform="translate({},{:.1f}) rotate(-90)" class="axis">{}</text>'.format(
-        x0 - 46, y0 + h / 2, html.escape(ylabel)))
+    els += axes(x0, y0, w, h, title, "concurrent clients", ylabel, [(py(t), tick_label(t)) for t in log_ticks(lo, hi)],
+                [(px(x), x) for x in xs])
     for label, colour, dashed, pts in series:
         pts = [(x, y) for x, y in pts if y and y > 0]
         if not pts:

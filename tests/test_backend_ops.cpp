@@ -276,7 +276,7 @@ TEST_CASE("int8 matmul: every batch size gives each token the same bits as alone
         const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in + 1));
         const weight w = quantize_weight(wf.data(), n_out, n_in);
         weight b{randn(size_t(n_out), 4), n_out, 1};
-        for (int64_t n_tok : {2, 3, 4, 5, 8, 16, 17, 33, 63}) {
+        for (int64_t n_tok : {2, 3, 4, 5, 8, 16, 17, 33, 63, 64, 65, 130}) {
             const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok * 5 + n_in));
             std::vector<int8_t> qx(x.size());
             std::vector<float> sx(static_cast<size_t>(n_tok));
@@ -336,6 +336,27 @@ TEST_CASE("int8 matmul on AMX tiles (emulated everywhere, hardware where present
             }
         }
     }
+}
+
+// oneDNN builds a primitive (JIT code, 64-130 KiB) per row count and tandem keeps each: batches
+// of every size from 64 to step_tokens grew the prefill worker without end in issue 19's soak.
+TEST_CASE("int8 matmul: oneDNN's primitives are few whatever the batch sizes") {
+    if (cpu::detect_isa() < cpu::isa::avx512) {
+        MESSAGE("oneDNN primitives: skipped (the oneDNN path runs at avx512 only)");
+        return;
+    }
+    const int64_t n_in = 64, n_out = 40;
+    const weight w = quantize_weight(randn(size_t(n_out * n_in), 31).data(), n_out, n_in);
+    cpu::thread_pool pool(2);
+    const size_t before = cpu::dnnl_primitive_count();
+    for (int64_t n_tok = 64; n_tok < 200; ++n_tok) {
+        const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok));
+        std::vector<int8_t> qx(x.size());
+        std::vector<float> sx(static_cast<size_t>(n_tok)), out(size_t(n_tok * n_out));
+        ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
+        ops::matmul_i8(exec_ctx{backend::cpu, &pool}, out.data(), qx.data(), sx.data(), n_tok, w);
+    }
+    CHECK(cpu::dnnl_primitive_count() - before <= 3); // 64, 128 and 192 rows
 }
 
 TEST_CASE("int8 matmul with the weights reordered into oneDNN's blocked layout") {

@@ -427,6 +427,27 @@ TEST_CASE("scheduler: a full pool preempts the latest idle sequence, which comes
     CHECK(s.pool().n_free() == 6);
 }
 
+// The engine may remove a sequence (a beam search drops a beam) between the step that preempted
+// it and reading take_preempted; it then looked the sequence up and crashed (issue 19's soak).
+TEST_CASE("scheduler: a sequence removed after its preemption is not reported as preempted") {
+    fake_store st(4);
+    scheduler s(opts(6, 4), &st); // 24 positions
+    s.add(1, seq_tokens(7, 1), 0, clock_type::now());
+    s.add(2, seq_tokens(7, 2), 0, clock_type::now());
+    s.admit(clock_type::now());
+    st.run(seqs_of(s.plan(0, work_kind::prefill)));
+    for (uint64_t id : s.complete(0, true)) s.append(id, 99);
+    for (int step = 0; step < 12 && s.stats().n_preemptions == 0; ++step) {
+        st.run(seqs_of(s.plan(1, work_kind::decode)));
+        for (uint64_t id : s.complete(1, true)) s.append(id, token_id(100 + step));
+    }
+    REQUIRE(s.stats().n_preemptions == 1);
+    s.remove(2); // the victim (the latest arrival), before the engine hears of it
+    CHECK(s.take_preempted().empty());
+    s.remove(1);
+    CHECK(s.pool().n_free() == 6);
+}
+
 TEST_CASE("scheduler: higher priority joins first, FIFO within a priority, waiting ages") {
     fake_store st(16);
     scheduler_options o = opts(64);

@@ -203,6 +203,13 @@ TEST_CASE("a field the daemon does not honour is a 400 that names it") {
                   {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}, {"echo", true}});
     CHECK(c.status == 400); // a completions field, not a chat one
     CHECK(c.j()["error"]["param"] == "echo");
+    // inside an object too (found by scripts/soak.sh: stream_options' other keys were ignored)
+    auto so = post(s, "/v1/completions",
+                   {{"prompt", "Once"}, {"max_tokens", 2}, {"stream", true},
+                    {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}});
+    CHECK(so.status == 400);
+    CHECK(so.j()["error"]["param"] == "stream_options");
+    CHECK(so.j()["error"]["message"].get<std::string>().find("continuous_usage_stats") != std::string::npos);
 }
 
 TEST_CASE("embeddings: OpenAI's shape, the engine's unit vectors, a list equal to its items alone; base64; errors name what") {

@@ -382,15 +382,23 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
     const float* sw = w.scale();
     const isa level = active_isa();
     if (level >= isa::avx512 && n_tok >= dnnl_min_tokens) {
-        // oneDNN takes u8 activations too; the int32 sums land in `out` itself and are turned
-        // into floats in place with the GEMV's expression.
-        const uint8_t* xu = flip_to_u8(pool, qx, n_tok * n_in);
+        // oneDNN takes the rows of whole multiples of dnnl_min_tokens, the rest go below (the same
+        // bits): it builds a primitive per row count, and a server's batches come in every size,
+        // which grew the prefill worker by 64-130 KiB a size (issue 19's soak), so there are at
+        // most step_tokens / 64 per weight shape. It takes u8 activations too; the int32 sums land
+        // in `out` itself and are turned into floats in place with the GEMV's expression.
+        const int64_t m = n_tok - n_tok % dnnl_min_tokens;
+        const uint8_t* xu = flip_to_u8(pool, qx, m * n_in);
         int32_t* acc = reinterpret_cast<int32_t*>(out); // same size, converted element by element
-        if (dnnl_matmul_u8s8(pool, acc, xu, n_tok, w)) {
-            pool.parallel_for(n_tok, thread_pool::grain_for(n_out), [&](int64_t t0, int64_t t1) {
+        if (dnnl_matmul_u8s8(pool, acc, xu, m, w)) {
+            pool.parallel_for(m, thread_pool::grain_for(n_out), [&](int64_t t0, int64_t t1) {
                 for (int64_t t = t0; t < t1; ++t) scale_row(out + t * n_out, n_out, sx[t], sw, w.q_sum.data(), bias);
             });
-            return;
+            if (m == n_tok) return;
+            out += m * n_out;
+            qx += m * n_in;
+            sx += m;
+            n_tok -= m;
         }
     }
     int64_t done = 0; // rows the AMX kernel took; the GEMV does the rest
