@@ -22,7 +22,7 @@ fi
 cmake -S . -B build-asan -G Ninja "${san[@]}" >/dev/null
 cmake --build build-asan -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ctest --test-dir build-asan --output-on-failure -L 'core|fuzz|daemon'
+ctest --test-dir build-asan --output-on-failure -j "$jobs" -L 'core|fuzz|daemon'
 
 if command -v clang++ >/dev/null; then
   echo "== ThreadSanitizer build: the engine, ipc and daemon suites (label tsan)"
@@ -32,7 +32,7 @@ if command -v clang++ >/dev/null; then
     test_ipc_client test_workers test_server tandemd tandem
   # A race makes its process exit 66 at the end (a test, or a daemon the test stops), so the test
   # fails; stopping at the first one instead would leave a test's daemons running.
-  TSAN_OPTIONS=second_deadlock_stack=1 ctest --test-dir build-tsan --output-on-failure -L tsan
+  TSAN_OPTIONS=second_deadlock_stack=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" -L tsan
 else
   echo "clang not found: no ThreadSanitizer build"
 fi
