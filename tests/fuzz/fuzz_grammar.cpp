@@ -147,11 +147,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (flags & 1) cache = std::make_unique<mask_cache>(g, *vocab, std::chrono::microseconds(flags & 2 ? 2000 : 0));
     std::vector<matcher::mark> marks;
     std::vector<std::vector<matcher::stack>> saved;
-    for (size_t step = 0; step < drive.size() && step < 48; ++step) {
+    for (size_t step = 0; step < drive.size() && step < 32; ++step) {
         const uint8_t d = uint8_t(drive[step]);
-        if (cache && step < 4) check_mask(*cache, m, ref);
+        if (cache && (step == 0 || step == 3)) check_mask(*cache, m, ref);
         // Mostly a byte the matcher allows (chosen by d), sometimes d itself (often refused).
-        const auto next = next_bytes(m, ref, step % 8 == 0);
+        const auto next = next_bytes(m, ref, step % 16 == 0);
         if (next.empty() && !(d & 0x80)) break;
         const uint8_t b = d & 0x80 || next.empty() ? d : next[d % next.size()];
         if ((flags & 4) && step % 5 == 0) { // an undo mark here, returned to below

@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace {
 
@@ -131,14 +132,25 @@ void check_reply(std::string_view reply, bool head) {
 
 } // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+    // No leak check after every input (flags given later override this): the daemon keeps
+    // caches (compiled grammars, metrics, passage vectors) and its engine thread allocates
+    // on its own, so most inputs end with more allocations than frees, and libFuzzer would
+    // run each again and scan the heap. Leaks are still reported at exit.
+    static std::vector<char*> args(*argv, *argv + *argc);
+    static char no_leak_check[] = "-detect_leaks=0";
+    args.insert(args.begin() + 1, no_leak_check);
+    args.push_back(nullptr);
+    *argc += 1;
+    *argv = args.data();
+
     tandem::init_logging("off");
     config cfg;
     const std::pair<const char*, std::string> settings[] = {
         {"model", tandem::test::model_path("stories260K.gguf")},
         {"placement", "local"}, // the engine in this process
         {"threads", "1"},
-        {"n_ctx", "128"},
+        {"n_ctx", "1024"},          // room for a prompt with tools; longer documents are retrieved from
         {"max_tokens_limit", "16"}, // generations stay short: many inputs a second
         {"max_n", "4"},
         {"draft_tokens", "2"}, // speculative requests (prompt lookup) are honoured
@@ -199,6 +211,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ::close(fds[1]);
     while (srv->sessions.size() > 0) srv->io.run_one_for(std::chrono::milliseconds(5));
 
+    if (std::getenv("FUZZ_HTTP_SHOW")) // to see what an input does: FUZZ_HTTP_SHOW=1 fuzz_http FILE
+        std::fprintf(stderr, "--- sent ---\n%s\n--- reply ---\n%s\n", sent.c_str(), reply.c_str());
     if (!reply.empty()) check_reply(reply, first_is_head(sent));
     return 0;
 }
