@@ -150,7 +150,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
         {"model", tandem::test::model_path("stories260K.gguf")},
         {"placement", "local"}, // the engine in this process
         {"threads", "1"},
-        {"n_ctx", "1024"},          // room for a prompt with tools; longer documents are retrieved from
+        {"n_ctx", "512"},           // documents longer than about 1,500 characters are retrieved from
         {"max_tokens_limit", "16"}, // generations stay short: many inputs a second
         {"max_n", "4"},
         {"draft_tokens", "2"}, // speculative requests (prompt lookup) are honoured
