@@ -200,6 +200,10 @@ std::optional<std::string> unquote(std::string& v) {
 void config::load_file(const std::string& path) {
     std::ifstream in(path);
     TANDEM_CHECK(in, "{}: cannot open the config file", path);
+    load(in, path);
+}
+
+void config::load(std::istream& in, const std::string& path) {
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
         line = strip_comment(line);

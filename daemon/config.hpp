@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <optional>
 #include <string>
@@ -63,6 +64,8 @@ struct config {
     // Reads `path`; throws tandem::error "FILE:LINE: key: problem" for a bad entry. A value in
     // matching double or single quotes is taken without them (no escapes).
     void load_file(const std::string& path);
+    // The same from a stream, its errors naming `source` as the file.
+    void load(std::istream& in, const std::string& source);
     // Checks what one key cannot (listen_tcp is loopback, the user and group names exist);
     // throws tandem::error "FILE:LINE: key: problem", the place from `origin`.
     void validate() const;

@@ -147,8 +147,13 @@ void server::listen() {
 
 // Loads the model (or, with workers, only its tokenizer and shape), sizes and maps the KV
 // pool, and starts the engine; with workers, waits until both have loaded the weights.
-void server::load_engine(const config& cfg, const std::string& socket_name, model_state& ms) {
+std::unique_ptr<model_state> load_model_state(const config& cfg, const std::string& socket_name,
+                                              const std::atomic<bool>& abort) {
     auto log = logger("server");
+    auto state = std::make_unique<model_state>();
+    model_state& ms = *state;
+    ms.path = cfg.model;
+    ms.id = cfg.model_id.empty() ? fs::path(cfg.model).stem().string() : cfg.model_id;
     const kv_dtype kv = *parse_kv_dtype(cfg.kv_dtype);
     if (cfg.workers) {
         // Opened once: the workers load the file this descriptor has open (they inherit it),
@@ -197,7 +202,7 @@ void server::load_engine(const config& cfg, const std::string& socket_name, mode
     if (!cfg.workers) {
         ms.prefill_device = ms.decode_device = "cpu (in-process)";
         ms.eng = make_local_engine(*ms.bundle.mdl, *ms.bundle.tok, eo);
-        return;
+        return state;
     }
 
     const uint64_t fp = model_fingerprint(*ms.bundle.file, weight_format::int8, kv);
@@ -248,8 +253,9 @@ void server::load_engine(const config& cfg, const std::string& socket_name, mode
         std::string failure;
         if (ms.eng->wait_ready(std::chrono::milliseconds(250), failure)) break;
         if (!failure.empty()) fail("{}", failure);
-        if (abort_loading_) fail("stopped while loading");
+        if (abort) fail("stopped while loading");
     }
+    return state;
 }
 
 void server::start_loading() {
@@ -261,13 +267,9 @@ void server::start_loading() {
             // Tests stretch the load to observe the loading state; nothing else sets this.
             if (const char* d = std::getenv("TANDEMD_TEST_LOAD_DELAY_MS"); d && *d)
                 std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
-            ms = std::make_unique<model_state>();
-            ms->path = cfg.model;
-            ms->id = cfg.model_id.empty() ? fs::path(cfg.model).stem().string() : cfg.model_id;
-            load_engine(cfg, socket_name, *ms);
+            ms = load_model_state(cfg, socket_name, abort_loading_);
         } catch (const std::exception& e) {
-            err = e.what();
-            ms.reset(); // the pool's file goes with it unless kept (kv_pool_persist)
+            err = e.what(); // (the pool's file went with the state, unless kept: kv_pool_persist)
         }
         asio::post(io_, [this, ms = std::move(ms), err]() mutable {
             auto log = logger("server");

@@ -25,6 +25,14 @@ namespace tandem::daemon {
 
 namespace asio = boost::asio;
 
+// The model cfg names, loaded, and its engine started: in this process (workers = false),
+// or in its workers around a KV pool named after `socket_name` (the socket served), waiting
+// until they are ready unless `abort` is set. Throws tandem::error; a state that failed half
+// way is gone, its pool file with it (unless kv_pool_persist). The server's loader runs it;
+// tests and the fuzzer serve its result without a server.
+std::unique_ptr<model_state> load_model_state(const config& cfg, const std::string& socket_name,
+                                              const std::atomic<bool>& abort);
+
 class server {
 public:
     explicit server(config cfg);
@@ -42,7 +50,6 @@ private:
 
     void listen();
     void start_loading();
-    void load_engine(const config& cfg, const std::string& socket_name, model_state& ms);
     asio::awaitable<void> accept_loop(acceptor_type& acc);
     asio::awaitable<void> watchdog_loop();
     asio::awaitable<void> status_loop();

@@ -232,3 +232,24 @@ TEST_CASE("an anchored trigger counts only at the start of the reply") {
     late->accept(id_of("{x"));
     CHECK(banned_by(*late).empty());
 }
+
+TEST_CASE("a tools constraint of another shape is a grammar_error, never another exception") {
+    // Found by fuzz_grammar: a function without "parameters" threw nlohmann's out_of_range
+    // out of compile(), which promises a grammar_error (the daemon catches that one only).
+    const char* const specs[] = {
+        R"({"syntax": "hermes", "parallel": true, "tools": [{"name": "f", "parameter3": null}]})",
+        R"({"syntax": "hermes", "parallel": true, "tools": [{"parameters": null}]})",
+        R"({"syntax": "hermes", "parallel": true, "tools": [{"name": 7, "parameters": null}]})",
+        R"({"syntax": "hermes", "parallel": true, "tools": {"name": "f"}})",
+        R"({"syntax": "hermes", "tools": [{"name": "f", "parameters": null}]})",
+        R"({"syntax": "hermes", "parallel": 1, "tools": [{"name": "f", "parameters": null}]})",
+        R"({"parallel": true, "tools": []})",
+        R"([1, 2])",
+        R"({"syntax": "hermes", "parallel": true, "tools": [3]})",
+    };
+    for (const char* spec : specs) {
+        CAPTURE(spec);
+        CHECK_THROWS_AS(compile({constraint::kind::tools, spec}), grammar_error);
+    }
+    CHECK(compile({constraint::kind::tools, R"({"syntax": "hermes", "parallel": false, "tools": [{"name": "f", "parameters": null}]})"}));
+}

@@ -68,13 +68,22 @@ rule_id arguments_rule(builder& b, const nlohmann::ordered_json& params) {
 } // namespace
 
 rule_id add_tool_calls(builder& b, const nlohmann::ordered_json& spec) {
-    const call_layout& lay = layout_of(syntax_named(spec.at("syntax")));
+    // A spec that is not tools_constraint_text's shape is refused like any bad constraint.
+    const auto field = [](const nlohmann::ordered_json& j, const char* key) -> const nlohmann::ordered_json& {
+        if (!j.is_object() || !j.contains(key)) reject("a tools constraint needs '{}'", key);
+        return j[key];
+    };
+    const call_layout& lay = layout_of(syntax_named(field(spec, "syntax")));
+    const nlohmann::ordered_json& tools = field(spec, "tools");
+    const nlohmann::ordered_json& parallel = field(spec, "parallel");
+    if (!tools.is_array() || !parallel.is_boolean()) reject("a tools constraint has 'tools' [...] and 'parallel' true|false");
     std::vector<expr> calls;
-    for (const auto& f : spec.at("tools")) {
-        const std::string name = f.at("name").get<std::string>();
+    for (const auto& f : tools) {
+        if (!field(f, "name").is_string()) reject("a tool's name must be a string");
+        const std::string name = f["name"].get<std::string>();
         rule_id args = 0;
         try {
-            args = arguments_rule(b, f.at("parameters"));
+            args = arguments_rule(b, field(f, "parameters"));
         } catch (const grammar_error& e) {
             reject("function '{}': parameters {}", name, e.what());
         }
@@ -83,7 +92,7 @@ rule_id add_tool_calls(builder& b, const nlohmann::ordered_json& spec) {
     if (calls.empty()) reject("no functions to call");
     const rule_id call = b.add("call", alt(std::move(calls)));
     std::vector<expr> reply{lit(lay.trigger + lay.open), ref(call)};
-    if (lay.parallel && spec.at("parallel").get<bool>()) reply.push_back(star(seq({lit(lay.sep), ref(call)})));
+    if (lay.parallel && parallel.get<bool>()) reply.push_back(star(seq({lit(lay.sep), ref(call)})));
     reply.push_back(lit(lay.end));
     return b.add("tool_calls", seq(std::move(reply)));
 }

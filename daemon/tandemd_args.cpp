@@ -1,0 +1,42 @@
+// tandemd's options and how they override the config file.
+#include "daemon/tandemd_args.hpp"
+
+#include "daemon/cli_args.hpp"
+#include "runtime/error.hpp"
+
+namespace tandem::daemon {
+
+void add_options(CLI::App& app, tandemd_args& a) {
+    app.add_option("--config", a.config_file, "config file of `key = value` lines (docs/config.md)");
+    app.add_option("-m,--model", a.model, "GGUF model file (default: the installed demo model, share/tandem/models/stories260K.gguf)");
+    app.add_option("--socket", a.socket, "Unix socket path (default $XDG_RUNTIME_DIR/tandem/tandem.sock, or /run/tandem/tandem.sock as root)");
+    app.add_option("-t,--threads", a.threads, "compute threads (default 0: all cores)")->check(cli::at_least(0));
+    app.add_option("--listen-tcp", a.listen_tcp, "also listen on a loopback TCP address, e.g. 127.0.0.1:8080");
+    app.add_option("--log", a.log_level, "log level: trace, debug, info, warn, error, off (or TANDEM_LOG)");
+    app.add_option("--set", a.sets, "KEY=VALUE for any config key (repeatable)");
+    app.add_flag("--list-keys", a.list_keys, "print the config keys and exit");
+}
+
+bool apply_args(const tandemd_args& a, config& cfg) {
+    auto put = [&](const std::string& k, const std::string& v) {
+        if (auto err = cfg.set(k, v)) fail("--{}: {}", k, *err);
+        cfg.origin[k] = "command line";
+    };
+    if (!a.model.empty()) put("model", a.model);
+    if (!a.socket.empty()) put("socket", a.socket);
+    if (a.threads >= 0) put("threads", std::to_string(a.threads));
+    if (!a.listen_tcp.empty()) put("listen_tcp", a.listen_tcp);
+    if (!a.log_level.empty()) put("log_level", a.log_level);
+    for (const auto& s : a.sets) {
+        const auto eq = s.find('=');
+        if (eq == std::string::npos) fail("--set {}: expected KEY=VALUE", s);
+        if (auto err = cfg.set(s.substr(0, eq), s.substr(eq + 1))) fail("--set {}: {}", s.substr(0, eq), *err);
+        cfg.origin[s.substr(0, eq)] = "--set";
+    }
+    const bool demo_model = cfg.model.empty();
+    if (demo_model) cfg.model = default_model_path(); // the installed demo model, if any
+    cfg.validate();
+    return demo_model;
+}
+
+} // namespace tandem::daemon

@@ -1,0 +1,28 @@
+// tandemd's command line: its options, and the configuration they make over the config file.
+#pragma once
+
+#include "daemon/config.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+namespace tandem::daemon {
+
+struct tandemd_args {
+    std::string config_file, model, socket, listen_tcp, log_level;
+    int threads = -1;               // -1: not given
+    std::vector<std::string> sets;  // --set KEY=VALUE, in order
+    bool list_keys = false;
+};
+
+// tandemd's options, parsed into `a`.
+void add_options(CLI::App& app, tandemd_args& a);
+
+// The flags over `cfg` (the config file's, loaded first): each flag, then each --set, the
+// installed demo model when no model is set, then validate(). Returns whether the demo model
+// was chosen. Throws tandem::error "--KEY: problem" (or validate()'s).
+bool apply_args(const tandemd_args& a, config& cfg);
+
+} // namespace tandem::daemon
