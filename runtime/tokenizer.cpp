@@ -141,7 +141,6 @@ struct tokenizer::impl {
     token_id bos = -1, eos = -1, unk = -1, pad = -1;
     bool add_bos = false, add_eos = false, add_space_prefix = false;
     bool ignore_merges = false; // llama3: a word that is a token is taken whole
-    bool bytes_spell_marker = false; // SPM: byte tokens for each byte of space_marker
     std::unordered_set<token_id> eog;
 
     std::optional<token_id> lookup(std::string_view s) const {
@@ -371,9 +370,6 @@ tokenizer tokenizer::from_gguf(const gguf::file& f) {
         }
     }
 
-    v.bytes_spell_marker = std::all_of(space_marker.begin(), space_marker.end(),
-                                       [&](char ch) { return v.byte_ids[uint8_t(ch)] >= 0; });
-
     const auto pre = f.get_string("tokenizer.ggml.pre");
     if (v.kind == vocab_kind::spm) {
         v.pre_name = pre.value_or("default"); // SentencePiece has no pre-tokenizer regex
@@ -522,22 +518,12 @@ std::vector<token_id> tokenizer::encode(std::string_view text, bool add_special,
         }
         buf.clear();
         if (v.add_space_prefix && after_special) buf += space_marker;
-        // A U+2581 in the text itself is not a space: it goes as its byte tokens (where the
-        // vocabulary has them), so that decode gives it back rather than a space.
-        for (size_t from = 0;;) {
-            const size_t at = v.bytes_spell_marker ? s.find(space_marker, from) : std::string_view::npos;
-            for (const char ch : s.substr(from, at - from)) {
-                if (ch == ' ') {
-                    buf += space_marker;
-                } else {
-                    buf += ch;
-                }
+        for (const char ch : s) {
+            if (ch == ' ') {
+                buf += space_marker;
+            } else {
+                buf += ch;
             }
-            if (at == std::string_view::npos) break;
-            v.encode_spm(buf, out);
-            buf.clear();
-            v.push_bytes(space_marker, out);
-            from = at + space_marker.size();
         }
         v.encode_spm(buf, out);
         after_special = false;

@@ -9,7 +9,6 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <chrono>
 #include <random>
 #include <sstream>
@@ -285,24 +284,6 @@ TEST_CASE("round trip") {
                 CHECK_MESSAGE(tok.decode(ids) == t, fmt::format("{} random '{}' -> {}", name, escape(t), ids_str(ids)));
             }
         }
-    }
-}
-
-TEST_CASE("a U+2581 in the text is not a space (SentencePiece's marker): it round trips") {
-    // Found by fuzz_tokenizer: it was encoded as the space marker and decoded as a space, so
-    // sparklines and block graphics came back from /tokenize, /detokenize and echo as spaces.
-    const std::string bars = "\xE2\x96\x81\xE2\x96\x82\xE2\x96\x83 load \xE2\x96\x81h\xE2\x96\x81";
-    for (const std::string name : {"vocab/ggml-vocab-llama-spm.gguf", "stories260K.gguf"}) {
-        CAPTURE(name);
-        const tokenizer tok = load(name);
-        for (const std::string& t : {bars, " " + bars, std::string("\xE2\x96\x81"), std::string("<s>\xE2\x96\x81x")}) {
-            CHECK(tok.decode(tok.encode(t)) == t);
-            CHECK(tok.decode(tok.encode(t, true)) == t);
-        }
-        // The marker's own bytes, as byte tokens: the text around it is encoded as before.
-        const auto ids = tok.encode("a\xE2\x96\x81" "b");
-        const std::vector<token_id> bytes{*tok.find("<0xE2>"), *tok.find("<0x96>"), *tok.find("<0x81>")};
-        CHECK(std::search(ids.begin(), ids.end(), bytes.begin(), bytes.end()) != ids.end());
     }
 }
 
