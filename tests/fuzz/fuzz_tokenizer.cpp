@@ -6,6 +6,9 @@
 //   on a vocabulary that can spell every byte (the SPM ones fall back to byte tokens, GPT-2's
 //   byte-level BPE has all 256; deepseek-coder's has no token for the bytes valid UTF-8 never
 //   holds, C0 C1 F5-FF, whose letters, "À" and so on, are user-defined tokens of that text);
+//   (SentencePiece writes a space as U+2581 and cannot tell the two apart: a U+2581 in the text
+//   is encoded as a space, with the same ids as llama.cpp and SentencePiece give, and comes
+//   back as one);
 // - with special tokens parsed, a BPE vocabulary's decode rendering them gives the text back
 //   (SentencePiece adds a space after each, so there it need only not crash);
 // - decoding any ids of the vocabulary is the concatenation of their pieces, its text round
@@ -81,6 +84,15 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     return 0;
 }
 
+// What a round trip gives back: the text, with each U+2581 a space on SentencePiece vocabularies.
+std::string round_tripped(std::string_view text, bool bpe) {
+    std::string out(text);
+    if (bpe) return out;
+    const std::string_view marker = "\xE2\x96\x81";
+    for (size_t at = out.find(marker); at != std::string::npos; at = out.find(marker, at + 1)) out.replace(at, marker.size(), " ");
+    return out;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size == 0) return 0;
     const vocab& v = (*vocabs)[data[0] % vocabs->size()];
@@ -92,9 +104,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (mode % 2 == 0) { // the input is text
         const bool must = v.every_byte || tandem::unicode::is_valid_utf8(text);
         const auto ids = tok.encode(text, false, false);
-        require(!must || tok.decode(ids) == text, "decode(encode(text)) == text", text);
+        const std::string back = round_tripped(text, bpe);
+        require(!must || tok.decode(ids) == back, "decode(encode(text)) == text", text);
         const auto with = tok.encode(text, true, false);
-        require(!must || tok.decode(with) == text, "decode(encode(text, BOS/EOS)) == text", text);
+        require(!must || tok.decode(with) == back, "decode(encode(text, BOS/EOS)) == text", text);
         const auto special = tok.encode(text, false, true);
         const std::string rendered = tok.decode(special, true);
         if (bpe) require(!must || rendered == text, "decode(encode(text, parse_special), render_special) == text", text);
@@ -111,7 +124,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     require(tok.decode(ids, render, false) == pieces, "decode == the pieces", pieces);
     const std::string decoded = tok.decode(ids, render);
     if (v.every_byte || tandem::unicode::is_valid_utf8(decoded))
-        require(tok.decode(tok.encode(decoded)) == decoded, "decode(encode(decode(ids))) round trips", decoded);
+        require(tok.decode(tok.encode(decoded)) == round_tripped(decoded, bpe), "decode(encode(decode(ids))) round trips",
+                decoded);
     check_stream(tok, ids, render);
     return 0;
 }
