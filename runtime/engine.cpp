@@ -45,11 +45,6 @@ engine_options resolve(engine_options o, const model_config& c) {
     return o;
 }
 
-// Scheduler sequences of a request: (request id << 16) | index, so a sequence names its owner.
-constexpr int seq_bits = 16;
-uint64_t seq_id_of(uint64_t request, int32_t index) { return request << seq_bits | uint64_t(index); }
-uint64_t request_of(uint64_t seq) { return seq >> seq_bits; }
-int32_t index_of(uint64_t seq) { return int32_t(seq & ((uint64_t(1) << seq_bits) - 1)); }
 
 // One sequence of a request's group: its sampler, text decoding and stop strings.
 struct seq_state {

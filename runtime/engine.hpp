@@ -150,6 +150,13 @@ struct submit_result {
     uint64_t id = 0;                  // valid when ok
 };
 
+// The sequences of a request, as batches name them: (request id << 16) | index (its n
+// choices or beams), so a sequence names its owner.
+constexpr int seq_bits = 16;
+constexpr uint64_t seq_id_of(uint64_t request, int32_t index) { return request << seq_bits | uint64_t(index); }
+constexpr uint64_t request_of(uint64_t seq) { return seq >> seq_bits; }
+constexpr int32_t index_of(uint64_t seq) { return int32_t(seq & ((uint64_t(1) << seq_bits) - 1)); }
+
 struct engine_stats {
     int32_t n_running = 0;
     int32_t n_waiting = 0;
