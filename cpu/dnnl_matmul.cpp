@@ -109,6 +109,12 @@ bool dnnl_matmul_u8s8(thread_pool& pool, int32_t* out, const uint8_t* xu, int64_
     return true;
 }
 
+void dnnl_prepare(int64_t m, const weight& w) {
+    const auto* pw = static_cast<const packed_weight*>(w.packed.get());
+    prim& p = get_prim(m, w.n_in, w.n_out, pw != nullptr);
+    if (pw && pw->mem.get_desc() != p.wd) get_prim(m, w.n_in, w.n_out, false);
+}
+
 double dnnl_matmul_gops(int n_threads, int64_t m, int64_t k, int64_t n, int reps) {
     omp_set_num_threads(n_threads);
     prim& p = get_prim(m, k, n, true);

@@ -15,6 +15,9 @@ class thread_pool;
 // threads; false if oneDNN cannot.
 bool dnnl_matmul_u8s8(thread_pool& pool, int32_t* out, const uint8_t* xu, int64_t m, const weight& w);
 
+// Builds the primitive dnnl_matmul_u8s8 would build on its first call with m rows and w.
+void dnnl_prepare(int64_t m, const weight& w);
+
 // Reorders w's rows into oneDNN's preferred blocked layout for prefill (w.packed). Costs a
 // second copy of the matrix, so it is optional; without it oneDNN reads the rows in place.
 void dnnl_pack(weight& w);

@@ -71,6 +71,7 @@ deployment deploy_workers(const config& cfg, const worker_spec& base, int n_thre
     // many requests keep both phases busy.
     pre.n_threads = pre.device == "cpu" ? (cfg.prefill_threads > 0 ? cfg.prefill_threads : n_threads) : 1;
     dec.n_threads = dec.device == "cpu" ? (cfg.decode_threads > 0 ? cfg.decode_threads : n_threads) : 1;
+    dec.max_tokens = std::min(base.max_tokens, base.max_rows); // each token of a decode step wants a row
     deployment d;
     d.prefill_device = pre.device;
     d.decode_device = dec.device;

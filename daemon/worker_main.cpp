@@ -75,6 +75,12 @@ int run_worker(const worker_args_parsed& a) {
     auto pool = ipc::kv_pool::attach(s.pool, {fp, layout, s.n_pages}, s.pool_fd);
     kv_cache kv(layout, s.n_pages, pool->pages());
     std::unique_ptr<runner> run = make_worker_runner(s, *b.mdl, kv);
+    // Everything the batches to come would build on first use is built now, so the worker's
+    // memory does not grow in steps under a server's batches of every size (issue 19's soak).
+    const auto t_prepare = clock_type::now();
+    run->prepare(s.max_tokens);
+    log->debug("prepared for batches of up to {} tokens in {:.3f} s", s.max_tokens,
+               std::chrono::duration<double>(clock_type::now() - t_prepare).count());
 
     std::vector<uint8_t> buf, msg;
     ipc::hello_msg h;
@@ -169,6 +175,7 @@ int worker_main(int argc, char** argv) {
     app.add_option("--n-pages", s.n_pages)->required();
     app.add_option("--fingerprint", fp)->required();
     app.add_option("--max-rows", s.max_rows);
+    app.add_option("--max-tokens", s.max_tokens);
     app.add_option("--log", s.log_level);
     try {
         app.parse(argc, argv);
@@ -184,7 +191,7 @@ int worker_main(int argc, char** argv) {
         s.kv = *k;
         s.fingerprint = std::stoull(fp, nullptr, 16);
         // n_vocab is checked against the model once loaded; take it from the file here.
-        s.n_vocab = open_model_metadata(s.model).cfg.n_vocab;
+        s.n_vocab = open_model_metadata(s.model, s.model_fd).cfg.n_vocab;
         return run_worker(a);
     } catch (const std::exception& e) {
         log->error("{}", e.what());

@@ -62,6 +62,7 @@ std::vector<std::string> worker_args(const worker_spec& s, const std::vector<int
                                      "--n-pages", std::to_string(s.n_pages),
                                      "--fingerprint", fmt::format("{:016x}", s.fingerprint),
                                      "--max-rows", std::to_string(s.max_rows),
+                                     "--max-tokens", std::to_string(s.max_tokens),
                                      "--log", s.log_level};
     if (s.model_fd >= 0) args.insert(args.end(), {"--model-fd", std::to_string(s.model_fd)});
     if (s.pool_fd >= 0) args.insert(args.end(), {"--pool-fd", std::to_string(s.pool_fd)});

@@ -39,6 +39,7 @@ struct worker_spec {
     int32_t n_pages = 0;
     uint64_t fingerprint = 0;         // what the supervisor computed; the worker checks its own
     int32_t max_rows = 1;             // logits rows per batch
+    int32_t max_tokens = 0;           // tokens per batch, at most: the runner prepares for them at start
     uint64_t command_bytes = 1 << 20; // the command ring's capacity: holds the largest batch (command_ring_bytes)
     int32_t n_vocab = 0;
     std::string log_level = "info";

@@ -1165,6 +1165,7 @@ public:
         const engine_options o = resolve(opts, c);
         kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(o.page_size), o.n_pages);
         store_ = make_local_store(*kv_);
+        r->prepare(o.step_tokens); // a resident engine's memory stops growing once it is up
         engine_parts parts;
         parts.executors.push_back(std::make_unique<inproc_executor>(std::move(r), *kv_, c.n_vocab));
         parts.store = store_.get();

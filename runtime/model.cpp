@@ -28,6 +28,17 @@ void model::forward(const exec_ctx& ctx, const batch& b, kv_cache& kv, float* lo
     forward(c, w_, b, pages, logits);
 }
 
+void model::prepare(const exec_ctx& ctx, int32_t max_tokens) const {
+    // The row counts forward gives matmul_i8: n_tok for most, 2 * n_tok for the two-term
+    // down projection, 2 * n_rows (n_rows <= n_tok) for the logits.
+    const int64_t n = max_tokens;
+    for (const layer_weights& l : w_.layers) {
+        for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up}) ops::prepare_matmul_i8(ctx, *m, n);
+        ops::prepare_matmul_i8(ctx, l.w_down, 2 * n);
+    }
+    ops::prepare_matmul_i8(ctx, w_.logits_weight(), 2 * n);
+}
+
 void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b, const forward_pages& kv,
                     float* logits) const {
     const int64_t n_tok = b.n_tokens();

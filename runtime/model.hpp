@@ -57,6 +57,11 @@ public:
     // Host backends: this model's weights, the pages of `kv` with the batch's block tables,
     // scratch from ctx.scratch or else the model's own.
     void forward(const exec_ctx& ctx, const batch& b, kv_cache& kv, float* logits);
+    // Builds ahead what a forward of up to max_tokens tokens on this context builds on first
+    // use (the CPU's oneDNN primitives, one per multiple of 64 rows and weight shape), so a
+    // server's memory is at its steady state once this returns. A later forward of any size
+    // up to max_tokens builds nothing more (test_backend_ops counts the primitives).
+    void prepare(const exec_ctx& ctx, int32_t max_tokens) const;
 
 private:
     // logits [n_rows, n_vocab] from the normed rows xn [n_rows, n_embd]; act: INT8 scratch.

@@ -22,6 +22,7 @@ public:
         ctx.scratch = &scratch_;
         mdl_.forward(ctx, b, kv, logits);
     }
+    void prepare(int32_t max_tokens) override { mdl_.prepare(exec_ctx{backend::cpu, &pool_}, max_tokens); }
 
 private:
     model& mdl_;
@@ -37,6 +38,7 @@ public:
     }
     std::string device() const override { return std::string(name_of(ctx_.be)); }
     void forward(const batch& b, kv_cache& kv, float* logits) override { mdl_.forward(ctx_, b, kv, logits); }
+    void prepare(int32_t max_tokens) override { mdl_.prepare(ctx_, max_tokens); }
 
 private:
     model& mdl_;

@@ -1,4 +1,6 @@
 // The engine's forward pass against the scalar reference forward, on the shared real models.
+#include "cpu/dnnl_matmul.hpp"
+#include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
@@ -328,5 +330,36 @@ TEST_CASE("default INT8 path tracks the F32 reference on stories260K") {
         }
         INFO(name_of(be), ": top-1 agreement ", agree, "/", toks.size());
         CHECK(agree >= int(toks.size()) * 9 / 10);
+    }
+}
+
+// Issue 19's soak: the prefill worker grew in steps of ~1.9 MiB as batches of new sizes built
+// oneDNN primitives. model::prepare builds them all at start; this fails if it misses any
+// row count forward uses (the down projection's and the logits' two-term rows among them).
+TEST_CASE("model::prepare builds every oneDNN primitive a forward of up to max_tokens uses") {
+    if (cpu::detect_isa() < cpu::isa::avx512) {
+        MESSAGE("model::prepare: skipped (the oneDNN path runs at avx512 only)");
+        return;
+    }
+    gguf::file f = gguf::file::open(test::model_path("stories260K.gguf"));
+    model_config cfg = model_config::from_gguf(f);
+    model_weights w = model_weights::load(f, cfg, weight_load_options{weight_format::int8});
+    model m(std::move(cfg), std::move(w));
+    cpu::thread_pool pool(2);
+    const exec_ctx ctx{backend::cpu, &pool};
+    constexpr int32_t max_tokens = 200;
+    m.prepare(ctx, max_tokens);
+    const size_t prepared = cpu::dnnl_primitive_count();
+    CHECK(prepared >= 3); // at least 64, 128 and 192 rows of one shape
+    kv_cache kv(m.make_kv_layout(16), 16);
+    const int32_t n_vocab = m.config().n_vocab;
+    std::vector<float> logits(size_t(max_tokens) * size_t(n_vocab));
+    for (const int32_t n : {63, 64, 65, 127, 128, 129, 150, 191, 192, 200}) {
+        sequence_kv seq(kv);
+        REQUIRE(seq.reserve(n));
+        batch b;
+        b.add_seq(0, 0, test::random_ids(n, n_vocab, uint32_t(n)), seq.block_table(), {}, 0); // logits for all
+        m.forward(ctx, b, kv, logits.data());
+        CHECK_MESSAGE(cpu::dnnl_primitive_count() == prepared, "a forward of ", n, " tokens built a primitive");
     }
 }

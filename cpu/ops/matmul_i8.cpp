@@ -407,6 +407,11 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
     small_gemm_rows(pool, out, qx, sx, n_tok, w, bias, std::min(level, isa::avx512), done);
 }
 
+void prepare_matmul_i8(const weight& w, int64_t max_tok) {
+    if (active_isa() < isa::avx512) return;
+    for (int64_t m = dnnl_min_tokens; m <= max_tok; m += dnnl_min_tokens) dnnl_prepare(m, w);
+}
+
 void matmul_i8_amx_emulated(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,
                             const weight& w, const float* bias) {
     int64_t done = 0;

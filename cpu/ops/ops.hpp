@@ -35,6 +35,10 @@ void quantize_rows_split(thread_pool& pool, int8_t* q_hi, float* s_hi, int8_t* q
                          int64_t n_tok, int64_t n);
 void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const float* bias);
+// Builds what matmul_i8 would build on first use for any n_tok up to max_tok with w (oneDNN's
+// primitive for each multiple of 64 rows), so that a server's memory reaches its steady
+// state at start rather than in steps as batches of new sizes arrive.
+void prepare_matmul_i8(const weight& w, int64_t max_tok);
 // matmul_i8 with its AMX kernel's tile instructions run on a scalar model of the tiles (any
 // CPU): for tests of the AMX tiling where the CPU has none. Slow.
 void matmul_i8_amx_emulated(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,

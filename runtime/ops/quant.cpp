@@ -69,4 +69,8 @@ void matmul_i8(const exec_ctx& ctx, float* out, const int8_t* qx, const float* s
     dispatch<matmul_i8_impl>(ctx, out, qx, sx, n_tok, w, b);
 }
 
+void prepare_matmul_i8(const exec_ctx& ctx, const weight& w, int64_t max_tok) {
+    if (ctx.be == backend::cpu && w.is_i8()) ::tandem::cpu::prepare_matmul_i8(w, max_tok);
+}
+
 } // namespace tandem::ops

@@ -32,5 +32,8 @@ void swiglu_quant(const exec_ctx& ctx, act_i8 out, const float* gate, const floa
 // out [n_tok, w.n_out] = (s_x[t] * s_w[o]) * dot(q_x[t], q_w[o]) + bias [w.n_out]; w must be INT8.
 void matmul_i8(const exec_ctx& ctx, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const weight* bias = nullptr);
+// Builds ahead what matmul_i8 on this backend builds on first use for any n_tok up to max_tok
+// with w (the CPU's oneDNN primitives; nothing elsewhere).
+void prepare_matmul_i8(const exec_ctx& ctx, const weight& w, int64_t max_tok);
 
 } // namespace tandem::ops
