@@ -67,6 +67,25 @@ std::optional<api_error> read_bool(const json& j, const char* key, bool& out) {
     return std::nullopt;
 }
 
+// The keys of the object j, found at `where` ("messages[2]", "tools[0].function"), must be
+// among `known`: any other is a 400 naming it ("'messages[2].name' is not supported (role,
+// content, ...)"), so nothing nested is silently ignored either. A key in `asks_nothing` (or,
+// when null_passes, any key whose value is null or an empty array) passes: it asks for nothing.
+std::optional<api_error> check_keys(const json& j, const std::string& where, std::initializer_list<std::string_view> known,
+                                    bool null_passes = false, std::initializer_list<std::string_view> asks_nothing = {}) {
+    for (const auto& [key, value] : j.items()) {
+        const auto is = [&](std::string_view k) { return k == key; };
+        if (std::any_of(known.begin(), known.end(), is) || std::any_of(asks_nothing.begin(), asks_nothing.end(), is))
+            continue;
+        if (null_passes && (value.is_null() || (value.is_array() && value.empty()))) continue;
+        std::string list;
+        for (const std::string_view k : known) list += fmt::format("{}{}", list.empty() ? "" : ", ", k);
+        const std::string q = where.empty() ? key : where + "." + key;
+        return bad(fmt::format("'{}' is not supported ({})", q, list), q);
+    }
+    return std::nullopt;
+}
+
 bool all_ints(const json& a) {
     for (const auto& x : a)
         if (!x.is_number_integer()) return false;
@@ -114,7 +133,9 @@ std::variant<std::vector<std::vector<token_id>>, api_error> read_prompts(const j
 }
 
 #define TRY(expr)                                                                                  \
-    if (auto e_ = (expr)) return *e_
+    do {                                                                                           \
+        if (auto e_ = (expr)) return *e_;                                                          \
+    } while (0)
 
 // "model": absent, null, or the one this daemon serves (else 404, as OpenAI answers).
 std::optional<api_error> read_model(const json& body, const model_state& ms) {
@@ -137,6 +158,8 @@ std::optional<api_error> read_message_calls(const json& calls, const std::string
         const std::string q = fmt::format("{}[{}]", p, k);
         if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
             return bad(q + " must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}", q);
+        TRY(check_keys(c, q, {"id", "type", "function"}, false, {"index"})); // index: a streamed delta's, echoed
+        TRY(check_keys(c["function"], q + ".function", {"name", "arguments"}));
         if (c.contains("type") && c["type"] != "function")
             return bad(q + ".type must be \"function\"", q + ".type");
         const json& fn = c["function"];
@@ -167,6 +190,14 @@ std::optional<api_error> read_messages(const json& body, std::vector<chat_messag
         if (role != "system" && role != "user" && role != "assistant" && role != "developer" && role != "tool")
             return bad(fmt::format("{}.role '{}' is not supported (system, developer, user, assistant, tool)", p, role),
                        p + ".role");
+        // An assistant message may be a reply echoed back whole: its citations describe what was
+        // said, and OpenAI's reply fields pass when empty (refusal, annotations, audio: null).
+        if (role == "assistant")
+            TRY(check_keys(m, p, {"role", "content", "tool_calls"}, true, {"citations", "unsupported"}));
+        else if (role == "tool")
+            TRY(check_keys(m, p, {"role", "content", "tool_call_id"}));
+        else
+            TRY(check_keys(m, p, {"role", "content"}));
         chat_message cm{role == "developer" ? "system" : role, {}, {}, {}};
         if (role == "tool") {
             const auto id = m.find("tool_call_id");
@@ -185,10 +216,12 @@ std::optional<api_error> read_messages(const json& body, std::vector<chat_messag
         } else if (c->is_string()) {
             cm.content = c->get<std::string>();
         } else if (c->is_array()) { // content parts: text only
-            for (const auto& part : *c) {
+            for (size_t k = 0; k < c->size(); ++k) {
+                const json& part = (*c)[k];
                 if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
                     !part["text"].is_string())
                     return bad(p + ".content parts must be {\"type\": \"text\", \"text\": ...}", p + ".content");
+                TRY(check_keys(part, fmt::format("{}.content[{}]", p, k), {"type", "text"}));
                 cm.content += part["text"].get<std::string>();
             }
         } else {
@@ -261,13 +294,9 @@ std::optional<api_error> read_tools(const json& body, tools_request& out) {
             if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") ||
                 !t["function"].is_object())
                 return bad(p + " must be {\"type\": \"function\", \"function\": {\"name\", ...}}", p);
-            for (const auto& [key, v] : t.items())
-                if (key != "type" && key != "function") return bad(fmt::format("'{}.{}' is not supported", p, key), p);
+            TRY(check_keys(t, p, {"type", "function"}));
             const json& fn = t["function"];
-            for (const auto& [key, v] : fn.items())
-                if (key != "name" && key != "description" && key != "parameters" && key != "strict")
-                    return bad(fmt::format("'{}.function.{}' is not supported (name, description, parameters, strict)", p, key),
-                               p + ".function");
+            TRY(check_keys(fn, p + ".function", {"name", "description", "parameters", "strict"}));
             const std::string name = fn.value("name", json()).is_string() ? fn["name"].get<std::string>() : "";
             if (!valid_function_name(name))
                 return bad(p + ".function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", p + ".function.name");
@@ -295,6 +324,8 @@ std::optional<api_error> read_tools(const json& body, tools_request& out) {
                            "tool_choice");
         } else if (it->is_object() && it->value("type", json()) == "function" && it->contains("function") &&
                    (*it)["function"].is_object() && (*it)["function"].value("name", json()).is_string()) {
+            TRY(check_keys(*it, "tool_choice", {"type", "function"}));
+            TRY(check_keys((*it)["function"], "tool_choice.function", {"name"}));
             out.choice = "function";
             out.named = (*it)["function"]["name"].get<std::string>();
             if (std::none_of(out.functions.begin(), out.functions.end(), [&](const auto& f) { return f.name == out.named; }))
@@ -335,9 +366,7 @@ std::optional<api_error> read_speculative(const json& body, const config& cfg, i
     auto it = body.find("speculative");
     if (it == body.end() || it->is_null()) return std::nullopt; // the daemon's draft_tokens and drafts
     if (!it->is_object()) return bad("'speculative' must be an object", "speculative");
-    for (const auto& [key, value] : it->items())
-        if (key != "method" && key != "num_tokens")
-            return bad(fmt::format("'speculative.{}' is not supported (method, num_tokens)", key), "speculative");
+    TRY(check_keys(*it, "speculative", {"method", "num_tokens"}));
     std::string method = cfg.draft_model.empty() ? "ngram" : "draft";
     if (auto m = it->find("method"); m != it->end() && !m->is_null()) {
         if (!m->is_string()) return bad("'speculative.method' must be a string", "speculative.method");
@@ -391,9 +420,8 @@ std::optional<api_error> read_response_format(const json& rf, std::vector<found_
     const auto type = rf.find("type");
     if (type == rf.end() || !type->is_string())
         return bad("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", "response_format.type");
-    for (const auto& [key, value] : rf.items())
-        if (key != "type" && !(key == "json_schema" && *type == "json_schema"))
-            return bad(fmt::format("'response_format.{}' is not supported", key), "response_format");
+    if (*type == "json_schema") TRY(check_keys(rf, "response_format", {"type", "json_schema"}));
+    else TRY(check_keys(rf, "response_format", {"type"}));
     if (*type == "text") return std::nullopt;
     if (*type == "json_object") {
         found.push_back({"response_format", {grammar::constraint::kind::json_object, ""}});
@@ -406,9 +434,7 @@ std::optional<api_error> read_response_format(const json& rf, std::vector<found_
     const auto js = rf.find("json_schema");
     if (js == rf.end() || !js->is_object() || !js->contains("schema"))
         return bad("'response_format.json_schema' must be an object with a 'schema'", "response_format.json_schema");
-    for (const auto& [key, value] : js->items())
-        if (key != "name" && key != "schema" && key != "strict" && key != "description")
-            return bad(fmt::format("'response_format.json_schema.{}' is not supported", key), "response_format.json_schema");
+    TRY(check_keys(*js, "response_format.json_schema", {"name", "schema", "strict", "description"}));
     grammar::constraint c{grammar::constraint::kind::json_schema, ""};
     TRY(schema_text((*js)["schema"], "response_format.json_schema.schema", c.text));
     found.push_back({"response_format", std::move(c)});
@@ -509,10 +535,9 @@ std::optional<api_error> read_grounding(const json& body, grounding& out) {
         if (!docs[i].is_object()) return bad(p + " must be an object", p);
         document d;
         d.id = std::to_string(i);
+        TRY(check_keys(docs[i], p, {"text", "id", "title"}));
         for (const auto& [key, v] : docs[i].items()) {
             const std::string q = p + "." + key;
-            if (key != "text" && key != "id" && key != "title")
-                return bad(fmt::format("'{}' is not supported (a document has text, id and title)", q), q);
             if (!v.is_string()) return bad(fmt::format("'{}' must be a string", q), q);
             (key == "text" ? d.text : key == "id" ? d.id : d.title) = v.get<std::string>();
         }
@@ -522,10 +547,7 @@ std::optional<api_error> read_grounding(const json& body, grounding& out) {
     if (!given("citation_options")) return std::nullopt;
     const json& o = body["citation_options"];
     if (!o.is_object()) return bad("'citation_options' must be an object", "citation_options");
-    for (const auto& [key, v] : o.items())
-        if (key != "mode" && key != "min_tokens")
-            return bad(fmt::format("'citation_options.{}' is not supported (mode, min_tokens)", key),
-                       "citation_options." + key);
+    TRY(check_keys(o, "citation_options", {"mode", "min_tokens"}));
     if (o.contains("mode") && !o["mode"].is_null()) {
         const json& m = o["mode"];
         if (m != "fast" && m != "strict" && m != "off")
@@ -581,9 +603,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     TRY(read_bool(body, "stream", plan.stream));
     if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
         if (!it->is_object()) return bad("'stream_options' must be an object", "stream_options");
-        for (const auto& [key, value] : it->items())
-            if (key != "include_usage")
-                return bad(fmt::format("'stream_options.{}' is not supported (include_usage)", key), "stream_options");
+        TRY(check_keys(*it, "stream_options", {"include_usage"}));
         TRY(read_bool(*it, "include_usage", plan.include_usage));
     }
 
@@ -773,10 +793,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
 
 std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const model_state& ms) {
     if (!body.is_object()) return bad("the request body must be a JSON object");
-    for (const auto& [key, v] : body.items())
-        if (key != "model" && key != "input" && key != "encoding_format" && key != "dimensions" && key != "user" &&
-            key != "priority")
-            return bad(fmt::format("'{}' is not supported", key), key);
+    TRY(check_keys(body, "", {"model", "input", "encoding_format", "dimensions", "user", "priority"}));
     const tokenizer& tok = *ms.bundle.tok;
     TRY(read_model(body, ms));
     if (auto e = embeddings_unavailable(ms)) return *e;
@@ -1325,7 +1342,15 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
         if (auto* e = std::get_if<api_error>(&parsed)) return reply::of(*e);
         const json& j = std::get<json>(parsed);
         const tokenizer& tok = *ms->bundle.tok;
+        const auto refused = [&](std::initializer_list<std::string_view> known) -> std::optional<reply> {
+            if (!j.is_object()) return reply::of(bad("the request body must be a JSON object"));
+            if (auto e = check_keys(j, "", known)) return reply::of(*e);
+            return std::nullopt;
+        };
         if (path == "/tokenize") {
+            if (auto r = refused({"content", "text", "add_special", "parse_special"})) return r;
+            if (j.contains("content") && j.contains("text"))
+                return reply::of(bad("give 'content' or 'text', not both", "text"));
             auto it = j.find("content");
             if (it == j.end()) it = j.find("text");
             if (it == j.end() || !it->is_string()) return reply::of(bad("'content' must be a string", "content"));
@@ -1336,6 +1361,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             return reply::of_json({{"tokens", ids}, {"count", ids.size()}});
         }
         if (path == "/detokenize") {
+            if (auto r = refused({"tokens"})) return r;
             auto it = j.find("tokens");
             if (it == j.end() || !it->is_array() || !all_ints(*it))
                 return reply::of(bad("'tokens' must be an array of token ids", "tokens"));
@@ -1348,6 +1374,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             }
             return reply::of_json({{"content", tok.decode(ids)}});
         }
+        if (auto r = refused({"messages", "tools", "tool_choice", "add_generation_prompt"})) return r;
         std::vector<chat_message> messages;
         if (auto e = read_messages(j, messages)) return reply::of(*e);
         tools_request tools;

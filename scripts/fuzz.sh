@@ -23,8 +23,10 @@ targets=("$@")
   targets=(fuzz_gguf fuzz_text fuzz_wire fuzz_http fuzz_tokenizer fuzz_grammar fuzz_config fuzz_ring)
 command -v clang++ >/dev/null || { echo "fuzz.sh: the fuzz targets need clang (apt install clang)" >&2; exit 2; }
 export CC=clang CXX=clang++
+# scripts/test.sh's flags for this build, so the two share it without rebuilding
 cmake -S . -B build-asan -G Ninja -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF -DTANDEM_FUZZ=ON \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" >/dev/null
 cmake --build build-asan -j "$(nproc)" --target "${targets[@]}"
 dir=build-asan/tests/fuzz
 artifacts=build-asan/fuzz-artifacts

@@ -103,7 +103,7 @@ report=(python3 scripts/soak_report.py --result "$out/result.json" --md "$out/re
 report_rc=0
 "${report[@]}" || report_rc=$?
 if [[ $docs == 1 ]]; then
-  "${report[@]}" --svg docs/soak.svg --docs-md docs/reliability.md >/dev/null || true
+  "${report[@]}" --svg docs/soak.svg --docs-md docs/reliability.md --quiet >/dev/null || true
   echo "soak: wrote docs/soak.svg and the results in docs/reliability.md" >&2
 fi
 echo "soak: $out/report.md" >&2

@@ -282,7 +282,8 @@ def catalogue(info):
     ks.append(kind("unknown_field", comp, 2, v, expect=400, check=check_unknown_field))
     v = [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "frobnicate": 0.5},
          {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "echo": True},  # a completions field
-         {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text", "frobnicate": 1}}]
+         {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text", "frobnicate": 1}},
+         {"messages": [{"role": "user", "content": "hi", "name": "ann"}], "max_tokens": 8}]  # nested keys too
     ks.append(kind("unknown_field_chat", chat, 2, v, expect=400, check=check_unknown_field))
     v = [b'{"prompt": "' + b"a" * (info["max_body_bytes"] + 1024) + b'", "max_tokens": 4}']
     ks.append(kind("oversized", comp, 1, v, expect=413))
@@ -360,7 +361,7 @@ def check_error_400(body, reply):
     return None
 
 
-UNKNOWN_FIELDS = ("frobnicate", "echo", "stream_options", "speculative", "response_format")
+UNKNOWN_FIELDS = ("frobnicate", "echo", "stream_options", "speculative", "response_format", "messages[0].name")
 
 
 def check_unknown_field(body, reply):

@@ -208,8 +208,56 @@ TEST_CASE("a field the daemon does not honour is a 400 that names it") {
                    {{"prompt", "Once"}, {"max_tokens", 2}, {"stream", true},
                     {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}});
     CHECK(so.status == 400);
-    CHECK(so.j()["error"]["param"] == "stream_options");
-    CHECK(so.j()["error"]["message"].get<std::string>().find("continuous_usage_stats") != std::string::npos);
+    CHECK(so.j()["error"]["param"] == "stream_options.continuous_usage_stats");
+    CHECK(so.j()["error"]["message"].get<std::string>().find("(include_usage)") != std::string::npos);
+}
+
+TEST_CASE("a key the daemon does not honour inside a message, part, tool call or tool choice is a 400 naming its path") {
+    const auto& s = shared_socket();
+    const json user = {{"role", "user"}, {"content", "hi"}};
+    const json call = {{"id", "call_1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}};
+    const json tools = {{{"type", "function"}, {"function", {{"name", "f"}}}}};
+    const auto answer = [&](const std::string& route, json body) {
+        if (route == "/v1/chat/completions") body["max_tokens"] = 2;
+        return post(s, route, body);
+    };
+    const auto refused = [&](const std::string& route, const json& body, const std::string& param) {
+        auto r = answer(route, body);
+        CAPTURE(body.dump());
+        CHECK(r.status == 400);
+        CHECK(r.j()["error"]["param"] == param);
+        CHECK(r.j()["error"]["message"].get<std::string>().find("'" + param + "' is not supported (") != std::string::npos);
+    };
+    const std::string chat = "/v1/chat/completions";
+    refused(chat, {{"messages", {{{"role", "user"}, {"content", "hi"}, {"name", "ann"}}}}}, "messages[0].name");
+    refused(chat, {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}, {"cache_control", {{"type", "x"}}}}}}}}}},
+            "messages[0].content[0].cache_control");
+    refused(chat, {{"messages", {user, {{"role", "assistant"}, {"content", "x"}, {"refusal", "no"}}}}}, "messages[1].refusal");
+    json extra_call = call;
+    extra_call["function"]["strict"] = true;
+    refused(chat, {{"messages", {user, {{"role", "assistant"}, {"tool_calls", {extra_call}}}}}},
+            "messages[1].tool_calls[0].function.strict");
+    refused(chat, {{"messages", {user, {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "x"}, {"name", "f"}}}}},
+            "messages[1].name");
+    refused(chat, {{"messages", {user}}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}, {"strict", true}}}}}},
+            "tool_choice.function.strict");
+    refused(chat, {{"messages", {user}}, {"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"returns", 1}}}}}}},
+            "tools[0].function.returns");
+    refused("/tokenize", {{"content", "hi"}, {"with_pieces", true}}, "with_pieces");
+    refused("/detokenize", {{"tokens", {1}}, {"special", true}}, "special");
+    refused("/v1/tandem/apply-template", {{"messages", {user}}, {"parallel_tool_calls", false}}, "parallel_tool_calls");
+    // An assistant reply echoed back whole passes: its empty OpenAI fields, Tandem's citations,
+    // and the index a streamed tool call carries.
+    json echoed_call = call;
+    echoed_call["index"] = 0;
+    const json history = {user,
+                          {{"role", "assistant"}, {"content", "x"}, {"refusal", nullptr}, {"annotations", json::array()},
+                           {"audio", nullptr}, {"citations", json::array()}},
+                          {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {echoed_call}}},
+                          {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "ok"}}, user};
+    CHECK(answer(chat, {{"messages", history}}).status == 200);
+    CHECK(answer("/tokenize", {{"text", "hi"}}).status == 200);
+    CHECK(answer("/tokenize", {{"text", "hi"}, {"content", "hi"}}).status == 400);
 }
 
 TEST_CASE("embeddings: OpenAI's shape, the engine's unit vectors, a list equal to its items alone; base64; errors name what") {
@@ -502,7 +550,7 @@ TEST_CASE("tool calling: tool_calls in the reply and streamed as deltas; histori
     refused({{"tools", tools}, {"tool_choice", "sometimes"}}, "tool_choice", "sometimes");
     refused({{"tools", {{{"type", "function"}, {"function", {{"name", "a b"}}}}}}}, "tools[0].function.name", "a-z");
     refused({{"tools", {tools[1], tools[1]}}}, "tools[1].function.name", "get_time");
-    refused({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"returns", 1}}}}}}}, "tools[0].function", "returns");
+    refused({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"returns", 1}}}}}}}, "tools[0].function.returns", "returns");
     refused({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", {{"type", "array"}}}}}}}}},
             "tools", "object");
     refused({{"tools", tools}, {"response_format", {{"type", "json_object"}}}}, "response_format", "'tools'");
