@@ -20,6 +20,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 
 using namespace tandem;
@@ -132,6 +133,30 @@ std::vector<std::future<streamed>> streaming(const daemon_process& d, size_t cou
     REQUIRE(wait_for([&] { return generated_tokens(d) >= before + settled; }, 10));
     return fs;
 }
+
+using tokens_of = std::function<int(size_t)>; // request i's max_tokens
+
+// prompts[0..count) streamed at once, request i asking for n_of(i) tokens.
+std::vector<std::future<streamed>> stream_all(const std::string& sock, size_t count, const tokens_of& n_of) {
+    std::vector<std::future<streamed>> fs;
+    for (size_t i = 0; i < count; ++i)
+        fs.push_back(std::async(std::launch::async, [sock, i, n = n_of(i)] { return stream(sock, prompts[i], n); }));
+    return fs;
+}
+
+// Every stream of fs (prompt i, n_of(i) tokens) ended whole, by length, with the offline
+// loop's text.
+void check_equal_offline(std::vector<std::future<streamed>>& fs, const tokens_of& n_of) {
+    for (size_t i = 0; i < fs.size(); ++i) {
+        const streamed s = fs[i].get();
+        CHECK(s.done);
+        CHECK(s.finish == "length");
+        CHECK_MESSAGE(s.text == offline_text(prompts[i], n_of(i)), "request ", i);
+    }
+}
+
+const tokens_of growing = [](size_t i) { return 30 + int(i) * 7; };
+const tokens_of short_growing = [](size_t i) { return 24 + int(i) * 5; };
 
 
 // Waits up to 2 minutes for the daemon to answer /health (true) or to exit (false, its exit
@@ -378,15 +403,8 @@ TEST_CASE("workers: two worker processes share the pool; outputs equal the offli
     REQUIRE(one.contains("choices"));
     CHECK(one["choices"][0]["text"] == offline_text(prompts[0], 60));
     // concurrent streams: each equals its solo output
-    std::vector<std::future<streamed>> fs;
-    for (size_t i = 0; i < prompts.size(); ++i)
-        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 30 + int(i) * 7); }));
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        const streamed s = fs[i].get();
-        CHECK(s.done);
-        CHECK(s.finish == "length");
-        CHECK_MESSAGE(s.text == offline_text(prompts[i], 30 + int(i) * 7), "prompt ", i);
-    }
+    auto fs = stream_all(d.sock, prompts.size(), growing);
+    check_equal_offline(fs, growing);
     CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
 
     // n = 4: the prefill worker computes the prompt once; the group forks from its pages and
@@ -514,11 +532,7 @@ TEST_CASE("workers: a hung worker (SIGSTOP) is killed after worker_timeout_s and
     std::vector<std::future<streamed>> fs = streaming(d, 2, 800, 30);
     REQUIRE(::kill(victim, SIGSTOP) == 0);
     CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, "decode"); return p > 0 && p != victim; }, 4));
-    for (size_t i = 0; i < fs.size(); ++i) {
-        const streamed s = fs[i].get();
-        CHECK(s.finish == "length");
-        CHECK_MESSAGE(s.text == offline_text(prompts[i], 800), "request ", i);
-    }
+    check_equal_offline(fs, [](size_t) { return 800; });
     CHECK(status(d.sock)["worker_restarts"] == 1);
     CHECK_FALSE(alive(victim));
     CHECK(d.stop() == 0);
@@ -536,11 +550,7 @@ TEST_CASE("workers: a stopped worker (SIGSTOP) is found by its heartbeat within 
     auto t0 = std::chrono::steady_clock::now();
     CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, "decode"); return p > 0 && p != victim; }, 10));
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
-    for (size_t i = 0; i < fs.size(); ++i) {
-        const streamed s = fs[i].get();
-        CHECK(s.finish == "length");
-        CHECK_MESSAGE(s.text == offline_text(prompts[i], 800), "request ", i);
-    }
+    check_equal_offline(fs, [](size_t) { return 800; });
     CHECK_FALSE(alive(victim));
     // idle: the prefill worker, no batch in flight
     const pid_t idle = worker_pid(d.pid, "prefill");
@@ -579,6 +589,8 @@ TEST_CASE("workers: after the daemon's binary is replaced on disk (a package upg
 void start_on_copy(daemon_process& d, const std::string& name) {
     const std::string model = scratch().file(name + ".gguf");
     std::filesystem::copy_file(model_path("stories260K.gguf"), model, std::filesystem::copy_options::overwrite_existing);
+    // ours to rewrite: the shared models are read-only, which root ignores and a user does not
+    std::filesystem::permissions(model, std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
     d.sock = scratch().file(name + ".sock");
     d.log = scratch().file(name + ".log");
     d.spawn({"--model", model, "--socket", d.sock, "--threads", "1", "--log", "warn", "--set", "kv_pool=" + d.sock + ".kv"});
@@ -764,14 +776,9 @@ TEST_CASE("workers: a GPU too small ends the daemon with exit 1; one with room f
     d.start(scratch().file("few.sock"), {"--set", "decode=gpu", "--set", "kv_pool_persist=false"},
             {"TANDEM_EMU_DEVICE_MIB=40"});
     REQUIRE(d.wait_ready(60));
-    std::vector<std::future<streamed>> fs;
-    for (size_t i = 0; i < 4; ++i)
-        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 40); }));
-    for (size_t i = 0; i < fs.size(); ++i) {
-        const streamed s = fs[i].get();
-        CHECK(s.finish == "length");
-        CHECK_MESSAGE(s.text == offline_text(prompts[i], 40), "request ", i);
-    }
+    const tokens_of n40 = [](size_t) { return 40; };
+    auto fs = stream_all(d.sock, 4, n40);
+    check_equal_offline(fs, n40);
     CHECK(d.stop() == 0);
 }
 
@@ -808,14 +815,9 @@ TEST_CASE("workers: a pool smaller than the load preempts, and every request sti
     // 24 pages of 16 tokens: six requests of ~110 positions need ~48
     d.start(scratch().file("p.sock"), {"--set", "kv_pages=24", "--set", "n_ctx=256", "--set", "kv_pool_persist=false"});
     REQUIRE(d.wait_ready());
-    std::vector<std::future<streamed>> fs;
-    for (size_t i = 0; i < 6; ++i)
-        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 100); }));
-    for (size_t i = 0; i < fs.size(); ++i) {
-        const streamed s = fs[i].get();
-        CHECK(s.finish == "length");
-        CHECK_MESSAGE(s.text == offline_text(prompts[i], 100), "request ", i);
-    }
+    const tokens_of n100 = [](size_t) { return 100; };
+    auto fs = stream_all(d.sock, 6, n100);
+    check_equal_offline(fs, n100);
     const json st = status(d.sock);
     CHECK(st["kv_pages_used"] == 0);
     if (st.contains("preemptions")) CHECK(st["preemptions"].get<int>() > 0);
@@ -923,14 +925,9 @@ TEST_CASE("workers: GPU prefill + CPU or GPU decode gives the cpu/cpu tokens, or
         INFO("decode=", decode);
         CHECK(status(d.sock)["placement"]["prefill"].get<std::string>().rfind("cuda", 0) == 0);
         CHECK(status(d.sock)["placement"]["decode"].get<std::string>().rfind(decode == "gpu" ? "cuda" : "cpu", 0) == 0);
-        std::vector<std::future<streamed>> fs;
-        for (size_t i = 0; i < prompts.size(); ++i)
-            fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 48); }));
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            const streamed s = fs[i].get();
-            CHECK(s.finish == "length");
-            CHECK_MESSAGE(s.text == offline_text(prompts[i], 48), "prompt ", i);
-        }
+        const tokens_of n48 = [](size_t) { return 48; };
+        auto fs = stream_all(d.sock, prompts.size(), n48);
+        check_equal_offline(fs, n48);
         CHECK(d.stop() == 0);
     }
 }
@@ -945,14 +942,8 @@ TEST_CASE("workers: draft_tokens = 4 verifies prompt-lookup drafts in the decode
     const json one = completion(d.sock, copy, 40);
     REQUIRE(one.contains("choices"));
     CHECK(one["choices"][0]["text"] == offline_text(copy, 40));
-    std::vector<std::future<streamed>> fs;
-    for (size_t i = 0; i < 4; ++i)
-        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 24 + int(i) * 5); }));
-    for (size_t i = 0; i < 4; ++i) {
-        const streamed s = fs[i].get();
-        CHECK(s.done);
-        CHECK_MESSAGE(s.text == offline_text(prompts[i], 24 + int(i) * 5), "prompt ", i);
-    }
+    auto fs = stream_all(d.sock, 4, short_growing);
+    check_equal_offline(fs, short_growing);
     const double drafted = spec_metric("tandem_speculative_draft_tokens_total"),
                  accepted = spec_metric("tandem_speculative_accepted_tokens_total");
     MESSAGE(accepted, " of ", drafted, " drafts accepted");
@@ -995,14 +986,8 @@ TEST_CASE("workers: draft_model drafts next to the decode worker; outputs equal 
     const json details = one["usage"]["completion_tokens_details"];
     CHECK(details["accepted_prediction_tokens"].get<int>() > 0);
     CHECK(details["rejected_prediction_tokens"] == 0);
-    std::vector<std::future<streamed>> fs;
-    for (size_t i = 0; i < 4; ++i)
-        fs.push_back(std::async(std::launch::async, [&, i] { return stream(d.sock, prompts[i], 24 + int(i) * 5); }));
-    for (size_t i = 0; i < 4; ++i) {
-        const streamed s = fs[i].get();
-        CHECK(s.done);
-        CHECK_MESSAGE(s.text == offline_text(prompts[i], 24 + int(i) * 5), "prompt ", i);
-    }
+    auto fs = stream_all(d.sock, 4, short_growing);
+    check_equal_offline(fs, short_growing);
     const json spec = status(d.sock)["speculative"];
     CHECK(spec["method"] == "draft");
     CHECK(spec["draft_tokens"] == 4); // draft_tokens unset: 4 with a draft model
