@@ -73,7 +73,9 @@ std::optional<api_error> read_bool(const json& j, const char* key, bool& out) {
 // when null_passes, any key whose value is null or an empty array) passes: it asks for nothing.
 std::optional<api_error> check_keys(const json& j, const std::string& where, std::initializer_list<std::string_view> known,
                                     bool null_passes = false, std::initializer_list<std::string_view> asks_nothing = {}) {
-    for (const auto& [key, value] : j.items()) {
+    for (const auto& item : j.items()) { // (clang 14: a lambda cannot capture a structured binding)
+        const std::string& key = item.key();
+        const json& value = item.value();
         const auto is = [&](std::string_view k) { return k == key; };
         if (std::any_of(known.begin(), known.end(), is) || std::any_of(asks_nothing.begin(), asks_nothing.end(), is))
             continue;
