@@ -231,8 +231,7 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     base.n_pages = eo.n_pages;
     base.fingerprint = fp;
     base.max_rows = eo.max_logits;
-    // The largest batch: the engine raises step_tokens to hold a full decode step and one more.
-    base.max_tokens = std::max(eo.step_tokens, eo.max_running * (1 + eo.max_draft_tokens) + 1);
+    base.max_tokens = resolve_options(eo, mc).step_tokens; // the largest batch
     base.command_bytes = command_ring_bytes(eo, cfg.max_n);
     base.n_vocab = mc.n_vocab;
     base.log_level = cfg.log_level;

@@ -78,7 +78,7 @@ int run_worker(const worker_args_parsed& a) {
     // Everything the batches to come would build on first use is built now, so the worker's
     // memory does not grow in steps under a server's batches of every size (issue 19's soak).
     const auto t_prepare = clock_type::now();
-    run->prepare(s.max_tokens);
+    run->prepare(s.max_tokens, s.max_rows);
     log->debug("prepared for batches of up to {} tokens in {:.3f} s", s.max_tokens,
                std::chrono::duration<double>(clock_type::now() - t_prepare).count());
 

@@ -29,9 +29,9 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-// Fills the defaults: the model's context, a pool of max_running full contexts, and never
-// less than one full context (so any request the context allows can run).
-engine_options resolve(engine_options o, const model_config& c) {
+} // namespace
+
+engine_options resolve_options(engine_options o, const model_config& c) {
     if (o.n_ctx <= 0 || o.n_ctx > c.n_ctx_train) o.n_ctx = c.n_ctx_train;
     o.max_running = std::max(1, o.max_running);
     o.max_draft_tokens = std::clamp(o.max_draft_tokens, 0, int32_t(engine_stats::max_draft_positions));
@@ -45,6 +45,7 @@ engine_options resolve(engine_options o, const model_config& c) {
     return o;
 }
 
+namespace {
 
 // One sequence of a request's group: its sampler, text decoding and stop strings.
 struct seq_state {
@@ -137,7 +138,7 @@ public:
     engine_impl(const model_config& cfg, const tokenizer& tok, const engine_options& o, engine_parts parts)
         : tok_(tok), opts_(o), parts_(std::move(parts)), n_embd_(cfg.n_embd) {
         TANDEM_ASSERT(!parts_.executors.empty());
-        opts_ = resolve(opts_, cfg);
+        opts_ = resolve_options(opts_, cfg);
         scheduler_options so;
         so.page_size = opts_.page_size;
         so.n_pages = opts_.n_pages;
@@ -1162,10 +1163,10 @@ class local_engine final : public engine {
 public:
     local_engine(model& mdl, const tokenizer& tok, const engine_options& opts, std::unique_ptr<runner> r) {
         const auto& c = mdl.config();
-        const engine_options o = resolve(opts, c);
+        const engine_options o = resolve_options(opts, c);
         kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(o.page_size), o.n_pages);
         store_ = make_local_store(*kv_);
-        r->prepare(o.step_tokens); // a resident engine's memory stops growing once it is up
+        r->prepare(o.step_tokens, o.max_logits); // a resident engine's memory stops growing once it is up
         engine_parts parts;
         parts.executors.push_back(std::make_unique<inproc_executor>(std::move(r), *kv_, c.n_vocab));
         parts.store = store_.get();

@@ -227,6 +227,11 @@ struct engine_options {
     model* draft_model = nullptr;
 };
 
+// The options an engine runs with: the defaults filled in (the model's context, a pool of
+// max_running full contexts and never less than one, so any request the context allows can
+// run), step_tokens raised to hold a full decode step and one more token.
+engine_options resolve_options(engine_options o, const model_config& c);
+
 // Runs planned batches somewhere: on the engine thread (in-process), or in a worker process.
 // One batch at a time; the engine plans a new one when the executor is ready again.
 class executor {

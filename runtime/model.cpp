@@ -28,15 +28,36 @@ void model::forward(const exec_ctx& ctx, const batch& b, kv_cache& kv, float* lo
     forward(c, w_, b, pages, logits);
 }
 
-void model::prepare(const exec_ctx& ctx, int32_t max_tokens) const {
+void model::prepare(const exec_ctx& ctx, int32_t max_tokens, int32_t max_rows) const {
     // The row counts forward gives matmul_i8: n_tok for most, 2 * n_tok for the two-term
     // down projection, 2 * n_rows (n_rows <= n_tok) for the logits.
-    const int64_t n = max_tokens;
+    const int64_t n = max_tokens, rows = std::clamp<int64_t>(max_rows, 1, n);
     for (const layer_weights& l : w_.layers) {
         for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up}) ops::prepare_matmul_i8(ctx, *m, n);
         ops::prepare_matmul_i8(ctx, l.w_down, 2 * n);
     }
-    ops::prepare_matmul_i8(ctx, w_.logits_weight(), 2 * n);
+    ops::prepare_matmul_i8(ctx, w_.logits_weight(), 2 * rows);
+    if (ctx.scratch != nullptr) ctx.scratch->reserve(scratch_bytes(n, rows));
+}
+
+size_t model::scratch_bytes(int64_t n_tok, int64_t n_rows) const {
+    // forward's takes in order, each rounded to the arena's alignment; the rows' takes of the
+    // mixed-rows path (gathered input, projected logits, the two-term logits), which hold
+    // those of the all-logits path. Host inputs staged on a device backend are not counted.
+    const int64_t e = cfg_.n_embd, n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff, nv = cfg_.n_vocab;
+    size_t total = 0;
+    const auto take = [&](int64_t n, size_t size) {
+        total += (size_t(std::max<int64_t>(n, 1)) * size + scratch_arena::align - 1) / scratch_arena::align *
+                 scratch_arena::align;
+    };
+    for (const int64_t n : {n_tok * e, n_tok * e, n_tok * e, n_tok * n_kv, n_tok * n_kv, n_tok * e, 2 * n_tok * e,
+                            n_tok * ff, n_tok * ff})
+        take(n, sizeof(float));
+    take(2 * n_tok * std::max(e, ff), sizeof(int8_t));
+    take(2 * n_tok, sizeof(float));
+    take(n_tok * e, sizeof(float)); // the wanted tokens' rows, gathered
+    for (const int64_t n : {n_rows * e, n_rows * nv, 2 * n_rows * nv}) take(n, sizeof(float));
+    return total;
 }
 
 void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b, const forward_pages& kv,

@@ -57,11 +57,14 @@ public:
     // Host backends: this model's weights, the pages of `kv` with the batch's block tables,
     // scratch from ctx.scratch or else the model's own.
     void forward(const exec_ctx& ctx, const batch& b, kv_cache& kv, float* logits);
-    // Builds ahead what a forward of up to max_tokens tokens on this context builds on first
-    // use (the CPU's oneDNN primitives, one per multiple of 64 rows and weight shape), so a
-    // server's memory is at its steady state once this returns. A later forward of any size
-    // up to max_tokens builds nothing more (test_backend_ops counts the primitives).
-    void prepare(const exec_ctx& ctx, int32_t max_tokens) const;
+    // Builds ahead what a forward of up to max_tokens tokens and max_rows output rows on this
+    // context builds on first use (the CPU's oneDNN primitives, one per multiple of 64 rows and
+    // weight shape, and ctx.scratch's block when given), so a server's memory is at its steady
+    // state once this returns. A later forward of any size up to those builds nothing more and
+    // takes no more scratch (test_model counts both).
+    void prepare(const exec_ctx& ctx, int32_t max_tokens, int32_t max_rows) const;
+    // The scratch bytes forward takes at most for n_tok tokens and n_rows rows.
+    size_t scratch_bytes(int64_t n_tok, int64_t n_rows) const;
 
 private:
     // logits [n_rows, n_vocab] from the normed rows xn [n_rows, n_embd]; act: INT8 scratch.

@@ -22,7 +22,11 @@ public:
         ctx.scratch = &scratch_;
         mdl_.forward(ctx, b, kv, logits);
     }
-    void prepare(int32_t max_tokens) override { mdl_.prepare(exec_ctx{backend::cpu, &pool_}, max_tokens); }
+    void prepare(int32_t max_tokens, int32_t max_rows) override {
+        exec_ctx ctx{backend::cpu, &pool_};
+        ctx.scratch = &scratch_;
+        mdl_.prepare(ctx, max_tokens, max_rows);
+    }
 
 private:
     model& mdl_;
@@ -38,7 +42,7 @@ public:
     }
     std::string device() const override { return std::string(name_of(ctx_.be)); }
     void forward(const batch& b, kv_cache& kv, float* logits) override { mdl_.forward(ctx_, b, kv, logits); }
-    void prepare(int32_t max_tokens) override { mdl_.prepare(ctx_, max_tokens); }
+    void prepare(int32_t max_tokens, int32_t max_rows) override { mdl_.prepare(ctx_, max_tokens, max_rows); }
 
 private:
     model& mdl_;

@@ -20,9 +20,9 @@ public:
     // shared pool); logits [b.n_logits(), n_vocab] of the tokens that want them into `logits`
     // (host memory). Throws tandem::error on a device failure.
     virtual void forward(const batch& b, kv_cache& kv, float* logits) = 0;
-    // Builds ahead what forwards of up to max_tokens tokens would build on first use
-    // (model::prepare), so a resident process stops growing once it is up.
-    virtual void prepare(int32_t /*max_tokens*/) {}
+    // Builds ahead what forwards of up to max_tokens tokens and max_rows rows would build on
+    // first use (model::prepare), so a resident process stops growing once it is up.
+    virtual void prepare(int32_t /*max_tokens*/, int32_t /*max_rows*/) {}
 };
 
 // The CPU forward (model::forward on its own thread pool).

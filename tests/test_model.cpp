@@ -334,32 +334,47 @@ TEST_CASE("default INT8 path tracks the F32 reference on stories260K") {
 }
 
 // Issue 19's soak: the prefill worker grew in steps of ~1.9 MiB as batches of new sizes built
-// oneDNN primitives. model::prepare builds them all at start; this fails if it misses any
-// row count forward uses (the down projection's and the logits' two-term rows among them).
-TEST_CASE("model::prepare builds every oneDNN primitive a forward of up to max_tokens uses") {
-    if (cpu::detect_isa() < cpu::isa::avx512) {
-        MESSAGE("model::prepare: skipped (the oneDNN path runs at avx512 only)");
-        return;
-    }
+// oneDNN primitives, then by one step as the largest batch with logits for every token grew
+// its scratch arena. model::prepare builds both at start; this fails if it misses any row
+// count forward uses (the down projection's and the logits' two-term rows among them), or
+// any scratch a forward takes (the all-logits and the mixed-rows paths).
+TEST_CASE("model::prepare builds every primitive and all the scratch a forward of up to max_tokens uses") {
     gguf::file f = gguf::file::open(test::model_path("stories260K.gguf"));
     model_config cfg = model_config::from_gguf(f);
     model_weights w = model_weights::load(f, cfg, weight_load_options{weight_format::int8});
     model m(std::move(cfg), std::move(w));
     cpu::thread_pool pool(2);
-    const exec_ctx ctx{backend::cpu, &pool};
+    scratch_arena scratch = scratch_arena::host();
+    exec_ctx ctx{backend::cpu, &pool};
+    ctx.scratch = &scratch;
     constexpr int32_t max_tokens = 200;
-    m.prepare(ctx, max_tokens);
-    const size_t prepared = cpu::dnnl_primitive_count();
-    CHECK(prepared >= 3); // at least 64, 128 and 192 rows of one shape
+    m.prepare(ctx, max_tokens, max_tokens);
+    const bool dnnl = cpu::detect_isa() >= cpu::isa::avx512;
+    if (!dnnl) MESSAGE("model::prepare: primitives not counted (the oneDNN path runs at avx512 only)");
+    const size_t prepared = cpu::dnnl_primitive_count(), reserved = scratch.capacity();
+    if (dnnl) CHECK(prepared >= 3); // at least 64, 128 and 192 rows of one shape
+    CHECK(reserved == m.scratch_bytes(max_tokens, max_tokens));
     kv_cache kv(m.make_kv_layout(16), 16);
     const int32_t n_vocab = m.config().n_vocab;
     std::vector<float> logits(size_t(max_tokens) * size_t(n_vocab));
+    const auto run = [&](const batch& b, int32_t n) {
+        m.forward(ctx, b, kv, logits.data());
+        if (dnnl) CHECK_MESSAGE(cpu::dnnl_primitive_count() == prepared, "a forward of ", n, " tokens built a primitive");
+        CHECK_MESSAGE(scratch.capacity() == reserved, "a forward of ", n, " tokens grew the scratch arena");
+    };
     for (const int32_t n : {63, 64, 65, 127, 128, 129, 150, 191, 192, 200}) {
         sequence_kv seq(kv);
         REQUIRE(seq.reserve(n));
         batch b;
         b.add_seq(0, 0, test::random_ids(n, n_vocab, uint32_t(n)), seq.block_table(), {}, 0); // logits for all
-        m.forward(ctx, b, kv, logits.data());
-        CHECK_MESSAGE(cpu::dnnl_primitive_count() == prepared, "a forward of ", n, " tokens built a primitive");
+        run(b, n);
     }
+    // Hidden rows beside logits rows: the rows are gathered, projected and copied apart.
+    sequence_kv a(kv), h(kv);
+    REQUIRE(a.reserve(100));
+    REQUIRE(h.reserve(100));
+    batch b;
+    b.add_seq(0, 0, test::random_ids(100, n_vocab, 1), a.block_table(), {}, 0);
+    b.add_seq(1, 0, test::random_ids(100, n_vocab, 2), h.block_table(), {}, 0, row_kind::hidden);
+    run(b, 200);
 }

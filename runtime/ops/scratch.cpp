@@ -13,7 +13,9 @@ scratch_arena::scratch_arena(alloc_fn alloc) : alloc_(std::move(alloc)) {}
 scratch_arena scratch_arena::host() {
     return scratch_arena([](size_t bytes) {
         constexpr std::align_val_t a{align};
-        return std::shared_ptr<void>(::operator new(bytes, a), [](void* p) { ::operator delete(p, a); });
+        void* p = ::operator new(bytes, a);
+        std::memset(p, 0, bytes); // resident now: a process's RSS holds its arena once reserved
+        return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, a); });
     });
 }
 
@@ -38,6 +40,13 @@ void scratch_arena::reset() {
     }
     used_ = 0;
     round_ = 0;
+}
+
+void scratch_arena::reserve(size_t bytes) {
+    TANDEM_ASSERT(round_ == 0, "scratch_arena::reserve during a round");
+    if (blocks_.size() == 1 && blocks_.back().bytes >= bytes) return;
+    blocks_.clear();
+    blocks_.push_back({alloc_(bytes), bytes});
 }
 
 size_t scratch_arena::capacity() const {

@@ -32,6 +32,8 @@ public:
     void* take_bytes(size_t bytes);
     // Everything taken is free again (on CUDA: what was queued on it runs before later work).
     void reset();
+    // Holds at least `bytes` in one block from now on (between rounds).
+    void reserve(size_t bytes);
     size_t capacity() const; // bytes held
 
 private:
