@@ -45,6 +45,9 @@ bench_mode add_bench_grammar(CLI::App* bench, const std::string& model, const bo
 // has sub == &app and runs when no subcommand was given), `chat` and `status`.
 void register_client(CLI::App& app, registry& reg);
 
+// `batch`: a file of OpenAI Batch requests, in-process or by the daemon (cli_batch.cpp).
+void register_batch(CLI::App& app, registry& reg);
+
 // `embed`: embeddings of texts from the daemon, or offline with -m (cli_embed.cpp).
 void register_embed(CLI::App& app, registry& reg);
 

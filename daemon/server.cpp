@@ -69,10 +69,14 @@ model_state::~model_state() {
     if (model_fd >= 0) ::close(model_fd);
 }
 
-server::server(config cfg)
-    : policy_(make_peer_policy(cfg)), signals_(io_, SIGTERM, SIGINT), drain_timer_(io_), watchdog_timer_(io_),
-      status_timer_(io_) {
+server::server(config cfg, bool embedded)
+    : policy_(make_peer_policy(cfg)), signals_(io_), drain_timer_(io_), watchdog_timer_(io_), status_timer_(io_),
+      managed_(!embedded) {
     st_.cfg = std::move(cfg);
+    if (managed_) {
+        signals_.add(SIGTERM);
+        signals_.add(SIGINT);
+    }
 }
 
 server::~server() {
@@ -81,7 +85,7 @@ server::~server() {
 
 void server::listen() {
     auto log = logger("server");
-    const std::vector<int> fds = systemd::listen_fds();
+    const std::vector<int> fds = managed_ ? systemd::listen_fds() : std::vector<int>{};
     for (int fd : fds) {
         sockaddr_storage addr{};
         socklen_t len = sizeof addr;
@@ -260,7 +264,7 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
 }
 
 void server::start_loading() {
-    systemd::notify_status("loading " + st_.cfg.model);
+    if (managed_) systemd::notify_status("loading " + st_.cfg.model);
     loader_ = std::thread([this, cfg = st_.cfg, socket_name = socket_name_] {
         std::unique_ptr<model_state> ms;
         std::string err;
@@ -278,15 +282,16 @@ void server::start_loading() {
             if (!ms) {
                 log->error("cannot load the model: {}", err);
                 exit_code_ = 1;
+                load_error_ = err;
                 begin_drain(); // requests held for the model get 503, then the daemon exits
-                systemd::notify_status("failed: " + err);
+                if (managed_) systemd::notify_status("failed: " + err);
                 return;
             }
             st_.ms = std::move(ms);
             const std::string status =
                 fmt::format("serving {} ({} threads, context {})", st_.ms->id, st_.ms->threads, st_.ms->n_ctx);
             log->info("ready: {}", status);
-            systemd::notify_ready(status);
+            if (managed_) systemd::notify_ready(status);
             sessions_.state_changed(); // requests held for the model go on
         });
     });
@@ -324,7 +329,7 @@ asio::awaitable<void> server::watchdog_loop() {
 // its service manager to start it anew; every few seconds, STATUS= for `systemctl status`.
 asio::awaitable<void> server::status_loop() {
     std::string last;
-    const bool notify = std::getenv("NOTIFY_SOCKET") != nullptr;
+    const bool notify = managed_ && std::getenv("NOTIFY_SOCKET") != nullptr;
     for (int tick = 1; !finished_; ++tick) {
         status_timer_.expires_after(std::chrono::seconds(1));
         error_code ec;
@@ -332,7 +337,7 @@ asio::awaitable<void> server::status_loop() {
         if (finished_ || st_.stopping || !st_.ms) continue;
         if (std::string failure; !st_.ms->eng->wait_ready(std::chrono::milliseconds(0), failure) && !failure.empty()) {
             logger("server")->error("cannot serve any more: {}; exiting", failure);
-            systemd::notify_status("failed: " + failure);
+            if (managed_) systemd::notify_status("failed: " + failure);
             exit_code_ = 1;
             begin_drain();
             continue;
@@ -365,7 +370,7 @@ void server::on_signal(int signo) {
 void server::begin_drain() {
     st_.stopping = true;
     abort_loading_ = true;
-    systemd::notify_stopping();
+    if (managed_) systemd::notify_stopping();
     // Our own listeners keep accepting while the drain lasts (new requests get 503 "stopping"
     // with Retry-After). The sockets systemd passed are closed: their new connections wait in
     // systemd's queue for the next instance, which it starts once this one is gone.
@@ -398,14 +403,21 @@ void server::finish() {
     io_.stop();
 }
 
+void server::stop() {
+    asio::post(io_, [this] {
+        if (!st_.stopping && !finished_) begin_drain();
+    });
+}
+
 int server::run() {
     std::signal(SIGPIPE, SIG_IGN);
     listen();
     for (auto& acc : acceptors_) asio::co_spawn(io_, accept_loop(*acc), asio::detached);
-    signals_.async_wait([this](const error_code& ec, int s) {
-        if (!ec) on_signal(s);
-    });
-    if (systemd::watchdog_interval().count() > 0) asio::co_spawn(io_, watchdog_loop(), asio::detached);
+    if (managed_)
+        signals_.async_wait([this](const error_code& ec, int s) {
+            if (!ec) on_signal(s);
+        });
+    if (managed_ && systemd::watchdog_interval().count() > 0) asio::co_spawn(io_, watchdog_loop(), asio::detached);
     asio::co_spawn(io_, status_loop(), asio::detached);
     start_loading();
     io_.run();

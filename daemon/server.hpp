@@ -35,7 +35,10 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
 
 class server {
 public:
-    explicit server(config cfg);
+    // embedded: serves a command of this process (`tandem batch`), which handles its signals:
+    // no SIGTERM/SIGINT handling here and nothing to or from systemd (no passed sockets, no
+    // notifications, no watchdog).
+    explicit server(config cfg, bool embedded = false);
     ~server();
     server(const server&) = delete;
     server& operator=(const server&) = delete;
@@ -44,6 +47,10 @@ public:
     // the in-flight requests. Returns the exit code (0 after a clean drain, 1 when the
     // model failed to load). Throws tandem::error when it cannot listen.
     int run();
+    // Drains and stops, as SIGTERM does; from any thread, before or while run() runs.
+    void stop();
+    // Why the model did not load, once run() has returned 1 for that.
+    const std::string& load_error() const { return load_error_; }
 
 private:
     using acceptor_type = asio::basic_socket_acceptor<asio::generic::stream_protocol>;
@@ -73,6 +80,8 @@ private:
     size_t n_passed_ = 0;          // acceptors_[0, n_passed_) are the sockets systemd passed
     int exit_code_ = 0;
     bool finished_ = false;
+    bool managed_ = true;          // talks to systemd and handles signals (not embedded)
+    std::string load_error_;
 };
 
 } // namespace tandem::daemon

@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
                  "  tandem chat | status | top    talk to it, or see how it is doing\n"
                  "  tandem embed TEXT...    embeddings, one JSON array a line (-m MODEL: offline)\n"
                  "  tandem run | tokenize | detokenize | synth    offline, no daemon\n"
+                 "  tandem batch IN.jsonl -o OUT.jsonl   OpenAI Batch requests (-m MODEL: in this process)\n"
                  "  tandem help [COMMAND]   this help, or a command's\n"
                  "Exit codes: 0 ok, 1 error, 2 usage, 3 no daemon reachable or not allowed, 4 request rejected,\n"
                  "5 daemon busy or loading (after waiting --wait seconds), 130 interrupted.",
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
     cli::register_offline(app, reg);
     cli::register_bench(app, reg);
     cli::register_embed(app, reg);
+    cli::register_batch(app, reg);
     cli::register_client(app, reg); // last: its bare-prompt entry (sub == &app) is the fallback
 
     auto* help = app.add_subcommand("help", "show this help, or a command's (tandem help run)");

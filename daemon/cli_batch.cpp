@@ -1,0 +1,467 @@
+// `tandem batch IN.jsonl -o OUT.jsonl`: a file of OpenAI Batch requests, answered into an
+// output file. With -m the engine runs in this process: an embedded tandemd (one process, no
+// workers) on a private socket, so every line is served by the same code as a live request.
+// With --socket a running tandemd answers. Output lines are written whole, one write each; a
+// rerun with the same output file skips what it holds (daemon/batch_file.hpp).
+#include "daemon/batch_file.hpp"
+#include "daemon/cli.hpp"
+#include "daemon/cli_client.hpp"
+#include "daemon/server.hpp"
+#include "runtime/error.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <thread>
+
+namespace tandem::cli {
+namespace {
+
+namespace batch = daemon::batch;
+using namespace client;
+using clock_type = std::chrono::steady_clock;
+
+struct batch_opts {
+    std::string input, output, model, config_file;
+    std::vector<std::string> settings; // --set KEY=VALUE: tandemd's configuration keys
+    int threads = 0;
+    int32_t n_ctx = 0, max_running = 32;
+    int concurrency = 0;               // requests in flight; 0: 2 x max_running in-process, 16 to a daemon
+    client_opts daemon;                // --socket, --wait
+};
+
+// Appends whole lines to the output file: each one a single write of the line and its
+// newline, after cutting off a line a crash left half written.
+class output_file {
+public:
+    output_file(const std::string& path, uint64_t whole_bytes) : path_(path) {
+        fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd_ < 0) throw error(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+        struct stat st{};
+        if (::fstat(fd_, &st) == 0 && uint64_t(st.st_size) > whole_bytes && ::ftruncate(fd_, off_t(whole_bytes)) != 0)
+            throw error(fmt::format("cannot truncate {}: {}", path, std::strerror(errno)));
+        if (::lseek(fd_, 0, SEEK_END) < 0) throw error(fmt::format("cannot seek in {}: {}", path, std::strerror(errno)));
+    }
+    ~output_file() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    output_file(const output_file&) = delete;
+    output_file& operator=(const output_file&) = delete;
+
+    void write(const batch::json& line) {
+        const std::string text = line.dump(-1, ' ', false, batch::json::error_handler_t::replace) + "\n";
+        std::lock_guard lock(mu_);
+        for (size_t at = 0; at < text.size();) {
+            const ssize_t n = ::write(fd_, text.data() + at, text.size() - at);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) throw error(fmt::format("cannot write {}: {}", path_, std::strerror(errno)));
+            at += size_t(n);
+        }
+    }
+    void sync() {
+        std::lock_guard lock(mu_);
+        ::fdatasync(fd_);
+    }
+
+private:
+    std::string path_;
+    int fd_ = -1;
+    std::mutex mu_;
+};
+
+// What the run did, for the progress line and the summary; updated by the sending threads.
+struct tally {
+    std::atomic<int64_t> answered{0}, errors{0}, left{0}, prompt_tokens{0}, completion_tokens{0};
+    int64_t total = 0, skipped = 0;   // lines in the input; answered by an earlier run
+    clock_type::time_point start = clock_type::now();
+
+    int64_t done() const { return answered + errors; }
+    std::string progress(int64_t todo) const {
+        const double secs = std::chrono::duration<double>(clock_type::now() - start).count();
+        const int64_t d = done(), n = todo;
+        const int width = 24;
+        const int filled = n > 0 ? int(double(width) * double(d) / double(n)) : width;
+        std::string bar = std::string(size_t(filled), '#') + std::string(size_t(width - filled), '.');
+        std::string eta = "--:--";
+        if (d > 0 && d < n) {
+            const auto left_s = int64_t(secs / double(d) * double(n - d));
+            eta = fmt::format("{}:{:02}", left_s / 60, left_s % 60);
+        }
+        return fmt::format("[{}] {}/{} done, {} errors, {:.0f} tok/s, ETA {}", bar, d, n, errors.load(),
+                           secs > 0 ? double(completion_tokens) / secs : 0.0, eta);
+    }
+};
+
+// The text requests sharing a prefix have in common, first: lines sorted by it are sent
+// together, so the prefix cache serves the later ones.
+std::string prefix_key(const batch::request_line& r) {
+    for (const char* k : {"messages", "prompt", "input"})
+        if (auto it = r.body.find(k); it != r.body.end()) return r.url + '\n' + it->dump();
+    return r.url;
+}
+
+void sort_by_prefix(std::vector<batch::request_line>& lines) {
+    std::vector<std::pair<std::string, size_t>> keys;
+    for (size_t i = 0; i < lines.size(); ++i) keys.emplace_back(prefix_key(lines[i]), i);
+    std::sort(keys.begin(), keys.end()); // (the index breaks ties: file order)
+    std::vector<batch::request_line> sorted;
+    sorted.reserve(lines.size());
+    for (const auto& k : keys) sorted.push_back(std::move(lines[k.second]));
+    lines = std::move(sorted);
+}
+
+// Threads started while this lives do not take SIGINT (they inherit the mask): it reaches the
+// main thread, which polls `interrupted`, instead of interrupting a system call of the engine
+// or the server at random.
+class sigint_blocked {
+public:
+    sigint_blocked() {
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, SIGINT);
+        pthread_sigmask(SIG_BLOCK, &s, &old_);
+    }
+    ~sigint_blocked() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+    sigint_blocked(const sigint_blocked&) = delete;
+    sigint_blocked& operator=(const sigint_blocked&) = delete;
+
+private:
+    sigset_t old_;
+};
+
+// The embedded tandemd: the engine in this process, serving a private socket (a 0700
+// directory of its own) until stopped. It logs through this process's logger (--log).
+class embedded_daemon {
+public:
+    explicit embedded_daemon(const batch_opts& o) {
+        std::string dir = (std::filesystem::temp_directory_path() / "tandem-batch.XXXXXX").string();
+        if (::mkdtemp(dir.data()) == nullptr) throw error(fmt::format("cannot make a directory in {}: {}",
+                                                                      std::filesystem::temp_directory_path().string(),
+                                                                      std::strerror(errno)));
+        dir_ = dir;
+        daemon::config cfg;
+        if (!o.config_file.empty()) cfg.load_file(o.config_file);
+        const auto set = [&](const std::string& key, const std::string& value, const std::string& from) {
+            if (auto err = cfg.set(key, value)) throw error(fmt::format("{}: {}: {}", from, key, *err));
+            cfg.origin[key] = from;
+        };
+        for (const std::string& kv : o.settings) {
+            const auto eq = kv.find('=');
+            if (eq == std::string::npos) throw error(fmt::format("--set {}: expected KEY=VALUE", kv));
+            set(kv.substr(0, eq), kv.substr(eq + 1), "--set");
+        }
+        if (cfg.placement != "auto" && cfg.placement != "local")
+            throw error(fmt::format("placement {} ({}): an in-process batch runs in one process; to use workers, "
+                                    "start tandemd with it and pass --socket",
+                                    cfg.placement, cfg.origin.count("placement") ? cfg.origin.at("placement") : "?"));
+        set("model", resolve_model(o.model), "-m");
+        set("placement", "local", "tandem batch");
+        set("workers", "false", "tandem batch");
+        set("socket", dir_ + "/tandem.sock", "tandem batch");
+        if (o.threads > 0) set("threads", std::to_string(o.threads), "--threads");
+        if (o.n_ctx > 0) set("n_ctx", std::to_string(o.n_ctx), "--ctx");
+        if (!cfg.origin.count("max_running")) set("max_running", std::to_string(o.max_running), "--max-running");
+        concurrency_ = o.concurrency > 0 ? o.concurrency : 2 * cfg.max_running;
+        // Every request in flight waits in the engine's queue rather than getting a 429.
+        set("max_waiting", std::to_string(std::max(cfg.max_waiting, concurrency_)), "tandem batch");
+        set("max_connections", std::to_string(std::max(cfg.max_connections, concurrency_ + 4)), "tandem batch");
+        cfg.validate();
+        socket_ = cfg.socket;
+        srv_ = std::make_unique<daemon::server>(cfg, true);
+        thread_ = std::thread([this] {
+            try {
+                rc_ = srv_->run();
+            } catch (const std::exception& e) {
+                failure_ = e.what();
+                rc_ = 1;
+            }
+            ended_ = true;
+        });
+    }
+    ~embedded_daemon() {
+        if (thread_.joinable()) {
+            srv_->stop();
+            thread_.join();
+        }
+        std::error_code ec;
+        std::filesystem::remove_all(dir_, ec);
+    }
+    embedded_daemon(const embedded_daemon&) = delete;
+    embedded_daemon& operator=(const embedded_daemon&) = delete;
+
+    const std::string& socket() const { return socket_; }
+    int concurrency() const { return concurrency_; }
+    const std::string& dir() const { return dir_; }
+
+    // Waits until the model is loaded and the socket answers (true), or Ctrl-C (false);
+    // throws why it never will.
+    bool wait_ready() {
+        const ipc::client c(socket_);
+        for (;;) {
+            if (ended_) {
+                thread_.join();
+                throw error(fmt::format("the model did not load: {}",
+                                        !failure_.empty() ? failure_ : srv_->load_error()));
+            }
+            if (interrupted) return false;
+            if (c.get("/health").ok()) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    }
+
+private:
+    std::string dir_, socket_, failure_;
+    int concurrency_ = 0;
+    std::unique_ptr<daemon::server> srv_;
+    std::thread thread_;
+    std::atomic<bool> ended_{false};
+    int rc_ = 0;
+};
+
+// Sends the lines todo[next..] from several threads, writing each answer as it comes.
+class sender {
+public:
+    sender(const ipc::client& c, const batch_opts& o, std::vector<batch::request_line>& todo, output_file& out, tally& t)
+        : c_(c), o_(o), todo_(todo), out_(out), t_(t) {}
+
+    void run(int n_threads) {
+        running_ = n_threads;
+        for (int i = 0; i < n_threads; ++i) threads_.emplace_back([this] { loop(); });
+    }
+    // True once every thread is done; waits up to `d` for that.
+    bool wait_for(std::chrono::milliseconds d) {
+        std::unique_lock lock(mu_);
+        return cv_.wait_for(lock, d, [&] { return running_ == 0; });
+    }
+    void join() {
+        for (auto& th : threads_) th.join();
+    }
+    void detach() {
+        for (auto& th : threads_) th.detach();
+    }
+    // Why sending stopped early (the daemon went away), or empty.
+    std::string failure() {
+        std::lock_guard lock(mu_);
+        return failure_;
+    }
+
+private:
+    void loop() {
+        for (size_t i; !stop_ && !interrupted && (i = next_++) < todo_.size();) send(todo_[i]);
+        std::lock_guard lock(mu_);
+        if (--running_ == 0) cv_.notify_all();
+    }
+
+    void send(const batch::request_line& r) {
+        const std::string body = r.body.dump(-1, ' ', false, batch::json::error_handler_t::replace);
+        const auto give_up = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                                     std::chrono::duration<double>(o_.daemon.wait_s));
+        for (;;) {
+            const ipc::response res = c_.post(r.url, body);
+            if (!res.reached()) { // the daemon went away: the line stays undone, for a rerun
+                ++t_.left;
+                if (!interrupted && ++net_failures_ >= 3) {
+                    std::lock_guard lock(mu_);
+                    if (failure_.empty()) failure_ = res.net_error;
+                    stop_ = true;
+                }
+                return;
+            }
+            net_failures_ = 0;
+            if (res.status == 429 || res.status == 503) { // busy or loading: wait as it asks, up to --wait
+                double after = 1;
+                try {
+                    if (!res.retry_after.empty()) after = std::clamp(std::stod(res.retry_after), 0.05, 30.0);
+                } catch (const std::exception&) {
+                }
+                if (clock_type::now() < give_up && sleep_unless_interrupted(after)) continue;
+                ++t_.left;
+                return;
+            }
+            out_.write(batch::result_line(r.custom_id, res.status, res.body));
+            if (res.status >= 200 && res.status < 300) {
+                ++t_.answered;
+                try {
+                    const auto j = batch::json::parse(res.body);
+                    if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+                        t_.prompt_tokens += u->value("prompt_tokens", int64_t(0));
+                        t_.completion_tokens += u->value("completion_tokens", int64_t(0));
+                    }
+                } catch (const std::exception&) {
+                }
+            } else {
+                ++t_.errors;
+            }
+            return;
+        }
+    }
+
+    const ipc::client& c_;
+    const batch_opts& o_;
+    std::vector<batch::request_line>& todo_;
+    output_file& out_;
+    tally& t_;
+    std::atomic<size_t> next_{0};
+    std::atomic<bool> stop_{false};
+    std::atomic<int> net_failures_{0};
+    std::vector<std::thread> threads_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    int running_ = 0;                 // threads not done yet (guarded by mu_)
+    std::string failure_;
+};
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw error(fmt::format("cannot read {}", path));
+    return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+int cmd_batch(const batch_opts& o) {
+    const terminal term;
+    const bool in_process = !o.model.empty() || (o.daemon.socket.empty() && std::getenv("TANDEM_MODEL") &&
+                                                 *std::getenv("TANDEM_MODEL"));
+    // Everything that can be refused is refused before the model loads.
+    batch::input in = batch::read_input(read_file(o.input));
+    const batch::done_set done = batch::read_done(o.output);
+    output_file out(o.output, done.whole_bytes);
+    tally t;
+    t.total = int64_t(in.requests.size() + in.errors.size());
+    for (const batch::line_error& e : in.errors) {
+        if (done.has(e)) {
+            ++t.skipped;
+            continue;
+        }
+        out.write(batch::error_line(e));
+        ++t.errors;
+    }
+    std::vector<batch::request_line> todo;
+    for (batch::request_line& r : in.requests) {
+        if (done.has(r))
+            ++t.skipped;
+        else
+            todo.push_back(std::move(r));
+    }
+    sort_by_prefix(todo);
+    if (t.skipped > 0)
+        message(term, fmt::format("{} of {} lines were answered in {} before: skipping them", t.skipped, t.total, o.output));
+
+    install_sigint();
+    std::unique_ptr<embedded_daemon> local;
+    std::string socket = ipc::default_socket_path(o.daemon.socket);
+    int concurrency = o.concurrency > 0 ? o.concurrency : 16;
+    if (in_process && !todo.empty()) {
+        {
+            const sigint_blocked quiet;
+            local = std::make_unique<embedded_daemon>(o);
+        }
+        if (!local->wait_ready()) {
+            message(term, "interrupted while the model loaded; nothing was sent");
+            return exit_interrupted;
+        }
+        socket = local->socket();
+        concurrency = local->concurrency();
+    }
+    const ipc::client c(socket);
+    if (!in_process && !todo.empty()) {
+        const ipc::response r = c.get("/health");
+        if (!r.reached()) return report_unreachable(term, c, r);
+    }
+
+    sender s(c, o, todo, out, t);
+    t.start = clock_type::now();
+    const int64_t n_todo = int64_t(todo.size()) + t.errors;
+    {
+        const sigint_blocked quiet;
+        s.run(std::max(1, std::min<int>(concurrency, int(todo.size()))));
+    }
+    const auto show = [&](bool final_line) {
+        if (!term.err_tty) return;
+        std::fprintf(stderr, "\r\033[K%s%s", t.progress(n_todo).c_str(), final_line ? "\n" : "");
+        std::fflush(stderr);
+    };
+    while (!todo.empty() && !s.wait_for(std::chrono::milliseconds(250)) && !interrupted) show(false);
+    const bool stopped = interrupted; // (the senders stop taking lines at once too)
+    if (!stopped) s.join();
+    show(true);
+    const double secs = std::chrono::duration<double>(clock_type::now() - t.start).count();
+    const int64_t left = n_todo - t.done();
+    std::fprintf(stderr,
+                 "tandem batch: %lld lines: %lld answered, %lld errors, %lld skipped (done before), %lld left; "
+                 "%lld prompt and %lld generated tokens in %.1f s (%.0f generated tok/s)\n",
+                 (long long)t.total, (long long)t.answered.load(), (long long)t.errors.load(), (long long)t.skipped,
+                 (long long)left, (long long)t.prompt_tokens.load(), (long long)t.completion_tokens.load(), secs,
+                 secs > 0 ? double(t.completion_tokens) / secs : 0.0);
+    out.sync();
+    if (stopped) {
+        // Lines in flight are dropped unanswered (a rerun sends them again); the threads
+        // blocked on them go with the process.
+        message(term, fmt::format("interrupted: {} lines left; rerun the same command to go on", left));
+        s.detach();
+        if (local) std::filesystem::remove_all(local->dir());
+        std::fflush(nullptr);
+        std::_Exit(exit_interrupted);
+    }
+    if (const std::string f = s.failure(); !f.empty()) {
+        message(term, fmt::format("the daemon went away ({}): {} lines left; rerun the same command to go on", f, left));
+        return in_process ? exit_error : exit_unreachable;
+    }
+    if (left > 0) {
+        message(term, fmt::format("{} lines left unanswered (the daemon stayed busy past --wait); rerun the same "
+                                  "command to go on", left));
+        return exit_error;
+    }
+    return exit_ok;
+}
+
+} // namespace
+
+void register_batch(CLI::App& app, registry& reg) {
+    auto o = std::make_shared<batch_opts>();
+    auto* sub = app.add_subcommand(
+        "batch", "run a file of OpenAI Batch requests (JSONL) into an output file; offline with -m, else by the daemon");
+    sub->add_option("input", o->input, "the requests: one {custom_id, method, url, body} a line")
+        ->required()
+        ->check(existing_file());
+    sub->add_option("-o,--output", o->output,
+                    "the results, one a line; an existing file is resumed (its custom_ids are skipped)")
+        ->required();
+    auto* model = sub->add_option("-m,--model", o->model,
+                                  "run the engine in this process on this GGUF (default without --socket: $TANDEM_MODEL)");
+    sub->add_option("-t,--threads", o->threads, "threads, in-process (default: every core)")->check(at_least(1));
+    sub->add_option("-c,--ctx", o->n_ctx, "context length, in-process (default: the model's)")->check(at_least(16));
+    sub->add_option("--max-running", o->max_running, "sequences in one batch, in-process (default 32)")
+        ->check(between(1, 4096));
+    sub->add_option("--concurrency", o->concurrency,
+                    "requests in flight (default: twice --max-running in-process, 16 to a daemon)")
+        ->check(between(1, 4096));
+    sub->add_option("--config", o->config_file, "tandemd's configuration file, in-process (tandemd.conf(5))")
+        ->check(existing_file());
+    sub->add_option("--set", o->settings, "a tandemd configuration key, in-process: --set KEY=VALUE (repeatable)");
+    client::add_socket(*sub, o->daemon);
+    sub->get_option("--socket")->excludes(model);
+    o->daemon.wait_s = 300;
+    sub->add_option("--wait", o->daemon.wait_s,
+                    "seconds a line waits for a daemon that is busy or still loading before it is left for a rerun "
+                    "(default 300)")
+        ->check(between(0, 86400, number::real));
+    reg.push_back({sub, [o] { return cmd_batch(*o); }});
+}
+
+} // namespace tandem::cli
