@@ -148,13 +148,23 @@ private:
 // The embedded tandemd: the engine in this process, serving a private socket (a 0700
 // directory of its own) until stopped. It logs through this process's logger (--log).
 class embedded_daemon {
+    // A fresh 0700 directory under $TMPDIR, removed with its contents when this goes.
+    struct private_dir {
+        std::string path = (std::filesystem::temp_directory_path() / "tandem-batch.XXXXXX").string();
+        private_dir() {
+            if (::mkdtemp(path.data()) == nullptr)
+                throw error(fmt::format("cannot make a directory like {}: {}", path, std::strerror(errno)));
+        }
+        ~private_dir() {
+            std::error_code ec;
+            std::filesystem::remove_all(path, ec);
+        }
+        private_dir(const private_dir&) = delete;
+        private_dir& operator=(const private_dir&) = delete;
+    };
+
 public:
     explicit embedded_daemon(const batch_opts& o) {
-        std::string dir = (std::filesystem::temp_directory_path() / "tandem-batch.XXXXXX").string();
-        if (::mkdtemp(dir.data()) == nullptr) throw error(fmt::format("cannot make a directory in {}: {}",
-                                                                      std::filesystem::temp_directory_path().string(),
-                                                                      std::strerror(errno)));
-        dir_ = dir;
         daemon::config cfg;
         if (!o.config_file.empty()) cfg.load_file(o.config_file);
         const auto set = [&](const std::string& key, const std::string& value, const std::string& from) {
@@ -173,7 +183,7 @@ public:
         set("model", resolve_model(o.model), "-m");
         set("placement", "local", "tandem batch");
         set("workers", "false", "tandem batch");
-        set("socket", dir_ + "/tandem.sock", "tandem batch");
+        set("socket", dir_.path + "/tandem.sock", "tandem batch");
         if (o.threads > 0) set("threads", std::to_string(o.threads), "--threads");
         if (o.n_ctx > 0) set("n_ctx", std::to_string(o.n_ctx), "--ctx");
         if (!cfg.origin.count("max_running")) set("max_running", std::to_string(o.max_running), "--max-running");
@@ -199,15 +209,13 @@ public:
             srv_->stop();
             thread_.join();
         }
-        std::error_code ec;
-        std::filesystem::remove_all(dir_, ec);
     }
     embedded_daemon(const embedded_daemon&) = delete;
     embedded_daemon& operator=(const embedded_daemon&) = delete;
 
     const std::string& socket() const { return socket_; }
     int concurrency() const { return concurrency_; }
-    const std::string& dir() const { return dir_; }
+    const std::string& dir() const { return dir_.path; }
 
     // Waits until the model is loaded and the socket answers (true), or Ctrl-C (false);
     // throws why it never will.
@@ -226,7 +234,8 @@ public:
     }
 
 private:
-    std::string dir_, socket_, failure_;
+    private_dir dir_; // (first: goes last)
+    std::string socket_, failure_;
     int concurrency_ = 0;
     std::unique_ptr<daemon::server> srv_;
     std::thread thread_;
