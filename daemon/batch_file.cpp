@@ -118,16 +118,19 @@ json error_line(const line_error& e) {
 }
 
 done_set read_done(const std::string& path) {
-    done_set done;
     std::ifstream f(path, std::ios::binary);
-    if (!f) return done; // (an unreadable file fails when it is opened for writing)
-    const std::string text(std::istreambuf_iterator<char>(f), {});
+    if (!f) return {}; // (an unreadable file fails when it is opened for writing)
+    return parse_done(std::string(std::istreambuf_iterator<char>(f), {}), path);
+}
+
+done_set parse_done(std::string_view text, const std::string& path) {
+    done_set done;
     size_t at = 0;
     int64_t n = 0;
     while (at < text.size()) {
         const size_t end = text.find('\n', at);
-        if (end == std::string::npos) break; // cut short: not counted, truncated away
-        const std::string_view l(text.data() + at, end - at);
+        if (end == std::string_view::npos) break; // cut short: not counted, truncated away
+        const std::string_view l = text.substr(at, end - at);
         ++n;
         json j;
         try {

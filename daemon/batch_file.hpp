@@ -75,5 +75,7 @@ struct done_set {
 // file holds whole lines that are not output lines (it is not a batch output: better refuse
 // than append to it).
 done_set read_done(const std::string& path);
+// The same from the file's text, its errors naming `name`.
+done_set parse_done(std::string_view text, const std::string& name);
 
 } // namespace tandem::daemon::batch

@@ -28,6 +28,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace tandem::cli {
@@ -43,6 +44,7 @@ struct batch_opts {
     int threads = 0;
     int32_t n_ctx = 0, max_running = 32;
     int concurrency = 0;               // requests in flight; 0: 2 x max_running in-process, 16 to a daemon
+    std::optional<int> priority;       // for bodies without one; unset: -1 to a daemon (background), none in-process
     client_opts daemon;                // --socket, --wait
 };
 
@@ -360,12 +362,17 @@ int cmd_batch(const batch_opts& o) {
         out.write(batch::error_line(e));
         ++t.errors;
     }
+    // To a daemon the lines are background work unless they say otherwise: live requests go
+    // first (runtime/scheduler.hpp admit).
+    const std::optional<int> priority = o.priority ? o.priority : in_process ? std::nullopt : std::optional<int>(-1);
     std::vector<batch::request_line> todo;
     for (batch::request_line& r : in.requests) {
-        if (done.has(r))
+        if (done.has(r)) {
             ++t.skipped;
-        else
-            todo.push_back(std::move(r));
+            continue;
+        }
+        if (priority && !r.body.contains("priority")) r.body["priority"] = *priority;
+        todo.push_back(std::move(r));
     }
     sort_by_prefix(todo);
     if (t.skipped > 0)
@@ -463,6 +470,9 @@ void register_batch(CLI::App& app, registry& reg) {
     sub->add_option("--config", o->config_file, "tandemd's configuration file, in-process (tandemd.conf(5))")
         ->check(existing_file());
     sub->add_option("--set", o->settings, "a tandemd configuration key, in-process: --set KEY=VALUE (repeatable)");
+    sub->add_option("--priority", o->priority,
+                    "scheduling priority of lines that set none (default: -1 to a daemon, so live requests go first)")
+        ->check(between(-1000, 1000));
     client::add_socket(*sub, o->daemon);
     sub->get_option("--socket")->excludes(model);
     o->daemon.wait_s = 300;

@@ -298,7 +298,8 @@ private:
                                 r.seqs.size() > 1 ? fmt::format(" in each of {} sequences", r.seqs.size()) : "");
                 }
             for (uint64_t sid : sched_->take_preempted()) {
-                log_->debug("request {} (sequence {}) preempted: KV pool full", request_of(sid), index_of(sid));
+                log_->debug("request {} (sequence {}) preempted: KV pool full, or its place taken by a higher priority",
+                        request_of(sid), index_of(sid));
                 drop_drafts(sid); // it is recomputed as a prompt: no rows to verify them by
             }
             bool in_flight = false, sync_result = false;

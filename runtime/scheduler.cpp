@@ -138,7 +138,9 @@ int32_t scheduler::reused_tokens(uint64_t id) const { return get(id).reused; }
 double scheduler::effective_priority(const seq& s, clock_type::time_point now) const {
     if (o_.priority_aging_s <= 0) return s.priority;
     const double waited = std::chrono::duration<double>(now - s.arrival).count();
-    return s.priority + std::floor(std::max(0.0, waited) / o_.priority_aging_s);
+    const double aged = s.priority + std::floor(std::max(0.0, waited) / o_.priority_aging_s);
+    // Background work (a negative priority) ages among itself, never up to the default 0.
+    return s.priority < 0 ? std::min(aged, -1.0) : aged;
 }
 
 bool scheduler::page_matches(int32_t page, uint64_t parent, std::span<const token_id> tokens) const {
@@ -207,14 +209,33 @@ void scheduler::admit(clock_type::time_point now) {
         if (pa != pb) return pa > pb;
         return a->arrival_no < b->arrival_no;
     });
-    while (!waiting_.empty() && int32_t(running_.size()) < o_.max_running) {
+    while (!waiting_.empty()) {
         seq& s = *waiting_.front();
+        if (int32_t(running_.size()) >= o_.max_running && !free_slot_for(s, now)) break;
         if (!try_admit(s)) break;
         s.running = true;
         running_.push_back(&s);
         admitted_.push_back(s.id);
         waiting_.erase(waiting_.begin());
     }
+}
+
+bool scheduler::free_slot_for(const seq& s, clock_type::time_point now) {
+    const double ps = effective_priority(s, now);
+    seq* victim = nullptr;
+    double pv = 0;
+    for (seq* o : running_) {
+        if (o->busy >= 0) continue;
+        const double po = effective_priority(*o, now);
+        if (po >= ps) continue;
+        if (victim == nullptr || po < pv || (po == pv && o->arrival_no > victim->arrival_no)) {
+            victim = o;
+            pv = po;
+        }
+    }
+    if (victim == nullptr) return false;
+    preempt(*victim);
+    return true;
 }
 
 void scheduler::free_pages(seq& s) {

@@ -27,6 +27,7 @@ struct scheduler_options {
     bool prefix_cache = true;
     uint64_t prefix_seed = 0;         // the model fingerprint: hashes of other models never match
     double priority_aging_s = 5;      // each this many seconds waited raises priority by one
+                                      // (a negative priority to -1 at most: background work)
 };
 
 // Where the page table of the prefix cache is kept besides the scheduler (the shared
@@ -90,7 +91,11 @@ public:
 
     // Moves waiting sequences into the running set while there are batch slots and pages
     // for all their tokens (after prefix reuse). Strict order: a head that does not fit
-    // blocks the ones behind it, so a large request is never starved by small ones.
+    // blocks the ones behind it, so a large request is never starved by small ones. With
+    // every slot taken, a head of a higher priority takes the place of the idle running
+    // sequence of the lowest (preempted, as for pages): a live request never waits behind
+    // background work. Priorities age from arrival, running or not, so the one preempted
+    // never outranks the one that took its place later on (no ping-pong).
     void admit(std::chrono::steady_clock::time_point now);
 
     // Plans the next batch for an executor that runs `kind` work: decode work is a sequence
@@ -128,6 +133,9 @@ private:
     bool try_admit(seq& s);
     bool grow(seq& s, int32_t n_tokens);   // pages for n_tokens positions, preempting others
     bool make_room(seq& s, int32_t n);     // n free pages, preempting others (false: s was preempted)
+    // With every slot taken: preempts the idle running sequence of the lowest priority below
+    // s's (the latest arrived of those); false when there is none.
+    bool free_slot_for(const seq& s, std::chrono::steady_clock::time_point now);
     bool writable(seq& s, int32_t n_end);  // private pages for positions [n_computed, n_end)
     void copy_on_write(seq& s, int32_t j); // page j of s becomes a private copy (a page is free)
     void preempt(seq& s);

@@ -2,12 +2,14 @@
 // tandemd (--socket); bad lines, resuming an output file, a run killed half way.
 #include "daemon/batch_file.hpp"
 #include "daemon_client.hpp"
+#include "fake_daemon.hpp"
 #include "runtime/error.hpp"
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <set>
@@ -212,7 +214,7 @@ TEST_CASE("tandem batch: a rerun goes on where the output file stops; nothing tw
     CHECK(resumed.size() == 12);
     const auto counts = id_counts(resumed);
     CHECK(counts.size() == 12);
-    for (const auto& [id, n] : counts) CHECK_MESSAGE(n == 1, id);
+    for (const auto& c : counts) CHECK_MESSAGE(c.second == 1, c.first);
     // The lines answered again are the answers of the first run (greedy).
     std::map<std::string, json> first;
     for (const json& l : all) first[l["custom_id"].get<std::string>()] = answer_of(l["response"]["body"]);
@@ -254,7 +256,7 @@ TEST_CASE("tandem batch killed half way (SIGKILL): the rerun completes it, every
     REQUIRE(r.rc == 0);
     const auto counts = id_counts(read_lines(out));
     CHECK(counts.size() == size_t(n));
-    for (const auto& [id, k] : counts) CHECK_MESSAGE(k == 1, id);
+    for (const auto& c : counts) CHECK_MESSAGE(c.second == 1, c.first);
 }
 
 TEST_CASE("tandem batch: refusals before anything runs, and exit codes") {
@@ -290,4 +292,61 @@ TEST_CASE("tandem batch: refusals before anything runs, and exit codes") {
     r = test::run_tandem({"batch", in, "-o", out, "-m", stories, "--set", "placement=cpu"});
     CHECK(r.rc == 1);
     CHECK(r.err.find("placement cpu") != std::string::npos);
+}
+
+TEST_CASE("tandem batch --socket: lines are background work unless they say; a busy daemon is waited for") {
+    test::scratch_dir dir("batch-fake");
+    test::fake_daemon d(dir.file("d.sock"));
+    std::atomic<int> n_posts{0};
+    d.route("GET /health", [](const test::fake::request&, test::fake::socket& s) {
+        test::fake::reply_json(s, 200, R"({"status":"ok"})");
+    });
+    d.route("POST /v1/completions", [&](const test::fake::request&, test::fake::socket& s) {
+        if (n_posts++ == 0) { // the first is told to come back
+            test::fake::reply_json(s, 503, R"({"error":{"message":"loading","type":"server_error"}})",
+                                   "Retry-After: 0\r\n");
+            return;
+        }
+        test::fake::reply_json(s, 200, R"({"id":"cmpl-fake","usage":{"prompt_tokens":3,"completion_tokens":2}})");
+    });
+    const std::string in = dir.file("in.jsonl"), out = dir.file("out.jsonl");
+    write_file(in, line("plain", "/v1/completions", {{"prompt", "x"}}).dump() + "\n" +
+                       line("urgent", "/v1/completions", {{"prompt", "y"}, {"priority", 5}}).dump() + "\n");
+    const auto priorities = [&] { // custom prompt -> the priority the daemon got
+        std::map<std::string, json> got;
+        for (const auto& r : d.requests())
+            if (r.target == "/v1/completions") {
+                const json b = json::parse(r.body);
+                got[b["prompt"].get<std::string>()] = b.value("priority", json());
+            }
+        return got;
+    };
+    auto r = test::run_tandem({"batch", in, "-o", out, "--socket", d.path(), "--concurrency", "1"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(n_posts == 3); // one 503, answered again
+    auto got = priorities();
+    CHECK(got["x"] == -1);
+    CHECK(got["y"] == 5);
+    const auto lines = read_lines(out);
+    REQUIRE(lines.size() == 2);
+    for (const json& l : lines) CHECK(l["response"]["status_code"] == 200);
+    CHECK(r.err.find("6 prompt and 4 generated tokens") != std::string::npos);
+
+    std::filesystem::remove(out);
+    r = test::run_tandem({"batch", in, "-o", out, "--socket", d.path(), "--priority", "3"});
+    REQUIRE(r.rc == 0);
+    got = priorities();
+    CHECK(got["x"] == 3);
+    CHECK(got["y"] == 5);
+
+    // A daemon busy past --wait: the line is left out, for a rerun; exit 1.
+    d.route("POST /v1/completions", [](const test::fake::request&, test::fake::socket& s) {
+        test::fake::reply_json(s, 429, R"({"error":{"message":"busy","type":"server_error"}})", "Retry-After: 0\r\n");
+    });
+    std::filesystem::remove(out);
+    r = test::run_tandem({"batch", in, "-o", out, "--socket", d.path(), "--wait", "0.3"});
+    CHECK(r.rc == 1);
+    CHECK(r.err.find("2 lines left unanswered") != std::string::npos);
+    CHECK(test::read_text(out).empty());
 }

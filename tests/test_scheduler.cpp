@@ -470,6 +470,59 @@ TEST_CASE("scheduler: higher priority joins first, FIFO within a priority, waiti
     CHECK(s.take_admitted() == std::vector<uint64_t>{1});
 }
 
+TEST_CASE("scheduler: a full batch gives a higher priority the place of its lowest idle sequence") {
+    fake_store st(16);
+    scheduler_options o = opts(64);
+    o.max_running = 2;
+    o.priority_aging_s = 5;
+    scheduler s(o, &st);
+    const auto t0 = clock_type::now();
+    s.add(1, seq_tokens(20, 1), -1, t0); // background work, as a batch job sends it
+    s.add(2, seq_tokens(20, 2), -1, t0);
+    s.admit(t0);
+    CHECK(s.take_admitted() == std::vector<uint64_t>{1, 2});
+    prefill_all(s, st, 2);
+    s.append(1, 7);
+    s.append(2, 7);
+
+    // Busy sequences are not taken: the live request waits for the step to end.
+    s.add(3, seq_tokens(20, 3), 0, t0 + std::chrono::seconds(1));
+    const auto step = seqs_of(s.plan(1, work_kind::decode));
+    REQUIRE(step.size() == 2);
+    s.admit(t0 + std::chrono::seconds(1));
+    CHECK(s.take_admitted().empty());
+    CHECK(s.take_preempted().empty());
+    st.run(step);
+    s.complete(1, true);
+    // Then it takes the place of the latest arrived of the two, which waits and recomputes.
+    s.admit(t0 + std::chrono::seconds(1));
+    CHECK(s.take_preempted() == std::vector<uint64_t>{2});
+    CHECK(s.take_admitted() == std::vector<uint64_t>{3});
+    CHECK(s.stats().n_preemptions == 1);
+    CHECK(s.n_computed(2) == 0);
+
+    // Background work never ages up to a live request (or back into its place), however long
+    // it waits or runs; equal priorities never take each other's place.
+    const auto later = t0 + std::chrono::minutes(10);
+    s.add(4, seq_tokens(20, 4), -1, later);
+    s.admit(later);
+    CHECK(s.take_preempted().empty());
+    CHECK(s.take_admitted().empty());
+    s.add(5, seq_tokens(20, 5), 0, later); // a live request after ten minutes of batch work
+    s.admit(later);
+    CHECK(s.take_preempted() == std::vector<uint64_t>{1});
+    CHECK(s.take_admitted() == std::vector<uint64_t>{5});
+    s.remove(3); // a live request ends: the oldest background sequence comes back
+    s.admit(later);
+    CHECK(s.take_admitted() == std::vector<uint64_t>{1});
+    prefill_all(s, st, 1); // (its prompt's pages from the prefix cache, the rest computed again)
+    s.append(1, 9);
+    int found = 0;
+    for (const auto& v : seqs_of(s.plan(1, work_kind::decode)))
+        if (v.id == 1 && ++found) CHECK(st.holds(v.block_table, s.tokens(1), s.n_computed(1)));
+    CHECK(found == 1);
+}
+
 TEST_CASE("scheduler: random workloads always drain, never leak pages, keep every position right") {
     for (uint32_t seed : {1u, 2u, 3u, 4u, 5u}) {
         std::mt19937 rng(seed);

@@ -1,6 +1,9 @@
 // libFuzzer target for the text formats the client and server read: the SSE parser (input
-// split anywhere gives the same events) and chat templates (any template source and messages).
+// split anywhere gives the same events), chat templates (any template source and messages),
+// and batch files (the input as a batch input and as an output file to resume).
+#include "daemon/batch_file.hpp"
 #include "runtime/chat_template.hpp"
+#include "runtime/error.hpp"
 #include "tests/sse_events.hpp"
 
 #include <cstdint>
@@ -33,5 +36,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string with = t.render(messages, true), without = t.render(messages, false);
     if (with.size() < without.size() && t.family() != tandem::chat_family::phi3) std::abort();
     (void)t.stop_strings();
+
+    // Batch files: a refusal is a tandem::error, nothing else. Each request read is read the
+    // same again from its own line; a resumed file's whole lines end at a newline.
+    namespace batch = tandem::daemon::batch;
+    try {
+        for (const batch::request_line& r : batch::read_input(in).requests) {
+            const batch::json again = {{"custom_id", r.custom_id}, {"method", "POST"}, {"url", r.url}, {"body", r.body}};
+            const auto back = batch::parse_line(again.dump(-1, ' ', false, batch::json::error_handler_t::replace), 1);
+            const auto* b = std::get_if<batch::request_line>(&back);
+            if (b == nullptr || b->custom_id != r.custom_id || b->url != r.url) std::abort();
+        }
+    } catch (const tandem::error&) {
+    }
+    try {
+        const batch::done_set d = batch::parse_done(in, "fuzz");
+        if (d.whole_bytes > in.size() || (d.whole_bytes > 0 && in[d.whole_bytes - 1] != '\n')) std::abort();
+    } catch (const tandem::error&) {
+    }
     return 0;
 }
