@@ -24,23 +24,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build="${BUILD_DIR:-build}"
-tandem="$build/daemon/tandem"
-tandemd="$build/daemon/tandemd"
-for b in "$tandem" "$tandemd"; do
-  [[ -x "$b" ]] || { echo "batch-bench: $b is missing; build it: ninja -C $build tandem tandemd" >&2; exit 1; }
-done
+name=batch-bench
+. scripts/bench-common.sh
+need_programs
 model="${BATCH_MODEL:-$build/bench/tinyllama-1.1b-synth-int8.gguf}"
 n="${BATCH_REQUESTS:-256}" p="${BATCH_PROMPT:-128}" g="${BATCH_GEN:-128}"
 running="${BATCH_RUNNING:-32}" threads="${BATCH_THREADS:-2}" live="${BATCH_LIVE:-20}"
 out="${BATCH_OUT:-$build/bench/batch}"
 mkdir -p "$out"
-if [[ ! -f "$model" ]]; then
-  echo "batch-bench: making $model (tandem synth --preset tinyllama-1.1b; tandem quantize)" >&2
-  mkdir -p "$(dirname "$model")"
-  "$tandem" synth --preset tinyllama-1.1b -o "$model.q8_0.tmp"
-  "$tandem" quantize "$model.q8_0.tmp" "$model"
-  rm -f "$model.q8_0.tmp"
-fi
+[[ -n "${BATCH_MODEL:-}" ]] || synth_tinyllama "$model"
 # Prompt ids: drawn from the ids of a text in the model's own vocabulary.
 vocab_ids="$("$tandem" tokenize -m "$model" "$(python3 -c "
 import random

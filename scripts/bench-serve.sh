@@ -26,11 +26,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build="${BUILD_DIR:-build}"
-tandemd="$build/daemon/tandemd"
-tandem="$build/daemon/tandem"
-for b in "$tandemd" "$tandem"; do
-  [[ -x "$b" ]] || { echo "bench-serve: $b is missing; build it: ninja -C $build tandem tandemd" >&2; exit 1; }
-done
+name=bench-serve
+. scripts/bench-common.sh
+need_programs
 command -v python3 >/dev/null || { echo "bench-serve: python3 is needed for the report" >&2; exit 1; }
 
 threads="${BENCH_THREADS:-2}"
@@ -103,14 +101,7 @@ if [[ "${BENCH_LOCAL:-1}" != 0 ]]; then
 fi
 
 if [[ "${BENCH_LARGE:-1}" != 0 ]]; then
-  if [[ ! -f "$large_model" ]]; then
-    # pre-quantized (tandem quantize): both workers map the same INT8 weights
-    echo "bench-serve: making $large_model (tandem synth --preset tinyllama-1.1b; tandem quantize)" >&2
-    mkdir -p "$(dirname "$large_model")"
-    "$tandem" synth --preset tinyllama-1.1b -o "$large_model.q8_0.tmp"
-    "$tandem" quantize "$large_model.q8_0.tmp" "$large_model"
-    rm -f "$large_model.q8_0.tmp"
-  fi
+  synth_tinyllama "$large_model"
   bench tinyllama-1.1b-synth "$large_model" "${LARGE_CONCURRENCY:-1,4,16}" "${LARGE_REQUESTS:-2,4,16}" \
     "${LARGE_MAX_TOKENS:-$max_tokens}"
 fi
