@@ -299,7 +299,7 @@ private:
                 }
             for (uint64_t sid : sched_->take_preempted()) {
                 log_->debug("request {} (sequence {}) preempted: KV pool full, or its place taken by a higher priority",
-                        request_of(sid), index_of(sid));
+                            request_of(sid), index_of(sid));
                 drop_drafts(sid); // it is recomputed as a prompt: no rows to verify them by
             }
             bool in_flight = false, sync_result = false;
