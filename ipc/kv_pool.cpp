@@ -179,6 +179,7 @@ struct kv_pool::impl {
     int64_t bytes = 0;
     int64_t table_offset = 0, pages_offset = 0, entry_bytes = 0, page_bytes = 0;
     std::vector<uint8_t> copy_buf; // copy_page's bounce buffer
+    std::vector<uint8_t> zeros;    // an entry's bytes after its first word, zero: clear_entry writes them
 
     int64_t entry_offset(int32_t page) const { return table_offset + int64_t(page) * entry_bytes; }
 
@@ -203,6 +204,7 @@ struct kv_pool::impl {
         pages_offset = h.pages_offset;
         entry_bytes = h.entry_bytes;
         page_bytes = h.page_bytes;
+        zeros.assign(size_t(entry_bytes) - sizeof(uint32_t), 0);
         // Huge pages for the page array where the file system allows them (tmpfs with
         // huge=advise/within_size); a plain file or a refusal is fine.
         const uintptr_t pages = reinterpret_cast<uintptr_t>(base) + uintptr_t(pages_offset);
@@ -355,8 +357,7 @@ void kv_pool::clear_entry(int32_t page) {
     // Invalid before anything else changes, for a reader after a crash.
     const uint32_t invalid = 0;
     if (!pwrite_all(m.fd, &invalid, sizeof invalid, off)) return;
-    const std::vector<uint8_t> zeros(size_t(m.entry_bytes) - sizeof invalid, 0);
-    (void)pwrite_all(m.fd, zeros.data(), zeros.size(), off + int64_t(sizeof invalid));
+    (void)pwrite_all(m.fd, m.zeros.data(), m.zeros.size(), off + int64_t(sizeof invalid));
 }
 
 void kv_pool::publish_entry(int32_t page, uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
