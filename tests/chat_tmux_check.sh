@@ -6,12 +6,8 @@
 # usage: chat_tmux_check.sh TANDEM FAKE_TANDEMD
 set -euo pipefail
 tandem="$1" fake="$2"
-command -v tmux >/dev/null || { echo "skipped: tmux is not installed"; exit 77; }
-command -v python3 >/dev/null || { echo "skipped: python3 is not installed"; exit 77; }
-
-tmp="$(mktemp -d)"
-export TMUX_TMPDIR="$tmp" # a tmux server of our own, ended with the check
 session=chat
+. "$(dirname "$0")/tmux_common.sh"
 sock="$tmp/d.sock" log="$tmp/requests.jsonl" state="$tmp/state"
 fake_pid=
 trap 'tmux kill-server 2>/dev/null || true; [ -n "$fake_pid" ] && kill "$fake_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
@@ -21,22 +17,10 @@ fake_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 touch "$log"
 
-fail() {
-  echo "FAIL: $1"
-  echo "--- the terminal:"
-  tmux capture-pane -p -t "$session" || true
+on_fail() {
   echo "--- the requests:"
   cat "$log"
-  exit 1
 }
-# wait_for WHAT CMD...: CMD succeeds within 10 s, or the check fails saying WHAT.
-wait_for() {
-  local what="$1"
-  shift
-  for _ in $(seq 100); do "$@" && return 0; sleep 0.1; done
-  fail "$what"
-}
-pane_has() { tmux capture-pane -p -t "$session" | grep -qF -- "$1"; }
 n_requests() { wc -l <"$log"; }
 has_requests() { [ "$(n_requests)" -ge "$1" ]; }
 # The last message of request N (from 1), as the daemon got it.
