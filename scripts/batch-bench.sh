@@ -19,6 +19,7 @@
 #   BATCH_RUNNING   B (default 32)     BATCH_THREADS (default 2)
 #   BATCH_LIVE      live requests measured in each TTFT phase (default 20; 0 skips the phase)
 #   BATCH_SETTLE    seconds the batch runs by the daemon before live requests are measured (default 20)
+#   BATCH_INPROCESS=0  skip the in-process run and its comparison with tandem bench
 #   BATCH_OUT       where results go (default $BUILD_DIR/bench/batch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,16 +61,19 @@ with open(path, 'w') as f:
         f.write(json.dumps({'custom_id': f'r{i}', 'method': 'POST', 'url': '/v1/completions', 'body': body}) + '\n')
 EOF
 
-echo "batch-bench: tandem bench -m $model -p $p --batch $running -t $threads" >&2
-"$tandem" bench -m "$model" -p "$p" -n 32 --batch "$running" -t "$threads" --no-raw --json >"$out/bench.json"
+inprocess="${BATCH_INPROCESS:-1}" start=0 end=0
+if [[ "$inprocess" != 0 ]]; then
+  echo "batch-bench: tandem bench -m $model -p $p --batch $running -t $threads" >&2
+  "$tandem" bench -m "$model" -p "$p" -n 32 --batch "$running" -t "$threads" --no-raw --json >"$out/bench.json"
 
-echo "batch-bench: tandem batch ($n requests, $p + $g tokens, --max-running $running)" >&2
-rm -f "$out/out.jsonl"
-start=$(date +%s.%N)
-"$tandem" batch "$run_dir/in.jsonl" -o "$out/out.jsonl" -m "$model" -t "$threads" --max-running "$running" \
-  2>"$out/batch.log"
-end=$(date +%s.%N)
-tail -1 "$out/batch.log" >&2
+  echo "batch-bench: tandem batch ($n requests, $p + $g tokens, --max-running $running)" >&2
+  rm -f "$out/out.jsonl"
+  start=$(date +%s.%N)
+  "$tandem" batch "$run_dir/in.jsonl" -o "$out/out.jsonl" -m "$model" -t "$threads" --max-running "$running" \
+    2>"$out/batch.log"
+  end=$(date +%s.%N)
+  tail -1 "$out/batch.log" >&2
+fi
 
 # Live requests one at a time: TTFT on the idle daemon, then with the same file running by it.
 if [[ "$live" -gt 0 ]]; then
@@ -78,39 +82,42 @@ if [[ "$live" -gt 0 ]]; then
     --set "max_running=$running" --set "kv_pool=$run_dir/pool" 2>"$out/tandemd.log" &
   daemon_pid=$!
   for _ in $(seq 1 1200); do "$tandem" status --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
-  ttft() { # the TTFT figures of LIVE streamed requests, one at a time
+  ttft() { # the TTFT figures of LIVE streamed requests, one at a time, their prompts drawn from seed $1
     "$tandem" bench --serve --socket "$sock" --concurrency 1 --requests "$live" --prompt-tokens "$p" \
-      --max-tokens 16 --shared-prefix 0 --json
+      --max-tokens 16 --shared-prefix 0 --seed "$1" --json
   }
-  ttft >"$out/ttft_idle.json"
+  ttft 1 >"$out/ttft_idle.json"
   "$tandem" batch "$run_dir/in.jsonl" -o "$run_dir/socket.jsonl" --socket "$sock" --concurrency "$running" \
     2>"$out/batch_socket.log" &
   batch_pid=$!
   sleep "${BATCH_SETTLE:-20}" # past the first prefills: the daemon's batch is full
-  ttft >"$out/ttft_busy.json"
+  ttft 2 >"$out/ttft_busy.json" # (other prompts: none of the first ones' pages is cached)
   kill -INT "$batch_pid" 2>/dev/null || true
   wait "$batch_pid" 2>/dev/null || true
 fi
 
-python3 - "$out" "$n" "$p" "$g" "$running" "$start" "$end" "$live" <<'EOF'
+python3 - "$out" "$n" "$p" "$g" "$running" "$start" "$end" "$live" "$inprocess" <<'EOF'
 import json, os, sys
 out, n, p, g, b = sys.argv[1], *map(int, sys.argv[2:6])
-start, end, live = float(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])
-bench = json.load(open(os.path.join(out, 'bench.json')))
-lines = [json.loads(l) for l in open(os.path.join(out, 'out.jsonl'))]
-ok = [l for l in lines if l['response'] and l['response']['status_code'] == 200]
-gen = sum(l['response']['body']['usage']['completion_tokens'] for l in ok)
-secs = end - start
-decode = bench['decode_batch_tok_s'][str(b)]
-prefill = bench['prefill_tok_s']
-ideal = n * p / prefill + n * g / decode
-r = {'requests': n, 'answered': len(ok), 'prompt_tokens': p, 'gen_tokens': g, 'max_running': b,
-     'batch_s': secs, 'gen_tok_s': gen / secs, 'bench_decode_tok_s': decode, 'bench_prefill_tok_s': prefill,
-     'gen_vs_decode': gen / secs / decode, 'ideal_s': ideal, 'ideal_vs_batch': ideal / secs}
-print(f"batch: {len(ok)}/{n} answered, {gen} tokens generated in {secs:.1f} s: {gen / secs:.1f} tok/s")
-print(f"bench: prefill {prefill:.1f} tok/s ({p} tokens), decode {decode:.1f} tok/s aggregate at batch {b}")
-print(f"generated tok/s / bench decode at batch {b}: {r['gen_vs_decode']:.2f}")
-print(f"ideal time (prefill + decode at bench's rates) {ideal:.1f} s / batch time {secs:.1f} s: {r['ideal_vs_batch']:.2f}")
+start, end, live, inprocess = float(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8]), sys.argv[9] != '0'
+r = {'requests': n, 'prompt_tokens': p, 'gen_tokens': g, 'max_running': b}
+if inprocess:
+    bench = json.load(open(os.path.join(out, 'bench.json')))
+    lines = [json.loads(l) for l in open(os.path.join(out, 'out.jsonl'))]
+    ok = [l for l in lines if l['response'] and l['response']['status_code'] == 200]
+    gen = sum(l['response']['body']['usage']['completion_tokens'] for l in ok)
+    secs = end - start
+    decode = bench['decode_batch_tok_s'][str(b)]
+    prefill = bench['prefill_tok_s']
+    ideal = n * p / prefill + n * g / decode
+    r.update({'answered': len(ok), 'batch_s': secs, 'gen_tok_s': gen / secs, 'bench_decode_tok_s': decode,
+              'bench_prefill_tok_s': prefill, 'gen_vs_decode': gen / secs / decode, 'ideal_s': ideal,
+              'ideal_vs_batch': ideal / secs})
+    print(f"batch: {len(ok)}/{n} answered, {gen} tokens generated in {secs:.1f} s: {gen / secs:.1f} tok/s")
+    print(f"bench: prefill {prefill:.1f} tok/s ({p} tokens), decode {decode:.1f} tok/s aggregate at batch {b}")
+    print(f"generated tok/s / bench decode at batch {b}: {r['gen_vs_decode']:.2f}")
+    print(f"ideal time (prefill + decode at bench's rates) {ideal:.1f} s / batch time {secs:.1f} s: "
+          f"{r['ideal_vs_batch']:.2f}")
 if live > 0:
     idle = json.load(open(os.path.join(out, 'ttft_idle.json')))['levels'][0]
     busy = json.load(open(os.path.join(out, 'ttft_busy.json')))['levels'][0]
