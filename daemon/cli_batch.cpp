@@ -439,8 +439,8 @@ int cmd_batch(const batch_opts& o) {
         return in_process ? exit_error : exit_unreachable;
     }
     if (left > 0) {
-        message(term, fmt::format("{} lines left unanswered (the daemon stayed busy past --wait); rerun the same "
-                                  "command to go on", left));
+        message(term, fmt::format("{} lines left unanswered (the daemon stayed busy past --wait, or a connection "
+                                  "broke); rerun the same command to go on", left));
         return exit_error;
     }
     return exit_ok;
