@@ -364,14 +364,15 @@ int cmd_batch(const batch_opts& o) {
     }
     // To a daemon the lines are background work unless they say otherwise: live requests go
     // first (runtime/scheduler.hpp admit).
-    const std::optional<int> priority = o.priority ? o.priority : in_process ? std::nullopt : std::optional<int>(-1);
+    const bool set_priority = o.priority.has_value() || !in_process;
+    const int priority = o.priority.value_or(-1);
     std::vector<batch::request_line> todo;
     for (batch::request_line& r : in.requests) {
         if (done.has(r)) {
             ++t.skipped;
             continue;
         }
-        if (priority && !r.body.contains("priority")) r.body["priority"] = *priority;
+        if (set_priority && !r.body.contains("priority")) r.body["priority"] = priority;
         todo.push_back(std::move(r));
     }
     sort_by_prefix(todo);
