@@ -1206,6 +1206,8 @@ std::string route_label(const std::string& target) {
     for (const char* k : known)
         if (path == k) return k;
     if (path.starts_with("/v1/models/")) return "/v1/models";
+    if (path == "/v1/files" || path.starts_with("/v1/files/")) return "/v1/files";
+    if (path == "/v1/batches" || path.starts_with("/v1/batches/")) return "/v1/batches";
     return "other";
 }
 

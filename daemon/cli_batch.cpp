@@ -4,30 +4,27 @@
 // With --socket a running tandemd answers. Output lines are written whole, one write each; a
 // rerun with the same output file skips what it holds (daemon/batch_file.hpp).
 #include "daemon/batch_file.hpp"
+#include "daemon/batch_run.hpp"
 #include "daemon/cli.hpp"
 #include "daemon/cli_client.hpp"
 #include "daemon/server.hpp"
+#include "daemon/tandemd_args.hpp"
 #include "runtime/error.hpp"
 
 #include <fmt/format.h>
 
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -48,48 +45,9 @@ struct batch_opts {
     client_opts daemon;                // --socket, --wait
 };
 
-// Appends whole lines to the output file: each one a single write of the line and its
-// newline, after cutting off a line a crash left half written.
-class output_file {
-public:
-    output_file(const std::string& path, uint64_t whole_bytes) : path_(path) {
-        fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-        if (fd_ < 0) throw error(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-        struct stat st{};
-        if (::fstat(fd_, &st) == 0 && uint64_t(st.st_size) > whole_bytes && ::ftruncate(fd_, off_t(whole_bytes)) != 0)
-            throw error(fmt::format("cannot truncate {}: {}", path, std::strerror(errno)));
-        if (::lseek(fd_, 0, SEEK_END) < 0) throw error(fmt::format("cannot seek in {}: {}", path, std::strerror(errno)));
-    }
-    ~output_file() {
-        if (fd_ >= 0) ::close(fd_);
-    }
-    output_file(const output_file&) = delete;
-    output_file& operator=(const output_file&) = delete;
-
-    void write(const batch::json& line) {
-        const std::string text = line.dump(-1, ' ', false, batch::json::error_handler_t::replace) + "\n";
-        std::lock_guard lock(mu_);
-        for (size_t at = 0; at < text.size();) {
-            const ssize_t n = ::write(fd_, text.data() + at, text.size() - at);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) throw error(fmt::format("cannot write {}: {}", path_, std::strerror(errno)));
-            at += size_t(n);
-        }
-    }
-    void sync() {
-        std::lock_guard lock(mu_);
-        ::fdatasync(fd_);
-    }
-
-private:
-    std::string path_;
-    int fd_ = -1;
-    std::mutex mu_;
-};
-
 // What the run did, for the progress line and the summary; updated by the sending threads.
 struct tally {
-    std::atomic<int64_t> answered{0}, errors{0}, left{0}, prompt_tokens{0}, completion_tokens{0};
+    std::atomic<int64_t> answered{0}, errors{0}, prompt_tokens{0}, completion_tokens{0};
     int64_t total = 0, skipped = 0;   // lines in the input; answered by an earlier run
     clock_type::time_point start = clock_type::now();
 
@@ -109,24 +67,6 @@ struct tally {
                            secs > 0 ? double(completion_tokens) / secs : 0.0, eta);
     }
 };
-
-// The text requests sharing a prefix have in common, first: lines sorted by it are sent
-// together, so the prefix cache serves the later ones.
-std::string prefix_key(const batch::request_line& r) {
-    for (const char* k : {"messages", "prompt", "input"})
-        if (auto it = r.body.find(k); it != r.body.end()) return r.url + '\n' + it->dump();
-    return r.url;
-}
-
-void sort_by_prefix(std::vector<batch::request_line>& lines) {
-    std::vector<std::pair<std::string, size_t>> keys;
-    for (size_t i = 0; i < lines.size(); ++i) keys.emplace_back(prefix_key(lines[i]), i);
-    std::sort(keys.begin(), keys.end()); // (the index breaks ties: file order)
-    std::vector<batch::request_line> sorted;
-    sorted.reserve(lines.size());
-    for (const auto& k : keys) sorted.push_back(std::move(lines[k.second]));
-    lines = std::move(sorted);
-}
 
 // Threads started while this lives do not take SIGINT (they inherit the mask): it reaches the
 // main thread, which polls `interrupted`, instead of interrupting a system call of the engine
@@ -173,11 +113,7 @@ public:
             if (auto err = cfg.set(key, value)) throw error(fmt::format("{}: {}: {}", from, key, *err));
             cfg.origin[key] = from;
         };
-        for (const std::string& kv : o.settings) {
-            const auto eq = kv.find('=');
-            if (eq == std::string::npos) throw error(fmt::format("--set {}: expected KEY=VALUE", kv));
-            set(kv.substr(0, eq), kv.substr(eq + 1), "--set");
-        }
+        daemon::apply_sets(o.settings, cfg);
         if (cfg.placement != "auto" && cfg.placement != "local")
             throw error(fmt::format("placement {} ({}): an in-process batch runs in one process; to use workers, "
                                     "start tandemd with it and pass --socket",
@@ -245,99 +181,6 @@ private:
     int rc_ = 0;
 };
 
-// Sends the lines todo[next..] from several threads, writing each answer as it comes.
-class sender {
-public:
-    sender(const ipc::client& c, const batch_opts& o, std::vector<batch::request_line>& todo, output_file& out, tally& t)
-        : c_(c), o_(o), todo_(todo), out_(out), t_(t) {}
-
-    void run(int n_threads) {
-        running_ = n_threads;
-        for (int i = 0; i < n_threads; ++i) threads_.emplace_back([this] { loop(); });
-    }
-    // True once every thread is done; waits up to `d` for that.
-    bool wait_for(std::chrono::milliseconds d) {
-        std::unique_lock lock(mu_);
-        return cv_.wait_for(lock, d, [&] { return running_ == 0; });
-    }
-    void join() {
-        for (auto& th : threads_) th.join();
-    }
-    void detach() {
-        for (auto& th : threads_) th.detach();
-    }
-    // Why sending stopped early (the daemon went away), or empty.
-    std::string failure() {
-        std::lock_guard lock(mu_);
-        return failure_;
-    }
-
-private:
-    void loop() {
-        for (size_t i; !stop_ && !interrupted && (i = next_++) < todo_.size();) send(todo_[i]);
-        std::lock_guard lock(mu_);
-        if (--running_ == 0) cv_.notify_all();
-    }
-
-    void send(const batch::request_line& r) {
-        const std::string body = r.body.dump(-1, ' ', false, batch::json::error_handler_t::replace);
-        const auto give_up = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
-                                                     std::chrono::duration<double>(o_.daemon.wait_s));
-        for (;;) {
-            const ipc::response res = c_.post(r.url, body);
-            if (!res.reached()) { // the daemon went away: the line stays undone, for a rerun
-                ++t_.left;
-                if (!interrupted && ++net_failures_ >= 3) {
-                    std::lock_guard lock(mu_);
-                    if (failure_.empty()) failure_ = res.net_error;
-                    stop_ = true;
-                }
-                return;
-            }
-            net_failures_ = 0;
-            if (res.status == 429 || res.status == 503) { // busy or loading: wait as it asks, up to --wait
-                double after = 1;
-                try {
-                    if (!res.retry_after.empty()) after = std::clamp(std::stod(res.retry_after), 0.05, 30.0);
-                } catch (const std::exception&) {
-                }
-                if (clock_type::now() < give_up && sleep_unless_interrupted(after)) continue;
-                ++t_.left;
-                return;
-            }
-            out_.write(batch::result_line(r.custom_id, res.status, res.body));
-            if (res.status >= 200 && res.status < 300) {
-                ++t_.answered;
-                try {
-                    const auto j = batch::json::parse(res.body);
-                    if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
-                        t_.prompt_tokens += u->value("prompt_tokens", int64_t(0));
-                        t_.completion_tokens += u->value("completion_tokens", int64_t(0));
-                    }
-                } catch (const std::exception&) {
-                }
-            } else {
-                ++t_.errors;
-            }
-            return;
-        }
-    }
-
-    const ipc::client& c_;
-    const batch_opts& o_;
-    std::vector<batch::request_line>& todo_;
-    output_file& out_;
-    tally& t_;
-    std::atomic<size_t> next_{0};
-    std::atomic<bool> stop_{false};
-    std::atomic<int> net_failures_{0};
-    std::vector<std::thread> threads_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    int running_ = 0;                 // threads not done yet (guarded by mu_)
-    std::string failure_;
-};
-
 std::string read_file(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
     if (!f) throw error(fmt::format("cannot read {}", path));
@@ -351,7 +194,7 @@ int cmd_batch(const batch_opts& o) {
     // Everything that can be refused is refused before the model loads.
     batch::input in = batch::read_input(read_file(o.input));
     const batch::done_set done = batch::read_done(o.output);
-    output_file out(o.output, done.whole_bytes);
+    batch::output_file out(o.output, done.whole_bytes);
     tally t;
     t.total = int64_t(in.requests.size() + in.errors.size());
     for (const batch::line_error& e : in.errors) {
@@ -375,7 +218,7 @@ int cmd_batch(const batch_opts& o) {
         if (set_priority && !r.body.contains("priority")) r.body["priority"] = priority;
         todo.push_back(std::move(r));
     }
-    sort_by_prefix(todo);
+    batch::sort_by_prefix(todo);
     if (t.skipped > 0)
         message(term, fmt::format("{} of {} lines were answered in {} before: skipping them", t.skipped, t.total, o.output));
 
@@ -401,7 +244,25 @@ int cmd_batch(const batch_opts& o) {
         if (!r.reached()) return report_unreachable(term, c, r);
     }
 
-    sender s(c, o, todo, out, t);
+    batch::sender s(
+        c, todo,
+        [&](const batch::request_line& r, int status, const std::string& body) {
+            out.write(batch::result_line(r.custom_id, status, body));
+            if (status < 200 || status >= 300) {
+                ++t.errors;
+                return;
+            }
+            ++t.answered;
+            try {
+                const auto j = batch::json::parse(body);
+                if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+                    t.prompt_tokens += u->value("prompt_tokens", int64_t(0));
+                    t.completion_tokens += u->value("completion_tokens", int64_t(0));
+                }
+            } catch (const std::exception&) {
+            }
+        },
+        interrupted, o.daemon.wait_s);
     t.start = clock_type::now();
     const int64_t n_todo = int64_t(todo.size()) + t.errors;
     {

@@ -114,6 +114,8 @@ const std::vector<std::pair<std::string, setter>>& setters() {
         {"kv_pool_persist", [](config& c, const std::string& v) { return parse_bool(v, c.kv_pool_persist); }},
         {"prefix_cache", [](config& c, const std::string& v) { return parse_bool(v, c.prefix_cache); }},
         {"priority_aging_s", [](config& c, const std::string& v) { return parse_seconds(v, c.priority_aging_s); }},
+        {"background_step_tokens",
+         [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.background_step_tokens, 0, 1 << 20); }},
         {"max_running", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_running, 1, 4096); }},
         {"max_waiting", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_waiting, 0, 1 << 20); }},
         {"max_connections",
@@ -130,6 +132,12 @@ const std::vector<std::pair<std::string, setter>>& setters() {
              else c.draft_cost = x;
              return std::nullopt;
          }},
+        {"state_dir", [](config& c, const std::string& v) { c.state_dir = v; return std::optional<std::string>(); }},
+        {"max_file_bytes",
+         [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.max_file_bytes, 1024, int64_t(1) << 34); }},
+        {"max_files", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_files, 1, 1 << 24); }},
+        {"batch_concurrency",
+         [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.batch_concurrency, 0, 4096); }},
         {"max_body_bytes",
          [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.max_body_bytes, 1024, int64_t(1) << 32); }},
         {"max_prompt_tokens",
@@ -248,6 +256,17 @@ std::string default_socket_path() {
     if (::geteuid() == 0) return "/run/tandem/tandem.sock";
     if (const char* d = std::getenv("XDG_RUNTIME_DIR"); d && *d) return std::string(d) + "/tandem/tandem.sock";
     return "/tmp/tandem-" + std::to_string(::geteuid()) + "/tandem.sock";
+}
+
+std::string default_state_dir() {
+    if (const char* d = std::getenv("STATE_DIRECTORY"); d && *d && *d != ':') {
+        const std::string dir(d);
+        return dir.substr(0, dir.find(':'));
+    }
+    if (::geteuid() == 0) return "/var/lib/tandem";
+    if (const char* d = std::getenv("XDG_STATE_HOME"); d && *d) return std::string(d) + "/tandem";
+    if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/tandem";
+    return "/tmp/tandem-" + std::to_string(::geteuid()) + "/state";
 }
 
 std::string default_model_path() {

@@ -33,6 +33,7 @@ struct config {
     bool kv_pool_persist = false;      // keep the pool file at exit (a warm prefix cache after a clean restart)
     bool prefix_cache = true;
     double priority_aging_s = 5;
+    int32_t background_step_tokens = 32; // background work in one step (0: no cap)
     int32_t max_running = 16;
     int32_t max_waiting = 64;
     int32_t max_connections = 256;
@@ -41,6 +42,11 @@ struct config {
     std::string draft_model;           // a GGUF with the model's vocabulary that drafts ("" = prompt lookup)
     double draft_cost = 0;             // a draft token's cost over a decode step (0 = auto: measured)
     int64_t max_body_bytes = 1 << 20;
+    // Batch jobs (/v1/files, /v1/batches): their files and state live under state_dir.
+    std::string state_dir;             // "" = default_state_dir()
+    int64_t max_file_bytes = int64_t(100) << 20; // one uploaded file
+    int32_t max_files = 1000;          // files kept (uploads and batch results)
+    int32_t batch_concurrency = 0;     // a job's requests in flight; 0 = max_running
     int32_t max_prompt_tokens = 0;     // 0 = the context less one
     int32_t max_tokens_limit = 0;      // 0 = the context
     int32_t max_n = 8;
@@ -74,6 +80,11 @@ struct config {
 // $RUNTIME_DIRECTORY/tandem.sock under systemd (RuntimeDirectory=tandem), else
 // /run/tandem/tandem.sock for root and $XDG_RUNTIME_DIR/tandem/tandem.sock for a user.
 std::string default_socket_path();
+
+// Where batch jobs keep their files and state: $STATE_DIRECTORY under systemd
+// (StateDirectory=tandem), else /var/lib/tandem for root and $XDG_STATE_HOME/tandem (or
+// ~/.local/state/tandem) for a user.
+std::string default_state_dir();
 
 // The demo model a packaged tandemd serves when none is configured: stories260K.gguf in the
 // installed share/tandem/models/ (found from the running tandemd's own path, so any install

@@ -2,6 +2,8 @@
 // accept sessions, drain on SIGTERM, clean up.
 #include "daemon/server.hpp"
 
+#include "daemon/batch_jobs.hpp"
+
 #include "cpu/thread_pool.hpp"
 #include "daemon/session.hpp"
 #include "daemon/systemd.hpp"
@@ -187,6 +189,7 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     eo.max_logits = std::max(1, cfg.max_running) + std::min(cfg.max_running, eo.max_draft_batch) * eo.max_draft_tokens;
     eo.prefix_cache = cfg.prefix_cache;
     eo.priority_aging_s = cfg.priority_aging_s;
+    eo.background_step_tokens = cfg.background_step_tokens;
     // Default pool: max_running full contexts but at most 2 GiB, and never less than one
     // full context (so any request the context allows can run).
     const kv_layout layout{mc.n_layer, mc.n_head_kv, mc.head_dim, cfg.page_size, kv};
@@ -369,6 +372,7 @@ void server::on_signal(int signo) {
 
 void server::begin_drain() {
     st_.stopping = true;
+    if (jobs_) jobs_->stop(); // no new line; those in flight are answered in the drain
     abort_loading_ = true;
     if (managed_) systemd::notify_stopping();
     // Our own listeners keep accepting while the drain lasts (new requests get 503 "stopping"
@@ -403,6 +407,25 @@ void server::finish() {
     io_.stop();
 }
 
+void server::start_batch_jobs() {
+    if (!managed_) return; // tandem batch's own daemon: its client has the file
+    const config& c = st_.cfg;
+    batch_settings s;
+    s.dir = c.state_dir.empty() ? default_state_dir() : c.state_dir;
+    s.socket = socket_name_;
+    s.max_file_bytes = c.max_file_bytes;
+    s.max_files = c.max_files;
+    s.concurrency = c.batch_concurrency > 0 ? c.batch_concurrency : c.max_running;
+    try {
+        jobs_ = std::make_unique<batch_jobs>(s);
+    } catch (const std::exception& e) {
+        logger("server")->warn("batch jobs are off (/v1/files, /v1/batches): {}", e.what());
+        return;
+    }
+    st_.jobs = jobs_.get();
+    jobs_->start();
+}
+
 void server::stop() {
     asio::post(io_, [this] {
         if (!st_.stopping && !finished_) begin_drain();
@@ -419,8 +442,10 @@ int server::run() {
         });
     if (managed_ && systemd::watchdog_interval().count() > 0) asio::co_spawn(io_, watchdog_loop(), asio::detached);
     asio::co_spawn(io_, status_loop(), asio::detached);
+    start_batch_jobs();
     start_loading();
     io_.run();
+    jobs_.reset(); // (its lines in flight were answered in the drain, or their connections closed)
 
     // The engine goes first: its last events are posted to io_, which must still exist.
     abort_loading_ = true;

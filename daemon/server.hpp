@@ -57,6 +57,9 @@ private:
 
     void listen();
     void start_loading();
+    // /v1/files and /v1/batches, their runner started (a warning and none when the state
+    // directory cannot be had).
+    void start_batch_jobs();
     asio::awaitable<void> accept_loop(acceptor_type& acc);
     asio::awaitable<void> watchdog_loop();
     asio::awaitable<void> status_loop();
@@ -74,6 +77,7 @@ private:
     asio::steady_timer watchdog_timer_;
     asio::steady_timer status_timer_;
     std::thread loader_;
+    std::unique_ptr<batch_jobs> jobs_; // (after loader_: it goes first)
     std::atomic<bool> abort_loading_{false}; // set on SIGTERM: a loader waiting for workers gives up
     std::string socket_path_;      // the file we created (removed on exit); "" under activation
     std::string socket_name_;      // the Unix socket served (systemd's, under activation): names the KV pool

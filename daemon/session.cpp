@@ -3,6 +3,7 @@
 #include "daemon/session.hpp"
 
 #include "daemon/api.hpp"
+#include "daemon/batch_jobs.hpp"
 #include "daemon/session_manager.hpp"
 #include "runtime/log.hpp"
 
@@ -195,6 +196,11 @@ asio::awaitable<void> session::run() {
         set_deadline(st_.cfg.request_timeout_s);
         error_code ec;
         co_await http::async_read_header(socket_, buffer_, parser, redirect_error(use_awaitable, ec));
+        int64_t body_limit = st_.cfg.max_body_bytes;
+        if (!ec && st_.jobs && parser.get().method() == http::verb::post && parser.get().target() == "/v1/files") {
+            body_limit = std::max(body_limit, st_.cfg.max_file_bytes + 65536); // an upload: the file and its form
+            parser.body_limit(uint64_t(body_limit));
+        }
         if (!ec && !parser.is_done()) {
             // curl sends Expect: 100-continue for big bodies and waits a second without it
             if (boost::beast::iequals(parser.get()[http::field::expect], "100-continue")) {
@@ -213,7 +219,7 @@ asio::awaitable<void> session::run() {
                 break;
             api_error e;
             if (ec == http::error::body_limit) {
-                e = {413, fmt::format("the request body is larger than {} bytes", st_.cfg.max_body_bytes),
+                e = {413, fmt::format("the request body is larger than {} bytes", body_limit),
                      "invalid_request_error", "", "request_too_large"};
             } else if (ec == http::error::header_limit) {
                 e = {431, "the request headers are too large"};
@@ -241,7 +247,15 @@ asio::awaitable<void> session::run() {
         const std::string method(req.method_string());
         bool ok = true;
         const auto t0 = clock_type::now();
-        auto r = handle_simple(method, target, req.body(), st_);
+        std::optional<reply> r;
+        if (batch_jobs::handles(target.substr(0, target.find('?')))) {
+            const auto ct = req[http::field::content_type];
+            r = st_.jobs ? st_.jobs->handle(method, target, std::string_view(ct.data(), ct.size()), req.body())
+                         : reply::of(api_error{404, "batch jobs are off in this daemon (tandem batch's own)",
+                                               "invalid_request_error", "", "not_found"});
+        } else {
+            r = handle_simple(method, target, req.body(), st_);
+        }
         // A request that needs the model while it loads (the one socket activation started
         // the daemon for, say) is held until it has loaded, and answered 503 only when that
         // takes longer than load_wait_s.

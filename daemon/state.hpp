@@ -47,8 +47,11 @@ struct model_state {
 
 // Owned by the server; sessions hold a reference. Touched on the io thread only (metrics
 // and the engine are thread-safe themselves).
+class batch_jobs;
+
 struct daemon_state {
     config cfg;
+    batch_jobs* jobs = nullptr;      // /v1/files and /v1/batches; null in tandem batch's own daemon
     metrics met;
     std::unique_ptr<model_state> ms; // null while loading
     bool stopping = false;

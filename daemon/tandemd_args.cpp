@@ -17,6 +17,15 @@ void add_options(CLI::App& app, tandemd_args& a) {
     app.add_flag("--list-keys", a.list_keys, "print the config keys and exit");
 }
 
+void apply_sets(const std::vector<std::string>& sets, config& cfg) {
+    for (const auto& s : sets) {
+        const auto eq = s.find('=');
+        if (eq == std::string::npos) fail("--set {}: expected KEY=VALUE", s);
+        if (auto err = cfg.set(s.substr(0, eq), s.substr(eq + 1))) fail("--set {}: {}", s.substr(0, eq), *err);
+        cfg.origin[s.substr(0, eq)] = "--set";
+    }
+}
+
 bool apply_args(const tandemd_args& a, config& cfg) {
     auto put = [&](const std::string& k, const std::string& v) {
         if (auto err = cfg.set(k, v)) fail("--{}: {}", k, *err);
@@ -27,12 +36,7 @@ bool apply_args(const tandemd_args& a, config& cfg) {
     if (a.threads >= 0) put("threads", std::to_string(a.threads));
     if (!a.listen_tcp.empty()) put("listen_tcp", a.listen_tcp);
     if (!a.log_level.empty()) put("log_level", a.log_level);
-    for (const auto& s : a.sets) {
-        const auto eq = s.find('=');
-        if (eq == std::string::npos) fail("--set {}: expected KEY=VALUE", s);
-        if (auto err = cfg.set(s.substr(0, eq), s.substr(eq + 1))) fail("--set {}: {}", s.substr(0, eq), *err);
-        cfg.origin[s.substr(0, eq)] = "--set";
-    }
+    apply_sets(a.sets, cfg);
     const bool demo_model = cfg.model.empty();
     if (demo_model) cfg.model = default_model_path(); // the installed demo model, if any
     cfg.validate();

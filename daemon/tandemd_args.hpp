@@ -20,6 +20,10 @@ struct tandemd_args {
 // tandemd's options, parsed into `a`.
 void add_options(CLI::App& app, tandemd_args& a);
 
+// Each `--set KEY=VALUE` of `sets` over `cfg`, in order (origin "--set"). Throws
+// tandem::error "--set KEY: problem".
+void apply_sets(const std::vector<std::string>& sets, config& cfg);
+
 // The flags over `cfg` (the config file's, loaded first): each flag, then each --set, the
 // installed demo model when no model is set, then validate(). Returns whether the demo model
 // was chosen. Throws tandem::error "--KEY: problem" (or validate()'s).

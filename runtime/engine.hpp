@@ -222,6 +222,7 @@ struct engine_options {
     bool prefix_cache = true;         // reuse the K/V of full pages of earlier prompts
     uint64_t prefix_seed = 0;         // the model fingerprint (prefix hashes of other models never match)
     double priority_aging_s = 5;      // each this many seconds waited raises a request's priority by one
+    int32_t background_step_tokens = 0; // tokens of background work (negative priority) in one step; 0: no cap
     // A draft model (same vocabulary; not owned, outlives the engine): the engine runs it on
     // its own thread, with its own page pool of n_pages pages, for requests that draft from it.
     model* draft_model = nullptr;

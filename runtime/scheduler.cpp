@@ -26,6 +26,7 @@ struct scheduler::seq {
     std::vector<uint64_t> hashes;     // prefix hashes of the leading full computed pages
     int busy = -1;                    // slot of the batch running it
     int32_t n_inflight = 0;           // tokens that batch computes
+    uint64_t last_taken = 0;          // when a batch last took it, in takes (turns of background decode)
     bool running = false;             // admitted: holds pages
     bool admitted_once = false;
     int32_t reused = 0;               // prefix tokens reused at first admission
@@ -326,38 +327,64 @@ const batch& scheduler::plan(int slot, work_kind kind) {
     };
     // Takes n tokens of s if its pages can be had (growing may preempt, which edits running_).
     auto take = [&](seq& s, int32_t n) {
-        if (!grow(s, s.n_computed + n) || !writable(s, s.n_computed + n)) return;
+        if (!grow(s, s.n_computed + n) || !writable(s, s.n_computed + n)) return false;
         s.busy = slot;
         s.n_inflight = n;
+        s.last_taken = ++takes_;
         sb.seqs.push_back(&s);
         budget -= n;
         rows_left -= rows(s, n);
+        return true;
     };
+    auto pending = [](const seq& s) { return int32_t(s.tokens.size()) - s.n_computed; };
+    auto background = [](const seq& s) { return s.priority < 0; };
+    // Background work: none while a live prompt is computed anywhere, else a capped share.
+    int32_t bg_left = o_.background_step_tokens > 0 ? o_.background_step_tokens : std::numeric_limits<int32_t>::max();
+    int32_t bg_prefill_share = 0; // of bg_left, kept from background decodes for background prefill
+    for (const seq* s : running_) {
+        if (pending(*s) <= o_.decode_tokens) continue;
+        if (!background(*s)) bg_left = 0;
+        else if (prefill && s->busy < 0 && o_.background_step_tokens > 0) bg_prefill_share = bg_left / 2;
+    }
+    if (bg_left == 0) bg_prefill_share = 0;
+    bool bg_taken = false;
     // Decodes first (a few tokens each, never split), then prefill chunks from the budget.
-    const std::vector<seq*> order = running_;
+    std::vector<seq*> order = running_;
     if (decode) {
+        // Background decodes in turns (least recently taken first) when the cap leaves some out.
+        std::stable_sort(order.begin(), order.end(), [&](const seq* a, const seq* b) {
+            if (background(*a) != background(*b)) return !background(*a);
+            return background(*a) && a->last_taken < b->last_taken;
+        });
         for (seq* s : order) {
-            const int32_t pending = int32_t(s->tokens.size()) - s->n_computed;
-            if (!s->running || s->busy >= 0 || pending < 1 || pending > o_.decode_tokens) continue;
-            if (rows(*s, pending) > rows_left) continue;
-            take(*s, pending);
+            const int32_t n = pending(*s);
+            if (!s->running || s->busy >= 0 || n < 1 || n > o_.decode_tokens) continue;
+            // (the first background decode of a batch fits whatever its drafts, so none waits forever)
+            if (background(*s) && (bg_left == 0 || (bg_taken && n > bg_left - bg_prefill_share))) continue;
+            if (rows(*s, n) > rows_left) continue;
+            if (take(*s, n) && background(*s)) {
+                bg_left = std::max(0, bg_left - n);
+                bg_taken = true;
+            }
         }
+        order = running_;
     }
     if (prefill) {
         for (seq* s : order) {
             if (budget <= 0) break;
             if (!s->running || s->busy >= 0) continue;
-            const int32_t pending = int32_t(s->tokens.size()) - s->n_computed;
-            if (pending <= o_.decode_tokens) continue;
-            int32_t n = std::min(pending, budget);
+            const int32_t left = pending(*s);
+            if (left <= o_.decode_tokens) continue;
+            int32_t n = std::min(left, budget);
+            if (background(*s)) n = std::min(n, bg_left);
             // A chunk asks for no more rows than are left (a scored prompt is chunked by them).
             if (rows(*s, n) > rows_left) {
                 const int64_t first = std::max(s->logits_from, s->n_computed); // first position wanting a row
                 n = int32_t(std::min<int64_t>(n, first - s->n_computed + rows_left));
-                if (n == pending && rows(*s, n) > rows_left) --n; // its last token's row does not fit
+                if (n == left && rows(*s, n) > rows_left) --n; // its last token's row does not fit
             }
             if (n <= 0) continue;
-            take(*s, n);
+            if (take(*s, n) && background(*s)) bg_left -= n;
         }
     }
     for (seq* s : sb.seqs) {

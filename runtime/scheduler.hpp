@@ -28,6 +28,11 @@ struct scheduler_options {
     uint64_t prefix_seed = 0;         // the model fingerprint: hashes of other models never match
     double priority_aging_s = 5;      // each this many seconds waited raises priority by one
                                       // (a negative priority to -1 at most: background work)
+    // Tokens of background work (sequences of a negative priority) one batch carries, decode
+    // and prefill together; 0: no cap. It bounds how long a live request that arrives waits
+    // for the batch in flight. While a live sequence has a prompt to compute, batches carry
+    // no background work at all.
+    int32_t background_step_tokens = 0;
 };
 
 // Where the page table of the prefix cache is kept besides the scheduler (the shared
@@ -100,7 +105,10 @@ public:
 
     // Plans the next batch for an executor that runs `kind` work: decode work is a sequence
     // with 1..decode_tokens tokens to compute, prefill work one with more (chunked to the
-    // token budget). Allocates pages for the new positions (copying shared ones they write),
+    // token budget). Live work first: while a live sequence (priority >= 0) has prefill work,
+    // in this batch or another slot's, no batch takes background work (priority < 0), and a
+    // batch takes at most background_step_tokens of it otherwise (half of them kept for
+    // prefill while a background sequence waits for one; background decodes take turns). Allocates pages for the new positions (copying shared ones they write),
     // preempting lower-priority idle sequences if the pool is short (freed, back to waiting,
     // recomputed later). The planned sequences are busy until complete(); the batch stays
     // readable until the slot's next plan().
@@ -160,6 +168,7 @@ private:
     std::vector<uint64_t> preempted_, admitted_;
     uint64_t n_preemptions_ = 0, n_hit_tokens_ = 0, n_prompt_tokens_ = 0;
     uint64_t arrivals_ = 0;
+    uint64_t takes_ = 0;
 };
 
 } // namespace tandem

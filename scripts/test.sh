@@ -33,7 +33,7 @@ if command -v clang++ >/dev/null; then
   cmake -S . -B build-tsan -G Ninja -DTANDEM_TSAN=ON -DTANDEM_CUDA=OFF -DTANDEM_FUZZ=OFF "${san_flags[@]}" >/dev/null
   # (not the tandem client: no tsan case runs it)
   cmake --build build-tsan -j "$jobs" --target test_core test_engine test_scheduler test_kv_pool test_ipc_shm \
-    test_ipc_client test_workers test_server tandemd
+    test_ipc_client test_workers test_server test_batch_jobs tandemd
   # A race makes its process exit 66 at the end (a test, or a daemon the test stops), so the test
   # fails; stopping at the first one instead would leave a test's daemons running.
   TSAN_OPTIONS=second_deadlock_stack=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" -L tsan

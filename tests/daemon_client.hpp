@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -185,6 +186,10 @@ struct daemon_process {
     pid_t pid = -1;
     std::string sock;
     std::string log; // when set before spawn: the daemon's stderr (its log) is appended to this file
+    // Its state directory (batch jobs): $STATE_DIRECTORY, a fresh one made at the first spawn and
+    // removed at the end unless set before (so the tests' daemons never share the user's).
+    std::string state_dir;
+    bool own_state_dir = false;
 
     // argv after the binary (tandemd unless `binary` names another); env entries ("K=V") added to ours.
     void spawn(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
@@ -198,10 +203,19 @@ struct daemon_process {
         std::vector<std::string> env_s;
         for (char** e = environ; *e; ++e) {
             const std::string kv = *e;
-            if (kv.rfind("NOTIFY_SOCKET=", 0) == 0 || kv.rfind("LISTEN_", 0) == 0 || kv.rfind("WATCHDOG_", 0) == 0)
+            if (kv.rfind("NOTIFY_SOCKET=", 0) == 0 || kv.rfind("LISTEN_", 0) == 0 || kv.rfind("WATCHDOG_", 0) == 0 ||
+                kv.rfind("STATE_DIRECTORY=", 0) == 0)
                 continue;
             env_s.push_back(kv);
         }
+        if (state_dir.empty()) {
+            std::string tmpl = (std::filesystem::temp_directory_path() / "tandem-test-state.XXXXXX").string();
+            if (::mkdtemp(tmpl.data()) != nullptr) {
+                state_dir = tmpl;
+                own_state_dir = true;
+            }
+        }
+        env_s.push_back("STATE_DIRECTORY=" + state_dir);
         for (const auto& e : env) env_s.push_back(e);
         std::vector<char*> envp;
         for (auto& e : env_s) envp.push_back(e.data());
@@ -258,6 +272,10 @@ struct daemon_process {
         if (pid > 0) {
             ::kill(pid, SIGKILL);
             ::waitpid(pid, nullptr, 0);
+        }
+        if (own_state_dir) {
+            std::error_code ec;
+            std::filesystem::remove_all(state_dir, ec);
         }
     }
 };

@@ -1,5 +1,6 @@
 // `tandem batch`: the OpenAI Batch file format in and out, in-process (-m) and by a running
 // tandemd (--socket); bad lines, resuming an output file, a run killed half way.
+#include "batch_lines.hpp"
 #include "daemon/batch_file.hpp"
 #include "daemon_client.hpp"
 #include "fake_daemon.hpp"
@@ -16,6 +17,7 @@
 
 using namespace tandem;
 using test::json;
+using test::answer_of, test::completion, test::completions_file, test::id_counts, test::line;
 
 namespace {
 
@@ -36,42 +38,6 @@ std::vector<json> read_lines(const std::string& path) {
     std::ifstream f(path);
     for (std::string l; std::getline(f, l);) out.push_back(json::parse(l));
     return out;
-}
-
-json line(const std::string& id, const std::string& url, const json& body) {
-    return {{"custom_id", id}, {"method", "POST"}, {"url", url}, {"body", body}};
-}
-
-json completion(const std::string& prompt, int max_tokens) {
-    return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
-}
-
-// `n` greedy completions with distinct prompts, as JSONL.
-std::string completions_file(int n, int max_tokens) {
-    std::string s;
-    for (int i = 0; i < n; ++i)
-        s += line("req-" + std::to_string(i), "/v1/completions",
-                  completion("Once upon a time " + std::to_string(i), max_tokens))
-                 .dump() +
-             "\n";
-    return s;
-}
-
-// custom_id -> how many output lines carry it.
-std::map<std::string, int> id_counts(const std::vector<json>& lines) {
-    std::map<std::string, int> n;
-    for (const json& l : lines)
-        if (l["custom_id"].is_string()) ++n[l["custom_id"].get<std::string>()];
-    return n;
-}
-
-// What a response body says, without its id, time and prefix-cache hits: the comparison of
-// two answers.
-json answer_of(json body) {
-    body.erase("id");
-    body.erase("created");
-    if (body.contains("usage")) body["usage"].erase("prompt_tokens_details");
-    return body;
 }
 
 } // namespace

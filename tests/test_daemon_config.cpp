@@ -167,6 +167,11 @@ TEST_CASE("config: the sample names every key the parser knows, each line's defa
     CHECK(all.worker_timeout_s == d.worker_timeout_s);
     CHECK(all.worker_heartbeat_s == d.worker_heartbeat_s);
     CHECK(all.priority_aging_s == d.priority_aging_s);
+    CHECK(all.background_step_tokens == d.background_step_tokens);
+    CHECK(all.max_file_bytes == d.max_file_bytes);
+    CHECK(all.max_files == d.max_files);
+    CHECK(all.batch_concurrency == d.batch_concurrency);
+    CHECK(all.state_dir == d.state_dir);
     CHECK(all.workers == d.workers);
     CHECK(all.kv_pool_persist == d.kv_pool_persist);
     CHECK(all.load_wait_s == d.load_wait_s);

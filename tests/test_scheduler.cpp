@@ -523,6 +523,75 @@ TEST_CASE("scheduler: a full batch gives a higher priority the place of its lowe
     CHECK(found == 1);
 }
 
+TEST_CASE("scheduler: live prompts go first, background work is capped per step and takes turns") {
+    fake_store st(16);
+    scheduler_options o = opts(64);
+    o.background_step_tokens = 8;
+    scheduler s(o, &st);
+    const auto t0 = clock_type::now();
+    auto tokens_of = [](const std::vector<seq_view>& b, bool background) {
+        int32_t n = 0;
+        for (const auto& v : b)
+            if ((v.id >= 100) == background) n += int32_t(v.tokens.size());
+        return n;
+    };
+    // One step of `slot`: runs it, appends a token to every sequence due.
+    auto step = [&](int slot, work_kind kind) {
+        auto b = seqs_of(s.plan(slot, kind));
+        st.run(b);
+        for (uint64_t id : s.complete(slot, true)) s.append(id, 7);
+        return b;
+    };
+    // Six background sequences (ids 100..105): their prompts in chunks of at most 8 tokens.
+    for (uint64_t i = 0; i < 6; ++i) s.add(100 + i, seq_tokens(10, int(i)), -1, t0);
+    s.admit(t0);
+    int steps = 0;
+    for (; steps < 40 && s.n_computed(105) < 10; ++steps) {
+        const auto b = step(0, work_kind::both);
+        CHECK(tokens_of(b, true) <= 8);
+        CHECK(tokens_of(b, true) > 0);
+    }
+    CHECK(steps >= 60 / 8); // 60 prompt tokens, 8 at a time
+    // All six decode now, in turns: 8 of them would fit, and so every one moves each step.
+    for (int i = 0; i < 3; ++i) CHECK(step(0, work_kind::both).size() == 6);
+
+    // A live request: its prompt alone in the batch, whole (the step budget, not the cap), and
+    // no background decode on another slot while it is computed.
+    s.add(1, seq_tokens(30, 9), 0, t0);
+    s.admit(t0);
+    const auto live = seqs_of(s.plan(0, work_kind::both));
+    REQUIRE(live.size() == 1);
+    CHECK(live[0].id == 1);
+    CHECK(live[0].tokens.size() == 30);
+    CHECK(s.plan(1, work_kind::decode).empty());
+    s.complete(1, true);
+    st.run(live);
+    for (uint64_t id : s.complete(0, true)) s.append(id, 7);
+    // Then background work comes back beside the live decode.
+    auto b = step(1, work_kind::decode);
+    CHECK(tokens_of(b, false) == 1);
+    CHECK(tokens_of(b, true) == 6);
+
+    // A background prompt waiting: half the cap is kept for it, the decodes take turns.
+    s.add(106, seq_tokens(20, 6), -1, t0);
+    s.admit(t0);
+    std::map<uint64_t, int> turns;
+    for (int i = 0; i < 3; ++i) {
+        b = step(0, work_kind::both);
+        CHECK(tokens_of(b, true) <= 8);
+        int32_t decodes = 0, prefill = 0;
+        for (const auto& v : b) {
+            if (v.id < 100) continue;
+            if (v.id == 106) prefill += int32_t(v.tokens.size());
+            else ++decodes, ++turns[v.id];
+        }
+        CHECK(decodes == 4);
+        CHECK(prefill == 4);
+    }
+    CHECK(turns.size() == 6); // 12 turns over 6 decodes: every one had its turn
+    for (const auto& [id, n] : turns) CHECK(n == 2);
+}
+
 TEST_CASE("scheduler: random workloads always drain, never leak pages, keep every position right") {
     for (uint32_t seed : {1u, 2u, 3u, 4u, 5u}) {
         std::mt19937 rng(seed);
