@@ -258,12 +258,14 @@ std::optional<std::vector<form_part>> parse_multipart(std::string_view content_t
 }
 
 batch_jobs::batch_jobs(batch_settings s) : s_(std::move(s)) {
+    // Private: the files hold what clients asked and got. (A directory that exists keeps its
+    // mode: systemd's StateDirectoryMode, say.)
     std::error_code ec;
-    for (const char* sub : {"files", "batches"}) {
-        fs::create_directories(s_.dir + "/" + sub, ec);
-        if (ec) throw error(fmt::format("cannot make {}/{}: {}", s_.dir, sub, ec.message()));
+    for (const std::string& d : {s_.dir, s_.dir + "/files", s_.dir + "/batches"}) {
+        if (fs::is_directory(d, ec)) continue;
+        if (!fs::create_directories(d, ec) || ec) throw error(fmt::format("cannot make {}: {}", d, ec.message()));
+        fs::permissions(d, fs::perms::owner_all, fs::perm_options::replace, ec);
     }
-    fs::permissions(s_.dir, fs::perms::owner_all, fs::perm_options::replace, ec);
     // One daemon per state directory: two would run the same jobs.
     lock_fd_ = ::open((s_.dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -697,7 +699,7 @@ bool batch_jobs::run_job(const std::string& id) {
 
     const std::string out_path = job_path(id, ".output.jsonl"), err_path = job_path(id, ".errors.jsonl");
     const batch::done_set out_done = batch::read_done(out_path), err_done = batch::read_done(err_path);
-    batch::output_file out(out_path, out_done.whole_bytes), errs(err_path, err_done.whole_bytes);
+    batch::output_file out(out_path, out_done.whole_bytes, 0600), errs(err_path, err_done.whole_bytes, 0600);
     int64_t completed = int64_t(out_done.size()), failed = int64_t(err_done.size()); // (under mu_)
     const int64_t before = completed + failed;
     // The counts in the batch object as answers come; on disk at most every second (a restart

@@ -37,8 +37,8 @@ void sort_by_prefix(std::vector<request_line>& lines) {
     lines = std::move(sorted);
 }
 
-output_file::output_file(const std::string& path, uint64_t whole_bytes) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+output_file::output_file(const std::string& path, uint64_t whole_bytes, unsigned mode) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, mode_t(mode));
     if (fd_ < 0) throw error(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
     struct stat st{};
     if (::fstat(fd_, &st) == 0 && uint64_t(st.st_size) > whole_bytes && ::ftruncate(fd_, off_t(whole_bytes)) != 0)

@@ -23,10 +23,11 @@ namespace tandem::daemon::batch {
 void sort_by_prefix(std::vector<request_line>& lines);
 
 // Appends whole lines to a file: each one a single write of the line and its newline, after
-// cutting off a line a crash left half written (at `whole_bytes`, from read_done).
+// cutting off a line a crash left half written (at `whole_bytes`, from read_done). A new
+// file gets `mode` (less the umask).
 class output_file {
 public:
-    output_file(const std::string& path, uint64_t whole_bytes);
+    output_file(const std::string& path, uint64_t whole_bytes, unsigned mode = 0644);
     ~output_file();
     output_file(const output_file&) = delete;
     output_file& operator=(const output_file&) = delete;

@@ -251,7 +251,9 @@ asio::awaitable<void> session::run() {
         if (batch_jobs::handles(target.substr(0, target.find('?')))) {
             const auto ct = req[http::field::content_type];
             r = st_.jobs ? st_.jobs->handle(method, target, std::string_view(ct.data(), ct.size()), req.body())
-                         : reply::of(api_error{404, "batch jobs are off in this daemon (tandem batch's own)",
+                         : reply::of(api_error{404,
+                                               "batch jobs are off in this daemon: tandem batch's own, or one whose "
+                                               "state_dir could not be had (its log says why)",
                                                "invalid_request_error", "", "not_found"});
         } else {
             r = handle_simple(method, target, req.body(), st_);

@@ -45,10 +45,10 @@ struct model_state {
     ~model_state(); // (server.cpp)
 };
 
-// Owned by the server; sessions hold a reference. Touched on the io thread only (metrics
-// and the engine are thread-safe themselves).
 class batch_jobs;
 
+// Owned by the server; sessions hold a reference. Touched on the io thread only (metrics
+// and the engine are thread-safe themselves).
 struct daemon_state {
     config cfg;
     batch_jobs* jobs = nullptr;      // /v1/files and /v1/batches; null in tandem batch's own daemon

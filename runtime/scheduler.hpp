@@ -108,9 +108,10 @@ public:
     // token budget). Live work first: while a live sequence (priority >= 0) has prefill work,
     // in this batch or another slot's, no batch takes background work (priority < 0), and a
     // batch takes at most background_step_tokens of it otherwise (half of them kept for
-    // prefill while a background sequence waits for one; background decodes take turns). Allocates pages for the new positions (copying shared ones they write),
-    // preempting lower-priority idle sequences if the pool is short (freed, back to waiting,
-    // recomputed later). The planned sequences are busy until complete(); the batch stays
+    // prefill while a background sequence waits for one; background decodes take turns).
+    // Allocates pages for the new positions (copying shared ones they write), preempting
+    // lower-priority idle sequences if the pool is short (freed, back to waiting, recomputed
+    // later). The planned sequences are busy until complete(); the batch stays
     // readable until the slot's next plan().
     const batch& plan(int slot, work_kind kind);
     // The batch `slot` ran is done (ok) or lost (its positions are not computed; the

@@ -1,7 +1,9 @@
 // libFuzzer target for the text formats the client and server read: the SSE parser (input
 // split anywhere gives the same events), chat templates (any template source and messages),
-// and batch files (the input as a batch input and as an output file to resume).
+// batch files (the input as a batch input and as an output file to resume) and multipart
+// bodies (uploads to /v1/files).
 #include "daemon/batch_file.hpp"
+#include "daemon/batch_jobs.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/error.hpp"
 #include "tests/sse_events.hpp"
@@ -53,6 +55,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const batch::done_set d = batch::parse_done(in, "fuzz");
         if (d.whole_bytes > in.size() || (d.whole_bytes > 0 && in[d.whole_bytes - 1] != '\n')) std::abort();
     } catch (const tandem::error&) {
+    }
+
+    // Multipart bodies: the parts read lie within the body, in order; a refusal says why.
+    std::string why;
+    if (const auto parts = tandem::daemon::parse_multipart("multipart/form-data; boundary=\"b0und\"", in, why)) {
+        const char* at = in.data();
+        for (const auto& p : *parts) {
+            if (p.data.data() < at || p.data.data() + p.data.size() > in.data() + in.size()) std::abort();
+            at = p.data.data() + p.data.size();
+        }
+    } else if (why.empty()) {
+        std::abort();
     }
     return 0;
 }
