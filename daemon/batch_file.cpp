@@ -40,7 +40,7 @@ std::variant<request_line, line_error> parse_line(std::string_view text, int64_t
     json j;
     try {
         j = json::parse(text);
-    } catch (const json::parse_error& ex) {
+    } catch (const json::exception& ex) { // (a syntax error, or a number out of range)
         e.code = "invalid_json";
         return fail(fmt::format("not JSON ({})", ex.what()));
     }
@@ -97,7 +97,7 @@ json result_line(const std::string& custom_id, int status, const std::string& bo
     json body;
     try {
         body = json::parse(body_text);
-    } catch (const json::parse_error&) {
+    } catch (const json::exception&) {
         body = body_text; // not JSON (never from tandemd): kept as text
     }
     std::string request_id;
@@ -135,7 +135,7 @@ done_set parse_done(std::string_view text, const std::string& path) {
         json j;
         try {
             j = json::parse(l);
-        } catch (const json::parse_error&) {
+        } catch (const json::exception&) {
             j = nullptr;
         }
         const auto id = j.is_object() ? j.find("custom_id") : j.end();

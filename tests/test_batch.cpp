@@ -53,6 +53,8 @@ TEST_CASE("batch_file: lines checked one by one, duplicates refused, a cut-short
         return std::get<line_error>(p);
     };
     CHECK(err("{").code == "invalid_json");
+    // A number past a double's range is invalid JSON too, not an exception (found by fuzz_text).
+    CHECK(err(R"({"custom_id":"a","body":{"max_tokens":5555555555555555555e5555}})").code == "invalid_json");
     CHECK(err("[1]").message == "line 7: not a JSON object");
     CHECK(err(R"({"custom_id":"a","method":"GET","url":"/v1/completions","body":{}})").message.find("POST") !=
           std::string::npos);
