@@ -117,6 +117,12 @@ json error_line(const line_error& e) {
                 {"error", {{"code", e.code}, {"message", e.message}, {"line", e.line}}}};
 }
 
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw error(fmt::format("cannot read {}", path));
+    return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 done_set read_done(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
     if (!f) return {}; // (an unreadable file fails when it is opened for writing)

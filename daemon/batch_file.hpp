@@ -57,6 +57,9 @@ json result_line(const std::string& custom_id, int status, const std::string& bo
 // message, line} (line: Tandem's, so a line without a custom_id is known on a rerun).
 json error_line(const line_error& e);
 
+// The whole of the file at `path`; throws tandem::error "cannot read PATH".
+std::string read_file(const std::string& path);
+
 // What an output file holds already: the custom_ids it answered, and the input lines without
 // one that it answered (their errors). A last line cut short (a crash while writing it) is
 // not counted: `whole_bytes` is where the whole lines end, and the next writer truncates the

@@ -19,8 +19,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <random>
 
 namespace tandem::daemon {
@@ -43,12 +41,6 @@ bool valid_id(std::string_view id, std::string_view prefix) {
     if (!id.starts_with(prefix) || id.size() != prefix.size() + 24) return false;
     return std::all_of(id.begin() + std::ptrdiff_t(prefix.size()), id.end(),
                        [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-std::string read_text(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw error(fmt::format("cannot read {}", path));
-    return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 // Writes `text` to `path` whole or not at all: a temporary file, synced, renamed over it.
@@ -280,7 +272,7 @@ batch_jobs::batch_jobs(batch_settings s) : s_(std::move(s)) {
         if (name.ends_with(".tmp")) fs::remove(e.path(), ec);
         if (!name.ends_with(".json")) continue;
         try {
-            json f = json::parse(read_text(e.path().string()));
+            json f = json::parse(batch::read_file(e.path().string()));
             const std::string id = f.at("id").get<std::string>();
             if (valid_id(id, "file-") && fs::exists(file_path(id))) files_[id] = std::move(f);
         } catch (const std::exception& x) {
@@ -292,7 +284,7 @@ batch_jobs::batch_jobs(batch_settings s) : s_(std::move(s)) {
         if (name.ends_with(".tmp")) fs::remove(e.path(), ec);
         if (!name.ends_with(".json")) continue;
         try {
-            const json j = json::parse(read_text(e.path().string()));
+            const json j = json::parse(batch::read_file(e.path().string()));
             auto jb = std::make_unique<job>();
             jb->batch = j.at("batch");
             jb->final_status = j.value("final", "");
@@ -366,7 +358,7 @@ reply batch_jobs::handle(const std::string& method, const std::string& target, s
                 if (!get) return wrong_method("GET, HEAD");
                 reply r;
                 r.content_type = "application/octet-stream";
-                r.body = read_text(file_path(id));
+                r.body = batch::read_file(file_path(id));
                 return r;
             }
             if (get) return reply::of_json(it->second);
@@ -648,7 +640,6 @@ void batch_jobs::run() {
 bool batch_jobs::run_job(const std::string& id) {
     job* j = nullptr;
     json b;
-    std::string text;
     {
         std::lock_guard lock(mu_);
         j = jobs_.at(id).get();
@@ -668,7 +659,7 @@ bool batch_jobs::run_job(const std::string& id) {
         const std::string input = b["input_file_id"];
         if (!files_.contains(input)) throw error(fmt::format("its input file {} is gone", input));
     }
-    text = read_text(file_path(b["input_file_id"]));
+    const std::string text = batch::read_file(file_path(b["input_file_id"]));
     const std::string endpoint = b["endpoint"];
     auto fail = [&](const std::string& code, const std::string& message) {
         std::lock_guard lock(mu_);

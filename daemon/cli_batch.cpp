@@ -23,8 +23,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <optional>
 #include <thread>
 
@@ -181,18 +179,12 @@ private:
     int rc_ = 0;
 };
 
-std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw error(fmt::format("cannot read {}", path));
-    return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 int cmd_batch(const batch_opts& o) {
     const terminal term;
     const bool in_process = !o.model.empty() || (o.daemon.socket.empty() && std::getenv("TANDEM_MODEL") &&
                                                  *std::getenv("TANDEM_MODEL"));
     // Everything that can be refused is refused before the model loads.
-    batch::input in = batch::read_input(read_file(o.input));
+    batch::input in = batch::read_input(batch::read_file(o.input));
     const batch::done_set done = batch::read_done(o.output);
     batch::output_file out(o.output, done.whole_bytes);
     tally t;
