@@ -212,7 +212,7 @@ void cuda_runner::forward_placed(const batch& b, kv_cache& kv, float* logits,
     float* d_logits = logits_.get<float>(c, size_t(n_logits));
     exec_ctx ex{backend::cuda, nullptr, &ctx_};
     ex.scratch = &scratch_;
-    const forward_pages pages{lay, mirror_.as<uint8_t>(), pages_.capacity(), plan_.tables, plan_.table_begin, 0};
+    const forward_pages pages{lay, mirror_.as<uint8_t>(), pages_.capacity(), plan_.tables, plan_.table_begin};
     mdl_.forward(ex, w_.view(), b, pages, d_logits);
 
     const auto st = static_cast<cudaStream_t>(c.stream());

@@ -337,6 +337,7 @@ void register_offline(CLI::App& app, registry& reg) {
     shape("--ff", &synth_params::n_ff, "feed-forward size", 1, 262144);
     shape("--vocab", &synth_params::n_vocab, "vocabulary size", 300, 1 << 20);
     shape("--ctx", &synth_params::n_ctx, "context length", 8, 1 << 20);
+    shape("--window", &synth_params::sliding_window, "sliding attention window (0: none)", 0, 1 << 20);
     sy->type_opt = syn->add_option("--type", sy->type, "weight type (default: the preset's)")
                        ->check(one_of(names_of(synth_types())));
     sy->seed = syn->add_option("--seed", sy->flags.seed, "seed");

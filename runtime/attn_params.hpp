@@ -55,6 +55,9 @@ struct attn_params {
     // 0: the token at position p sees positions 0..p; else only the last `window` of them,
     // p - window + 1..p. Pages wholly before what a sequence's first new token sees may be no_page.
     int32_t window = 0;
+    // > 0: each score s (q.k times the scale) becomes softcap * tanh(s / softcap) before the
+    // softmax (Gemma 2's attention logit soft-capping).
+    float softcap = 0.0f;
 
     int32_t first_seen(int32_t p) const { return window > 0 ? std::max(0, p - window + 1) : 0; }
     const int32_t* table(const attn_seq& s) const { return tables + s.table_begin; }

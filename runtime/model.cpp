@@ -24,7 +24,7 @@ void model::forward(const exec_ctx& ctx, const batch& b, kv_cache& kv, float* lo
     exec_ctx c = ctx;
     if (c.scratch == nullptr) c.scratch = &scratch_;
     const forward_pages pages{kv.layout(), kv.base(), kv.n_pages(), b.tables,
-                              std::span(b.table_begin).first(size_t(b.n_seqs())), 0};
+                              std::span(b.table_begin).first(size_t(b.n_seqs()))};
     forward(c, w_, b, pages, logits);
 }
 
@@ -131,7 +131,8 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
     seqs.reserve(size_t(b.n_seqs()));
     for (int32_t i = 0; i < b.n_seqs(); ++i)
         seqs.push_back({b.tok_begin[size_t(i)], b.n_new(i), b.n_past(i), kv.table_begin[size_t(i)]});
-    const attn_params ap{kv.lay, kv.kv_base, kv.n_pages, tables, kv.tables, seqs, kv.window};
+    attn_params ap{kv.lay, kv.kv_base, kv.n_pages, tables, kv.tables, seqs};
+    ap.softcap = cfg_.attn_softcap;
 
     ops::embed(ctx, x, tokens, n_tok, w.tok_embd);
     const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
@@ -157,6 +158,7 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
         ops::rope(ctx, k, pos, n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
                   cfg_.rope_freq_scale, neox);
         // Every sequence of the batch, prefill chunks and decode tokens alike, in one op each.
+        ap.window = cfg_.window_of(il);
         ops::kv_store(ctx, ap, il, k, v);
         ops::attention(ctx, ap, il, attn, q, cfg_.n_head, scale);
         if (i8) {

@@ -27,7 +27,6 @@ struct forward_pages {
     int32_t n_pages = 0;
     std::span<const int32_t> tables;       // host memory
     std::span<const int32_t> table_begin;  // [n_seqs] offsets into tables
-    int32_t window = 0;                    // attn_params::window
 };
 
 class model {

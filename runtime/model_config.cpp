@@ -18,6 +18,13 @@ int32_t require_int(const gguf::file& f, const std::string& key, int64_t lo, int
 
 } // namespace
 
+int32_t model_config::kv_window() const {
+    if (sliding_window <= 0) return 0;
+    for (int il = 0; il < n_layer; ++il)
+        if (window_of(il) == 0) return 0;
+    return sliding_window;
+}
+
 model_config model_config::from_gguf(const gguf::file& f) {
     model_config c;
     auto arch = f.get_string("general.architecture");
@@ -72,6 +79,12 @@ model_config model_config::from_gguf(const gguf::file& f) {
         c.rope_freq_scale = float(1.0 / *lin);
     }
     c.rope = c.arch == "qwen2" ? rope_style::neox : rope_style::normal;
+
+    // Sliding window: every layer of the Llama-family architectures that set one.
+    if (f.get_int(p + "attention.sliding_window")) {
+        c.sliding_window = require_int(f, p + "attention.sliding_window", 1, int64_t(1) << 24);
+        c.layer_windowed.assign(size_t(c.n_layer), 1);
+    }
 
     if (auto pt = f.get_int(p + "pooling_type")) {
         if (*pt == 2) c.pooling = pooling_type::cls;

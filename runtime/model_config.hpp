@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tandem {
 
@@ -17,8 +18,22 @@ enum class rope_style { normal, neox };
 // embeddings cannot use).
 enum class pooling_type : uint8_t { mean, cls, last };
 
+// The feed-forward's gate activation: SiLU (SwiGLU: Llama, Qwen, Phi-3) or GELU with the tanh
+// approximation (GeGLU: the Gemma family).
+enum class ffn_act : uint8_t { silu, gelu };
+
+// RoPE frequency scaling beyond linear: none, or YaRN (Qwen 2.5's long context), which mixes
+// interpolated and extrapolated frequencies by wavelength and scales attention's logits.
+// (Llama 3.x's `llama3` scaling is per-dimension factors, the file's rope_freqs.weight.)
+struct yarn_params {
+    float factor = 0;          // 0: no YaRN; else the context's scale (rope.scaling.factor)
+    int32_t orig_ctx = 0;      // rope.scaling.original_context_length
+    float beta_fast = 32.0f;   // the wavelength ramp's ends, in rotations over orig_ctx
+    float beta_slow = 1.0f;
+};
+
 struct model_config {
-    std::string arch;      // general.architecture: llama, mistral, qwen2
+    std::string arch;      // general.architecture (supported_archs in model_config.cpp)
     std::string name;      // general.name, or the file name
     int32_t n_vocab = 0;
     int32_t n_ctx_train = 0;
@@ -26,7 +41,7 @@ struct model_config {
     int32_t n_layer = 0;
     int32_t n_head = 0;
     int32_t n_head_kv = 0;
-    int32_t head_dim = 0;  // n_embd / n_head
+    int32_t head_dim = 0;  // attention.key_length, else n_embd / n_head
     int32_t n_ff = 0;
     int32_t n_rot = 0;     // rotated dims per head (<= head_dim)
     float rms_eps = 1e-5f;
@@ -36,6 +51,33 @@ struct model_config {
     bool qkv_bias = false;        // set by the loader when bias tensors exist
     bool tied_output = false;     // no output.weight: logits use token_embd
     pooling_type pooling = pooling_type::mean;
+    yarn_params yarn;
+
+    // Sliding-window attention (<arch>.attention.sliding_window): a windowed layer's token at
+    // position p sees only p - sliding_window + 1..p. Which layers are windowed is the
+    // architecture's pattern: every layer (mistral, qwen2, phi3 with a window), the even ones
+    // (gemma2), all but every sixth (gemma3); see model_config.cpp.
+    int32_t sliding_window = 0;
+    std::vector<uint8_t> layer_windowed; // [n_layer] (empty without a window)
+    // The attention window of layer il (0: the whole context).
+    int32_t window_of(int il) const {
+        return sliding_window > 0 && layer_windowed[size_t(il)] != 0 ? sliding_window : 0;
+    }
+    // How far back any layer still reads: the positions a sequence must keep in its KV pages
+    // behind its next token (0: all of them, when some layer is global).
+    int32_t kv_window() const;
+
+    // Architecture details beyond Llama's (their defaults are Llama's):
+    ffn_act act = ffn_act::silu;
+    float embd_scale = 1.0f;      // the embeddings' rows times this (Gemma: sqrt(n_embd))
+    float attn_scale = 0.0f;      // the query's scale; 0: 1 / sqrt(head_dim)
+    float attn_softcap = 0.0f;    // > 0: attention logits s become c * tanh(s / c) (Gemma 2)
+    float final_softcap = 0.0f;   // the same on the output logits (Gemma 2)
+    float rope_freq_base_swa = 0; // windowed layers' RoPE base, unscaled (Gemma 3); 0: as the rest
+    bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen 3, Gemma 3)
+    bool post_norms = false;      // RMSNorm of the attention and FFN outputs (Gemma 2 and 3)
+
+    int32_t n_embd_q() const { return n_head * head_dim; }
 
     int32_t n_embd_kv() const { return n_head_kv * head_dim; }
     int32_t n_gqa() const { return n_head / n_head_kv; }

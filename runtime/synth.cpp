@@ -210,6 +210,7 @@ void synth_write(const synth_params& params, const std::string& path) {
     TANDEM_CHECK(p.n_vocab >= 260, "synth: n_vocab {} < 260 (3 specials, 256 bytes, one piece)", p.n_vocab);
     const uint32_t file_type = file_type_of(p.type);
     TANDEM_CHECK(p.arch == "llama" || p.arch == "qwen2", "synth: architecture '{}' is not llama or qwen2", p.arch);
+    TANDEM_CHECK(p.sliding_window >= 0, "synth: sliding window {} is negative", p.sliding_window);
     TANDEM_CHECK(p.rope_scale == 0 || (p.rope_scale >= 1 && p.rope_scale <= 1024), "synth: rope scale {} out of range",
                  p.rope_scale);
     if (is_block_format(p.type)) {
@@ -238,6 +239,7 @@ void synth_write(const synth_params& params, const std::string& path) {
         w.set_f32(a + "rope.scaling.factor", p.rope_scale);
     }
     w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
+    if (p.sliding_window > 0) w.set_u32(a + "attention.sliding_window", uint32_t(p.sliding_window));
     w.set_u32(a + "vocab_size", uint32_t(p.n_vocab));
 
     if (vocab_file) {

@@ -23,6 +23,7 @@ struct synth_params {
     std::string arch = "llama";  // "llama", or "qwen2": NeoX RoPE, Q/K/V biases, freq base 1e6
     bool tied_output = false;    // no output.weight: logits use token_embd
     float rope_scale = 0;        // > 1: linear RoPE scaling by this factor
+    int32_t sliding_window = 0;  // > 0: <arch>.attention.sliding_window (windowed layers as the architecture has them)
     std::string vocab_from;      // a GGUF whose tokenizer (tokenizer.* keys) and vocabulary size to copy
 };
 
