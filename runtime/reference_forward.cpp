@@ -3,6 +3,7 @@
 
 #include "runtime/error.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -94,23 +95,27 @@ const std::vector<float>& reference_forward::forward(token_id tok, int32_t pos) 
             value_cache_[layer_off + size_t(pos) * kv + i] = v_[size_t(i)];
         }
 
-        // each query head h reads kv head h / n_gqa over positions 0..pos
+        // each query head h reads kv head h / n_gqa over positions t0..pos: 0..pos, or the
+        // layer's window
         const float scale = 1.0f / std::sqrt(float(hd));
+        const int window = c_.window_of(il), t0 = window > 0 ? std::max(0, pos - window + 1) : 0;
         for (int h = 0; h < c_.n_head; ++h) {
             const float* qh = q_.data() + h * hd;
             const int kvh = h / c_.n_gqa();
-            for (int t = 0; t <= pos; ++t) {
+            for (int t = t0; t <= pos; ++t) {
                 const float* kt = key_cache_.data() + layer_off + size_t(t) * kv + kvh * hd;
                 double dot = 0;
                 for (int i = 0; i < hd; ++i) dot += double(qh[i]) * kt[i];
-                att_[size_t(t)] = float(dot) * scale;
+                float score = float(dot) * scale;
+                if (c_.attn_softcap > 0) score = c_.attn_softcap * std::tanh(score / c_.attn_softcap);
+                att_[size_t(t - t0)] = score;
             }
-            softmax(att_.data(), pos + 1);
+            softmax(att_.data(), pos + 1 - t0);
             float* out = xb_.data() + h * hd;
             for (int i = 0; i < hd; ++i) out[i] = 0;
-            for (int t = 0; t <= pos; ++t) {
+            for (int t = t0; t <= pos; ++t) {
                 const float* vt = value_cache_.data() + layer_off + size_t(t) * kv + kvh * hd;
-                for (int i = 0; i < hd; ++i) out[i] += att_[size_t(t)] * vt[i];
+                for (int i = 0; i < hd; ++i) out[i] += att_[size_t(t - t0)] * vt[i];
             }
         }
         matvec(xb2_.data(), xb_.data(), l.wo);
