@@ -139,6 +139,54 @@ std::variant<std::vector<std::vector<token_id>>, api_error> read_prompts(const j
         if (auto e_ = (expr)) return *e_;                                                          \
     } while (0)
 
+// A prompt over the limit: a 400 with both numbers and what to change (the prompt, the
+// request's truncate_prompt_tokens, or the daemon's config); never cut silently.
+api_error prompt_too_long(const std::string& what, size_t n_tokens, const model_state& ms, const std::string& param) {
+    const int32_t n_train = ms.bundle.cfg.n_ctx_train;
+    std::string limit, change;
+    if (ms.max_prompt_tokens < ms.n_ctx - 1) { // the config's own limit binds
+        limit = fmt::format("max_prompt_tokens in tandemd.conf; the context is {}", ms.n_ctx);
+        change = "raise max_prompt_tokens in tandemd.conf";
+    } else if (ms.n_ctx < n_train) {
+        limit = fmt::format("n_ctx {} less one", ms.n_ctx);
+        change = fmt::format("raise n_ctx in tandemd.conf (the model's training context is {})", n_train);
+    } else {
+        limit = fmt::format("n_ctx {}, the model's training context, less one", ms.n_ctx);
+    }
+    api_error e = bad(fmt::format("{} has {} tokens, more than the {} this daemon accepts ({}): shorten it, send "
+                                  "'truncate_prompt_tokens' (1 to {}) to keep its last tokens{}",
+                                  what, n_tokens, ms.max_prompt_tokens, limit, ms.max_prompt_tokens,
+                                  change.empty() ? "" : ", or " + change),
+                      param);
+    e.code = "context_length_exceeded";
+    return e;
+}
+
+// truncate_prompt_tokens (vLLM's name): keep the last N tokens of each prompt longer than N
+// (1 <= N <= max_prompt_tokens); 0 when the request does not ask.
+std::optional<api_error> read_truncation(const json& body, const model_state& ms, int32_t& out) {
+    int64_t n = 0;
+    if (auto e = read_int(body, "truncate_prompt_tokens", 1, ms.max_prompt_tokens, n)) {
+        e->message += fmt::format(" (the tokens of each prompt to keep, its last; at most max_prompt_tokens, {})",
+                                  ms.max_prompt_tokens);
+        return e;
+    }
+    out = int32_t(n);
+    return std::nullopt;
+}
+
+// Applies truncate_prompt_tokens n (> 0) to each prompt: its last n tokens, as they are (a BOS
+// at the start is not added back). Returns the tokens dropped from each.
+std::vector<int32_t> truncate_prompts(std::vector<std::vector<token_id>>& prompts, int32_t n) {
+    std::vector<int32_t> dropped;
+    for (auto& p : prompts) {
+        const int32_t cut = std::max<int32_t>(0, int32_t(p.size()) - n);
+        p.erase(p.begin(), p.begin() + cut);
+        dropped.push_back(cut);
+    }
+    return dropped;
+}
+
 // "model": absent, null, or the one this daemon serves (else 404, as OpenAI answers).
 std::optional<api_error> read_model(const json& body, const model_state& ms) {
     auto it = body.find("model");
@@ -573,7 +621,7 @@ std::optional<api_error> check_fields(const json& body, bool chat) {
         "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "user",
         "ignore_eos", "priority", "speculative", "best_of", "response_format", "structured_outputs", "guided_json",
         "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", "functions", "function_call",
-        "use_beam_search", "length_penalty", "early_stopping"};
+        "use_beam_search", "length_penalty", "early_stopping", "truncate_prompt_tokens"};
     static const std::set<std::string, std::less<>> chat_only{"messages",          "max_completion_tokens",
                                                               "top_logprobs",      "tools",
                                                               "tool_choice",       "parallel_tool_calls",
@@ -638,14 +686,22 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
         if (auto* e = std::get_if<api_error>(&p)) return *e;
         prompts = std::move(std::get<0>(p));
     }
-    for (const auto& p : prompts)
-        if (int32_t(p.size()) > ms.max_prompt_tokens && !grounded) { // (documents too long are retrieved from)
-            api_error e = bad(fmt::format("the prompt has {} tokens; this daemon accepts at most {} (context {})",
-                                          p.size(), ms.max_prompt_tokens, ms.n_ctx),
-                              chat ? "messages" : "prompt");
-            e.code = "context_length_exceeded";
-            return e;
-        }
+    int32_t truncate = 0;
+    TRY(read_truncation(body, ms, truncate));
+    if (truncate > 0) {
+        if (grounded) // (documents that do not fit are retrieved from instead: a cut prompt would lose them)
+            return bad("'truncate_prompt_tokens' does not apply with 'documents': documents that do not fit the "
+                       "context are retrieved from (passages)",
+                       "truncate_prompt_tokens");
+        plan.truncated = truncate_prompts(prompts, truncate);
+        plan.truncate = true;
+    }
+    for (size_t k = 0; k < prompts.size(); ++k)
+        if (int32_t(prompts[k].size()) > ms.max_prompt_tokens && !grounded) // (documents too long are retrieved from)
+            return prompt_too_long(chat              ? std::string("the prompt (the messages in the chat template)")
+                                   : prompts.size() > 1 ? fmt::format("prompt {}", k)
+                                                        : std::string("the prompt"),
+                                   prompts[k].size(), ms, chat ? "messages" : "prompt");
 
     // sampling and limits
     engine_request base;
@@ -795,7 +851,8 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
 
 std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const model_state& ms) {
     if (!body.is_object()) return bad("the request body must be a JSON object");
-    TRY(check_keys(body, "", {"model", "input", "encoding_format", "dimensions", "user", "priority"}));
+    TRY(check_keys(body, "", {"model", "input", "encoding_format", "dimensions", "user", "priority",
+                              "truncate_prompt_tokens"}));
     const tokenizer& tok = *ms.bundle.tok;
     TRY(read_model(body, ms));
     if (auto e = embeddings_unavailable(ms)) return *e;
@@ -811,14 +868,15 @@ std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const
     constexpr size_t max_inputs = 2048; // OpenAI's limit
     if (plan.inputs.size() > max_inputs)
         return bad(fmt::format("'input' has {} items; at most {} are accepted", plan.inputs.size(), max_inputs), "input");
+    int32_t truncate = 0;
+    TRY(read_truncation(body, ms, truncate));
+    if (truncate > 0) {
+        plan.truncate = true;
+        for (const int32_t n : truncate_prompts(plan.inputs, truncate)) plan.n_truncated += n;
+    }
     for (size_t i = 0; i < plan.inputs.size(); ++i)
-        if (int32_t(plan.inputs[i].size()) > ms.max_prompt_tokens) {
-            api_error e = bad(fmt::format("input {} has {} tokens; this daemon accepts at most {} (context {})", i,
-                                          plan.inputs[i].size(), ms.max_prompt_tokens, ms.n_ctx),
-                              "input");
-            e.code = "context_length_exceeded";
-            return e;
-        }
+        if (int32_t(plan.inputs[i].size()) > ms.max_prompt_tokens)
+            return prompt_too_long(fmt::format("input {}", i), plan.inputs[i].size(), ms, "input");
     if (auto it = body.find("encoding_format"); it != body.end() && !it->is_null()) {
         if (*it != "float" && *it != "base64")
             return bad("'encoding_format' must be \"float\" or \"base64\"", "encoding_format");
@@ -870,10 +928,9 @@ json embeddings_response(const embedding_plan& plan, const std::vector<std::vect
         data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(v)}});
         n_tokens += int64_t(plan.inputs[i].size());
     }
-    return json{{"object", "list"},
-                {"data", std::move(data)},
-                {"model", model},
-                {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}};
+    json usage = {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}};
+    if (plan.truncate) usage["truncated_prompt_tokens"] = plan.n_truncated;
+    return json{{"object", "list"}, {"data", std::move(data)}, {"model", model}, {"usage", std::move(usage)}};
 }
 
 std::optional<api_error> embeddings_unavailable(const model_state& ms) {
@@ -1134,6 +1191,11 @@ json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan
            {"completion_tokens", completion},
            {"total_tokens", prompt + completion},
            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+    if (plan.truncate) { // truncate_prompt_tokens: the prompt tokens it dropped (each prompt once)
+        int64_t dropped = 0;
+        for (const int32_t n : plan.truncated) dropped += n;
+        u["truncated_prompt_tokens"] = dropped;
+    }
     // Speculative drafts, in the fields OpenAI reports predicted outputs with.
     if (drafted > 0)
         u["completion_tokens_details"] = {{"accepted_prediction_tokens", accepted},

@@ -89,6 +89,8 @@ struct generation_plan {
     std::vector<passage_used> passages; // the passages rendered, when retrieved
     int32_t n = 1;                    // choices per prompt
     int32_t n_seqs = 1;               // sequences per prompt (best_of when it ranks them)
+    bool truncate = false;            // truncate_prompt_tokens was given: usage reports what it dropped
+    std::vector<int32_t> truncated;   // the tokens it dropped from each prompt
     bool ranked() const { return n_seqs > n; }
     size_t n_sequences() const { return requests.size() * size_t(n_seqs); }
 };
@@ -112,6 +114,8 @@ struct embedding_plan {
     std::vector<std::vector<token_id>> inputs;
     bool base64 = false;              // encoding_format "base64": each vector's little-endian float32 bytes
     int32_t priority = 0;
+    bool truncate = false;            // truncate_prompt_tokens was given
+    int64_t n_truncated = 0;          // the input tokens it dropped, all inputs together
 };
 
 std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const model_state& ms);

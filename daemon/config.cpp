@@ -7,6 +7,9 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <cstdlib>
@@ -277,6 +280,90 @@ std::string default_model_path() {
     const std::filesystem::path model =
         (exe.parent_path() / TANDEM_DATA_FROM_BIN / "tandem/models/stories260K.gguf").lexically_normal();
     return std::filesystem::is_regular_file(model, ec) ? model.string() : std::string();
+}
+
+namespace {
+
+// 640 bytes, 22.0 KiB, 704.0 MiB, 2.0 GiB.
+std::string size_text(double bytes) {
+    if (bytes < 1024) return fmt::format("{:.0f} bytes", bytes);
+    if (bytes < 1024.0 * 1024) return fmt::format("{:.1f} KiB", bytes / 1024);
+    if (bytes < 1024.0 * 1024 * 1024) return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
+    return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024 * 1024));
+}
+
+} // namespace
+
+context_plan plan_context(const config& cfg, int32_t n_ctx_train, int64_t page_bytes) {
+    context_plan p;
+    const int64_t ps = std::max(1, cfg.page_size);
+    page_bytes = std::max<int64_t>(1, page_bytes);
+    const double token_bytes = double(page_bytes) / double(ps);
+    // The pool the memory keys ask for, and how to name it in the notes.
+    constexpr int64_t default_mb = 2048;
+    int64_t budget_pages = 0;
+    std::string source;
+    if (cfg.kv_pages > 0) {
+        budget_pages = cfg.kv_pages;
+        source = fmt::format("kv_pages {}", cfg.kv_pages);
+    } else {
+        const int64_t mb = cfg.kv_cache_mb > 0 ? cfg.kv_cache_mb : default_mb;
+        budget_pages = std::max<int64_t>(1, mb * (int64_t(1) << 20) / page_bytes);
+        source = cfg.kv_cache_mb > 0 ? fmt::format("kv_cache_mb {}", mb)
+                                     : fmt::format("the default KV pool (kv_cache_mb 0: at most {} MiB)", default_mb);
+    }
+    const int64_t budget_tokens = budget_pages * ps;
+
+    if (cfg.n_ctx > n_ctx_train) {
+        p.error = fmt::format("n_ctx {} is more than the model's training context, {} tokens (it was not trained for "
+                              "later positions, and Tandem applies no RoPE scaling beyond the file's): set n_ctx to {} "
+                              "or less in tandemd.conf, or 0 for the longest context the KV memory holds",
+                              cfg.n_ctx, n_ctx_train, n_ctx_train);
+        return p;
+    }
+    if (cfg.n_ctx > 0) {
+        p.n_ctx = cfg.n_ctx;
+        p.notes.push_back({false, fmt::format("n_ctx {} (set in the config; the model's training context is {})",
+                                              p.n_ctx, n_ctx_train)});
+    } else if (budget_tokens < n_ctx_train) {
+        p.n_ctx = int32_t(std::max<int64_t>(budget_tokens, std::min(n_ctx_train, 2)));
+        p.notes.push_back(
+            {false, fmt::format("n_ctx {}: the model's training context is {} tokens, but {} holds {} tokens ({} a "
+                                "token, {} for the whole training context); for a longer context raise kv_cache_mb "
+                                "(or kv_pages), or set n_ctx (the pool then grows to hold one full context)",
+                                p.n_ctx, n_ctx_train, source, budget_tokens, size_text(token_bytes),
+                                size_text(token_bytes * n_ctx_train))});
+    } else {
+        p.n_ctx = n_ctx_train;
+        p.notes.push_back({false, fmt::format("n_ctx {}: the model's training context", p.n_ctx)});
+    }
+
+    const int64_t per_ctx = (p.n_ctx + ps - 1) / ps;
+    int64_t n_pages = budget_pages;
+    if (cfg.kv_pages <= 0 && cfg.kv_cache_mb == 0) n_pages = std::min(n_pages, per_ctx * std::max(1, cfg.max_running));
+    if (n_pages < per_ctx) { // any request the context allows must fit, alone
+        p.notes.push_back({false, fmt::format("the KV pool is grown from {}'s {} pages ({}) to {} pages ({}): one "
+                                              "full context of n_ctx {}",
+                                              source, n_pages, size_text(double(n_pages) * double(page_bytes)), per_ctx,
+                                              size_text(double(per_ctx) * double(page_bytes)), p.n_ctx)});
+        n_pages = per_ctx;
+    }
+    p.n_pages = std::min<int64_t>(n_pages, INT32_MAX);
+
+    p.max_prompt_tokens = p.n_ctx - 1;
+    if (cfg.max_prompt_tokens > p.n_ctx - 1)
+        p.notes.push_back({true, fmt::format("max_prompt_tokens {} is more than the context allows: {} (n_ctx {} less "
+                                             "one, for the first generated token)",
+                                             cfg.max_prompt_tokens, p.n_ctx - 1, p.n_ctx)});
+    else if (cfg.max_prompt_tokens > 0)
+        p.max_prompt_tokens = cfg.max_prompt_tokens;
+    p.max_tokens_limit = p.n_ctx;
+    if (cfg.max_tokens_limit > p.n_ctx)
+        p.notes.push_back({true, fmt::format("max_tokens_limit {} is more than the context allows: {} (n_ctx)",
+                                             cfg.max_tokens_limit, p.n_ctx)});
+    else if (cfg.max_tokens_limit > 0)
+        p.max_tokens_limit = cfg.max_tokens_limit;
+    return p;
 }
 
 std::vector<std::string> config_keys() {

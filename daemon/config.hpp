@@ -77,6 +77,26 @@ struct config {
     void validate() const;
 };
 
+// The context length and the KV pool's size, from the config and the model (what tandemd
+// serves; server.cpp logs the notes). n_ctx 0 is the model's training context, capped by the
+// tokens the configured KV memory holds (kv_pages, kv_cache_mb, else the 2048 MiB default); an
+// explicit n_ctx is honoured by growing a smaller pool to one full context, and one above the
+// training context is refused (`error`).
+struct context_plan {
+    int32_t n_ctx = 0;
+    int64_t n_pages = 0;               // the KV pool
+    int32_t max_prompt_tokens = 0;     // max_prompt_tokens, at most n_ctx - 1
+    int32_t max_tokens_limit = 0;      // max_tokens_limit, at most n_ctx
+    struct note {
+        bool warn = false;
+        std::string text;
+    };
+    std::vector<note> notes;           // what was chosen, and what to change for another
+    std::string error;                 // not empty: the daemon cannot serve this config
+};
+// page_bytes: one KV page of page_size tokens in the pool (kv_layout::page_bytes).
+context_plan plan_context(const config& cfg, int32_t n_ctx_train, int64_t page_bytes);
+
 // $RUNTIME_DIRECTORY/tandem.sock under systemd (RuntimeDirectory=tandem), else
 // /run/tandem/tandem.sock for root and $XDG_RUNTIME_DIR/tandem/tandem.sock for a user.
 std::string default_socket_path();

@@ -172,7 +172,16 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     const int n_threads = cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     engine_options eo;
     eo.n_threads = n_threads;
-    eo.n_ctx = cfg.n_ctx > 0 ? std::min(cfg.n_ctx, mc.n_ctx_train) : mc.n_ctx_train;
+    // The context and the KV pool (config.hpp plan_context): n_ctx defaults to the training
+    // context as far as the KV memory holds it; the notes say what was chosen and why.
+    const kv_layout layout{mc.n_layer, mc.n_head_kv, mc.head_dim, cfg.page_size, kv};
+    const context_plan cp = plan_context(cfg, mc.n_ctx_train, layout.page_bytes());
+    if (!cp.error.empty()) fail("{}", cp.error);
+    for (const context_plan::note& n : cp.notes) {
+        if (n.warn) log->warn("{}", n.text);
+        else log->info("{}", n.text);
+    }
+    eo.n_ctx = cp.n_ctx;
     eo.page_size = cfg.page_size;
     eo.max_running = cfg.max_running;
     eo.max_waiting = cfg.max_waiting;
@@ -189,21 +198,11 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     eo.prefix_cache = cfg.prefix_cache;
     eo.priority_aging_s = cfg.priority_aging_s;
     eo.background_step_tokens = cfg.background_step_tokens;
-    // Default pool: max_running full contexts but at most 2 GiB, and never less than one
-    // full context (so any request the context allows can run).
-    const kv_layout layout{mc.n_layer, mc.n_head_kv, mc.head_dim, cfg.page_size, kv};
-    const int64_t pages_per_ctx = (eo.n_ctx + cfg.page_size - 1) / cfg.page_size;
-    int64_t n_pages = cfg.kv_pages;
-    if (n_pages <= 0) {
-        const int64_t budget = (cfg.kv_cache_mb > 0 ? cfg.kv_cache_mb : 2048) * (int64_t(1) << 20);
-        n_pages = std::max<int64_t>(1, budget / layout.page_bytes());
-        if (cfg.kv_cache_mb == 0) n_pages = std::min(n_pages, pages_per_ctx * cfg.max_running);
-    }
-    eo.n_pages = int32_t(std::min<int64_t>(std::max(n_pages, pages_per_ctx), INT32_MAX));
+    eo.n_pages = int32_t(cp.n_pages);
     ms.n_ctx = eo.n_ctx;
     ms.threads = n_threads;
-    ms.max_prompt_tokens = cfg.max_prompt_tokens > 0 ? std::min(cfg.max_prompt_tokens, eo.n_ctx - 1) : eo.n_ctx - 1;
-    ms.max_tokens_limit = cfg.max_tokens_limit > 0 ? std::min(cfg.max_tokens_limit, eo.n_ctx) : eo.n_ctx;
+    ms.max_prompt_tokens = cp.max_prompt_tokens;
+    ms.max_tokens_limit = cp.max_tokens_limit;
     ms.guides = std::make_unique<grammar::guide_registry>(grammar::vocab_trie::of(*ms.bundle.tok));
     if (!cfg.workers) {
         ms.prefill_device = ms.decode_device = "cpu (in-process)";

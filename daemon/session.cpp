@@ -312,6 +312,22 @@ asio::awaitable<void> session::watch_peer(std::shared_ptr<generation_channel> ch
     }
 }
 
+namespace {
+
+// Why the engine refused a request that passed the prompt check: its sequences cannot all
+// reach max_tokens in the KV pool, even alone. The numbers, and what to change.
+std::string too_long_message(const engine_request& r, const model_state& ms) {
+    const int64_t n_prompt = int64_t(r.prompt.size());
+    const int64_t max_tokens = std::clamp<int64_t>(r.max_tokens, 0, ms.n_ctx - n_prompt);
+    const engine_stats es = ms.eng->stats();
+    return fmt::format("the prompt ({} tokens) with {} sequence(s) of up to {} tokens each does not fit in the KV pool "
+                       "({} pages of {} tokens) even with nothing else running: lower n, best_of or max_tokens, or "
+                       "raise kv_cache_mb in tandemd.conf",
+                       n_prompt, std::max(r.n, r.beam.width), max_tokens, es.n_pages_total, es.page_size);
+}
+
+} // namespace
+
 asio::awaitable<std::variant<std::vector<std::vector<float>>, api_error>>
 session::embed(std::vector<std::vector<token_id>> inputs, int32_t priority) {
     auto self = shared_from_this();
@@ -543,7 +559,8 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
         }
         for (uint64_t id : ids) ms.eng->cancel(id);
         ch->finished = true;
-        const api_error e = submit_error(r.status);
+        api_error e = submit_error(r.status);
+        if (r.status == submit_status::too_long) e.message = too_long_message(plan.requests[k], ms);
         co_return co_await fail_with(e);
     }
     current_ = ch;
@@ -669,6 +686,8 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
                 if (plan.cites()) last["choices"][0]["citations"] = c.citations; // all of them
                 if (plan.strict) last["choices"][0]["unsupported"] = unsupported_sentences(c.text, c.citations);
                 if (!plan.passages.empty()) last["passages"] = passages_json(plan);
+                if (plan.truncate) // (a stream without include_usage has no usage to say it in)
+                    last["choices"][0]["truncated_prompt_tokens"] = plan.truncated[size_t(i / plan.n_seqs)];
                 co_await send(sse(last));
             }
         }

@@ -282,3 +282,80 @@ TEST_CASE("worker channel: the command ring holds the largest batch the options 
     eo.n_ctx = 2048; // a small context keeps a small ring
     CHECK(command_ring_bytes(eo, 8) <= (uint64_t(1) << 20));
 }
+
+TEST_CASE("context: n_ctx defaults to the training context as far as the KV memory holds it, and says so") {
+    // stories260K's shape: 640 bytes a token in f16, so a 16-token page is 10 KiB
+    const int64_t page_bytes = 10240;
+    const auto notes_of = [](const context_plan& p) {
+        std::string s;
+        for (const auto& n : p.notes) s += (n.warn ? "warn: " : "info: ") + n.text + "\n";
+        return s;
+    };
+    config c;
+    // the default pool (at most 2048 MiB) holds the whole training context: it is the context
+    context_plan p = plan_context(c, 2048, page_bytes);
+    CHECK(p.error.empty());
+    CHECK(p.n_ctx == 2048);
+    CHECK(p.n_pages == 128 * 16); // max_running (16) full contexts
+    CHECK(p.max_prompt_tokens == 2047);
+    CHECK(p.max_tokens_limit == 2048);
+    CHECK(notes_of(p) == "info: n_ctx 2048: the model's training context\n");
+
+    // kv_pages caps it: 8 pages of 16 tokens, and the note says why and what to change
+    c.kv_pages = 8;
+    p = plan_context(c, 2048, page_bytes);
+    CHECK(p.n_ctx == 128);
+    CHECK(p.n_pages == 8);
+    CHECK(p.max_prompt_tokens == 127);
+    INFO(notes_of(p));
+    REQUIRE(p.notes.size() == 1);
+    const std::string& note = p.notes[0].text;
+    CHECK_FALSE(p.notes[0].warn);
+    for (const char* part : {"n_ctx 128", "training context is 2048", "kv_pages 8 holds 128 tokens", "640 bytes a token",
+                             "raise kv_cache_mb (or kv_pages)", "set n_ctx"})
+        CHECK_MESSAGE(note.find(part) != std::string::npos, part);
+
+    // kv_cache_mb caps it the same way: 1 MiB is 102 pages, 1632 tokens
+    c.kv_pages = 0;
+    c.kv_cache_mb = 1;
+    p = plan_context(c, 2048, page_bytes);
+    CHECK(p.n_ctx == 1632);
+    CHECK(p.n_pages == 102);
+    CHECK(notes_of(p).find("kv_cache_mb 1 holds 1632 tokens") != std::string::npos);
+    // a large model's 128K context against the default 2048 MiB pool (128 KiB a token: Llama-3-8B)
+    c.kv_cache_mb = 0;
+    p = plan_context(c, 131072, 128 * 1024 * 16);
+    CHECK(p.n_ctx == 16384);
+    CHECK(p.n_pages == 1024);
+    CHECK(notes_of(p).find("the default KV pool (kv_cache_mb 0: at most 2048 MiB) holds 16384 tokens") !=
+          std::string::npos);
+
+    // an explicit n_ctx larger than the pool: honoured, the pool grown to one full context, logged
+    c.kv_pages = 8;
+    c.n_ctx = 512;
+    p = plan_context(c, 2048, page_bytes);
+    CHECK(p.error.empty());
+    CHECK(p.n_ctx == 512);
+    CHECK(p.n_pages == 32);
+    CHECK(notes_of(p).find("the KV pool is grown from kv_pages 8's 8 pages (80.0 KiB) to 32 pages (320.0 KiB)") !=
+          std::string::npos);
+    // past the training context: refused, saying what to set
+    c.n_ctx = 4096;
+    p = plan_context(c, 2048, page_bytes);
+    CHECK(p.error.find("n_ctx 4096 is more than the model's training context, 2048 tokens") != std::string::npos);
+    CHECK(p.error.find("set n_ctx to 2048 or less") != std::string::npos);
+
+    // limits above what the context allows are lowered, with a warning
+    c = config{};
+    c.n_ctx = 256;
+    c.max_prompt_tokens = 1000;
+    c.max_tokens_limit = 1000;
+    p = plan_context(c, 2048, page_bytes);
+    CHECK(p.max_prompt_tokens == 255);
+    CHECK(p.max_tokens_limit == 256);
+    CHECK(notes_of(p).find("warn: max_prompt_tokens 1000 is more than the context allows: 255") != std::string::npos);
+    CHECK(notes_of(p).find("warn: max_tokens_limit 1000 is more than the context allows: 256") != std::string::npos);
+    c.max_prompt_tokens = 100;
+    p = plan_context(c, 2048, page_bytes);
+    CHECK(p.max_prompt_tokens == 100);
+}

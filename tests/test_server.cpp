@@ -1729,3 +1729,206 @@ TEST_CASE("limits: over capacity is 429 with Retry-After; socket mode; TCP liste
     }
     CHECK(d.stop() == 0);
 }
+
+namespace {
+
+// The token ids tandemd makes of a completions prompt (BOS as the model asks).
+std::vector<int> prompt_ids(const std::string& sock, const std::string& text) {
+    const auto r = post(sock, "/tokenize", {{"content", text}});
+    REQUIRE(r.status == 200);
+    return r.j()["tokens"].get<std::vector<int>>();
+}
+
+std::string many_words(int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += "Lily saw a dog. ";
+    return s;
+}
+
+// A 400 context_length_exceeded naming `param` whose message has every one of `parts`.
+void check_too_long(const http_response& r, const std::string& param, std::initializer_list<std::string> parts) {
+    CHECK(r.status == 400);
+    const json j = r.j();
+    CHECK(j["error"]["code"] == "context_length_exceeded");
+    CHECK(j["error"]["param"] == param);
+    const std::string m = j["error"]["message"];
+    for (const std::string& p : parts) CHECK_MESSAGE(m.find(p) != std::string::npos, "'", p, "' in: ", m);
+}
+
+} // namespace
+
+TEST_CASE("context limits: a prompt over the limit is a 400 with both numbers and what to change, on every route") {
+    const auto& s = shared_socket(); // n_ctx 2048 (stories260K's training context): prompts up to 2047
+    const std::string text = many_words(500);
+    const auto ids = prompt_ids(s, text);
+    REQUIRE(ids.size() > 2047);
+    const std::string n = std::to_string(ids.size()) + " tokens";
+    check_too_long(post(s, "/v1/completions", {{"prompt", text}, {"max_tokens", 4}}), "prompt",
+                   {"the prompt has " + n, "more than the 2047 this daemon accepts", "n_ctx 2048",
+                    "'truncate_prompt_tokens' (1 to 2047)", "shorten it"});
+    // token ids as given, and the second of several prompts
+    check_too_long(post(s, "/v1/completions", {{"prompt", json::array({json::array({1, 2}), ids})}, {"max_tokens", 4}}),
+                   "prompt", {"prompt 1 has " + n, "2047"});
+    // chat: the messages as the template renders them
+    const json messages = json::array({{{"role", "user"}, {"content", text}}});
+    const auto rendered = post(s, "/v1/tandem/apply-template", {{"messages", messages}});
+    REQUIRE(rendered.status == 200);
+    check_too_long(post(s, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 4}}), "messages",
+                   {"has " + std::to_string(rendered.j()["tokens"].size()) + " tokens", "2047"});
+    check_too_long(post(s, "/v1/embeddings", {{"input", json::array({"Lily", text})}}), "input",
+                   {"input 1 has " + n, "2047", "truncate_prompt_tokens"});
+    // a prompt that fits with max_tokens past the context: the reply stops at the context's end
+    // (finish_reason length), the prompt whole
+    const std::vector<int> fits(ids.end() - 2040, ids.end());
+    const auto r = post(s, "/v1/completions", {{"prompt", fits}, {"max_tokens", 100}, {"ignore_eos", true}});
+    REQUIRE(r.status == 200);
+    CHECK(r.j()["usage"]["prompt_tokens"] == 2040);
+    CHECK(r.j()["usage"]["completion_tokens"] == 8);
+    CHECK(r.j()["choices"][0]["finish_reason"] == "length");
+}
+
+TEST_CASE("truncate_prompt_tokens keeps each prompt's last N tokens, as sending them would; usage says what it dropped") {
+    const auto& s = shared_socket();
+    const std::string text = many_words(500);
+    const auto ids = prompt_ids(s, text);
+    const int keep = 100;
+    const std::vector<int> last(ids.end() - keep, ids.end());
+    const int dropped = int(ids.size()) - keep;
+
+    const json ask = {{"max_tokens", 12}, {"temperature", 0}};
+    json cut = ask, own = ask;
+    cut["prompt"] = text;
+    cut["truncate_prompt_tokens"] = keep;
+    own["prompt"] = last;
+    const auto a = post(s, "/v1/completions", cut);
+    const auto b = post(s, "/v1/completions", own);
+    REQUIRE(a.status == 200);
+    REQUIRE(b.status == 200);
+    CHECK(a.j()["choices"][0]["text"] == b.j()["choices"][0]["text"]);
+    CHECK(a.j()["usage"]["prompt_tokens"] == keep);
+    CHECK(a.j()["usage"]["truncated_prompt_tokens"] == dropped);
+    CHECK_FALSE(b.j()["usage"].contains("truncated_prompt_tokens")); // not asked, nothing to say
+    // a prompt shorter than N is whole; the field is still there, 0; several prompts add up
+    json two = cut;
+    two["prompt"] = json::array({text, "Once upon a time"});
+    const auto t = post(s, "/v1/completions", two);
+    REQUIRE(t.status == 200);
+    CHECK(t.j()["usage"]["truncated_prompt_tokens"] == dropped);
+    CHECK(t.j()["choices"][1]["text"] == offline_text("Once upon a time", 12));
+
+    // streamed: the usage chunk (include_usage), and each choice's last chunk, say it too
+    json streamed = cut;
+    streamed["stream"] = true;
+    streamed["stream_options"] = {{"include_usage", true}};
+    const auto st = post(s, "/v1/completions", streamed);
+    REQUIRE(st.status == 200);
+    const auto events = sse_events(st.body);
+    REQUIRE(events.size() >= 2);
+    CHECK(stream_text(events, false) == b.j()["choices"][0]["text"]);
+    CHECK(events.back()["usage"]["truncated_prompt_tokens"] == dropped);
+    const json& last_choice = events[events.size() - 2]["choices"][0];
+    CHECK(last_choice["finish_reason"] == "length");
+    CHECK(last_choice["truncated_prompt_tokens"] == dropped);
+
+    // chat: the last N tokens of the rendered messages
+    const json messages = json::array({{{"role", "user"}, {"content", text}}});
+    const auto rendered = post(s, "/v1/tandem/apply-template", {{"messages", messages}});
+    REQUIRE(rendered.status == 200);
+    const auto chat_ids = rendered.j()["tokens"].get<std::vector<int>>();
+    json chat = ask;
+    chat["messages"] = messages;
+    chat["truncate_prompt_tokens"] = keep;
+    const auto c = post(s, "/v1/chat/completions", chat);
+    REQUIRE(c.status == 200);
+    json same = ask;
+    same["prompt"] = std::vector<int>(chat_ids.end() - keep, chat_ids.end());
+    CHECK(c.j()["choices"][0]["message"]["content"] == post(s, "/v1/completions", same).j()["choices"][0]["text"]);
+    CHECK(c.j()["usage"]["truncated_prompt_tokens"] == int(chat_ids.size()) - keep);
+
+    // embeddings: the same vector as the last N tokens given as ids
+    const auto e = post(s, "/v1/embeddings", {{"input", text}, {"truncate_prompt_tokens", keep}});
+    const auto f = post(s, "/v1/embeddings", {{"input", last}});
+    REQUIRE(e.status == 200);
+    REQUIRE(f.status == 200);
+    CHECK(e.j()["data"][0]["embedding"] == f.j()["data"][0]["embedding"]);
+    CHECK(e.j()["usage"]["prompt_tokens"] == keep);
+    CHECK(e.j()["usage"]["truncated_prompt_tokens"] == dropped);
+
+    // refused values name the field; it does not go with documents
+    for (const json& v : {json(0), json(-1), json(2048), json("100"), json(1.5)}) {
+        CAPTURE(v.dump());
+        json bad = cut;
+        bad["truncate_prompt_tokens"] = v;
+        const auto r = post(s, "/v1/completions", bad);
+        CHECK(r.status == 400);
+        CHECK(r.j()["error"]["param"] == "truncate_prompt_tokens");
+        const auto r2 = post(s, "/v1/embeddings", {{"input", "Lily"}, {"truncate_prompt_tokens", v}});
+        CHECK(r2.status == 400);
+        CHECK(r2.j()["error"]["param"] == "truncate_prompt_tokens");
+    }
+    CHECK(post(s, "/v1/completions", {{"prompt", "x"}, {"truncate_prompt_tokens", 2047}}).status == 200);
+    const auto docs = post(s, "/v1/chat/completions", {{"messages", messages},
+                                                       {"documents", {{{"text", "Lily saw a dog."}}}},
+                                                       {"truncate_prompt_tokens", keep}});
+    CHECK(docs.status == 400);
+    CHECK(docs.j()["error"]["param"] == "truncate_prompt_tokens");
+}
+
+TEST_CASE("context limits: n_ctx capped by the KV memory, logged; an explicit n_ctx grows the pool, above training is refused") {
+    // kv_pages 8 of 16 tokens: the context is 128 tokens, not the training 2048, and the log says why
+    daemon_process a;
+    a.log = scratch().file("kv-cap.log");
+    a.start(scratch().file("kv-cap.sock"), {"--set", "kv_pages=8"}, {"TANDEM_LOG=info"});
+    REQUIRE(a.wait_ready());
+    auto m = request(a.sock, "GET", "/v1/models");
+    REQUIRE(m.status == 200);
+    CHECK(m.j()["data"][0]["meta"]["n_ctx"] == 128);
+    CHECK(m.j()["data"][0]["meta"]["n_ctx_train"] == 2048);
+    auto st = request(a.sock, "GET", "/v1/tandem/status").j();
+    CHECK(st["model"]["meta"]["n_ctx"] == 128);
+    CHECK(st["kv_pages_total"] == 8);
+    CHECK(st["limits"]["max_prompt_tokens"] == 127);
+    const std::string text = many_words(40);
+    const auto ids = prompt_ids(a.sock, text);
+    REQUIRE(ids.size() > 127);
+    check_too_long(post(a.sock, "/v1/completions", {{"prompt", text}}), "prompt",
+                   {"has " + std::to_string(ids.size()) + " tokens", "more than the 127", "n_ctx 128 less one",
+                    "raise n_ctx in tandemd.conf (the model's training context is 2048)"});
+    CHECK(a.stop() == 0);
+    {
+        std::ifstream in(a.log);
+        const std::string log((std::istreambuf_iterator<char>(in)), {});
+        INFO(log);
+        CHECK(log.find("n_ctx 128: the model's training context is 2048 tokens, but kv_pages 8 holds 128 tokens") !=
+              std::string::npos);
+        CHECK(log.find("raise kv_cache_mb (or kv_pages), or set n_ctx") != std::string::npos);
+    }
+
+    // an explicit n_ctx the pool cannot hold: the pool grows to one full context; max_prompt_tokens binds
+    daemon_process b;
+    b.start(scratch().file("kv-grow.sock"),
+            {"--set", "kv_pages=8", "--set", "n_ctx=512", "--set", "max_prompt_tokens=100"});
+    REQUIRE(b.wait_ready());
+    st = request(b.sock, "GET", "/v1/tandem/status").j();
+    CHECK(st["model"]["meta"]["n_ctx"] == 512);
+    CHECK(st["kv_pages_total"] == 32);
+    CHECK(st["limits"]["max_prompt_tokens"] == 100);
+    check_too_long(post(b.sock, "/v1/completions", {{"prompt", text}}), "prompt",
+                   {"more than the 100 this daemon accepts", "max_prompt_tokens in tandemd.conf; the context is 512",
+                    "raise max_prompt_tokens in tandemd.conf", "'truncate_prompt_tokens' (1 to 100)"});
+    CHECK(post(b.sock, "/v1/completions", {{"prompt", text}, {"truncate_prompt_tokens", 101}}).status == 400);
+    const auto r = post(b.sock, "/v1/completions", {{"prompt", text}, {"truncate_prompt_tokens", 100}, {"max_tokens", 2}});
+    CHECK(r.status == 200);
+    CHECK(r.j()["usage"]["prompt_tokens"] == 100);
+    CHECK(b.stop() == 0);
+
+    // past the training context: the daemon does not start, and says what to set
+    daemon_process c;
+    c.log = scratch().file("n-ctx-train.log");
+    c.start(scratch().file("n-ctx-train.sock"), {"--set", "n_ctx=4096"});
+    CHECK(c.wait_exit(30) == 1);
+    std::ifstream in(c.log);
+    const std::string log((std::istreambuf_iterator<char>(in)), {});
+    INFO(log);
+    CHECK(log.find("n_ctx 4096 is more than the model's training context, 2048 tokens") != std::string::npos);
+}
