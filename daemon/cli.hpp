@@ -51,6 +51,10 @@ void register_batch(CLI::App& app, registry& reg);
 // `embed`: embeddings of texts from the daemon, or offline with -m (cli_embed.cpp).
 void register_embed(CLI::App& app, registry& reg);
 
+// `info`: a GGUF's architecture, shapes, tensors, context, tokenizer and memory, from its
+// metadata alone (cli_info.cpp).
+void register_info(CLI::App& app, registry& reg);
+
 // Helpers shared by command groups.
 std::string resolve_model(const std::string& flag); // -m, else $TANDEM_MODEL, else an error
 int default_threads();

@@ -140,6 +140,19 @@ int cmd_run(const run_opts& o) {
     if (!o.draft_model.empty()) draft = load_draft_model(o.draft_model, *b.tok, o.load);
     const std::string prompt = o.prompt == "-" ? read_stdin() : o.prompt;
     std::vector<token_id> ids = b.tok->encode(prompt, /*add_special=*/true, o.parse_special);
+    // The context never cuts the prompt: a prompt it cannot hold is an error that says what to change.
+    const int32_t n_train = b.cfg.n_ctx_train, n_ctx = o.ctx > 0 ? o.ctx : n_train, n_prompt = int32_t(ids.size());
+    TANDEM_CHECK(o.ctx <= n_train, "--ctx {} is more than the model's training context, {} tokens: give {} or less",
+                 o.ctx, n_train, n_train);
+    TANDEM_CHECK(n_prompt < n_ctx,
+                 "the prompt has {} tokens, more than the {} the context holds (--ctx {} less one, for the first "
+                 "generated token): shorten it{}",
+                 n_prompt, n_ctx - 1, n_ctx,
+                 n_ctx < n_train ? fmt::format(", or raise --ctx (the model's training context is {})", n_train) : "");
+    if (o.n_predict > n_ctx - n_prompt)
+        logger("run")->warn("-n {}: the context ({} tokens) has room for {} after the prompt; the output stops there "
+                            "(finish_reason length){}",
+                            o.n_predict, n_ctx, n_ctx - n_prompt, n_ctx < n_train ? "; --ctx raises it" : "");
 
     generate_params p;
     p.n_predict = o.n_predict;

@@ -8,7 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 using namespace tandem;
@@ -398,4 +402,209 @@ TEST_CASE("tandem run --beams: the beams best first with their scores; width 1 i
     CHECK(with({"--beams", "2", "--temp", "0.7"}).rc != 0); // beam search does not sample
     CHECK(with({"--length-penalty", "2"}).rc != 0);          // without --beams
     CHECK(with({"--beams", "2", "--early-stopping", "sometimes"}).rc != 0);
+}
+
+namespace {
+
+// Every weight of a model loaded as the engine holds it (INT8 matrices with their scales and
+// row sums, F32 vectors): what `tandem info` must predict without loading anything.
+int64_t loaded_int8_bytes(const std::string& path) {
+    gguf::file f = gguf::file::open(path);
+    model_config cfg = model_config::from_gguf(f);
+    model_weights w = model_weights::load(f, cfg, {weight_format::int8});
+    const auto bytes = [](const weight& x) { return x.bytes() + int64_t(x.q_sum.size()) * 4; };
+    int64_t n = bytes(w.tok_embd) + bytes(w.output_norm) + bytes(w.output) + bytes(w.rope_freqs);
+    for (const layer_weights& l : w.layers)
+        for (const auto field : layer_weight_fields) n += bytes(l.*field);
+    return n;
+}
+
+json info_json(const std::string& path, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"info", path, "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = run_tandem(args);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    return json::parse(r.out);
+}
+
+} // namespace
+
+TEST_CASE("tandem info: shapes, tensors, context, RoPE, template, tokenizer and INT8 memory of the test models") {
+    // stories260K (PROVENANCE.md): llama, 5 layers, 64 wide, 8 heads of 8 over 4 KV heads, ff 172,
+    // vocab 512, 48 F32 tensors, context 2048, no rope.freq_base (10000)
+    const json j = info_json(stories);
+    CHECK(j["arch"] == "llama");
+    CHECK(j["shapes"] == json{{"n_layer", 5}, {"n_embd", 64}, {"n_head", 8}, {"n_head_kv", 4}, {"head_dim", 8},
+                              {"n_ff", 172}, {"n_vocab", 512}});
+    CHECK(j["tensors"]["count"] == 48);
+    CHECK(j["tensors"]["types"] == json{{"F32", {{"count", 48}, {"bytes", 292800 * 4}}}});
+    CHECK(j["n_ctx_train"] == 2048);
+    CHECK(j["sliding_window"] == json{{"size", 0}, {"layers", 0}});
+    CHECK(j["rope"]["base"] == 10000.0);
+    CHECK(j["rope"]["dims"] == 8);
+    CHECK(j["rope"]["scaling"]["type"] == "none");
+    CHECK(j["chat_template"] == json{{"family", "plain"}, {"in_file", false}});
+    CHECK(j["tokenizer"]["model"] == "llama");
+    CHECK(j["tokenizer"]["n_vocab"] == 512);
+    CHECK(j["tokenizer"]["bos"] == json{{"id", 1}, {"text", "<s>"}});
+    CHECK(j["tokenizer"]["eos"] == json{{"id", 2}, {"text", "</s>"}});
+    // memory: the weights as loaded in INT8; K and V of 5 layers x 4 heads x 8 in f16 a token
+    CHECK(j["memory"]["weight_bytes"] == loaded_int8_bytes(stories));
+    CHECK(j["memory"]["kv_bytes_per_token"] == 2 * 5 * 4 * 8 * 2);
+    CHECK(j["memory"]["kv_bytes_train_context"] == 2 * 5 * 4 * 8 * 2 * 2048);
+    CHECK(info_json(stories, {"--kv", "f32"})["memory"]["kv_bytes_per_token"] == 2 * 5 * 4 * 8 * 4);
+
+    const std::string tiny = test::model_path("llama-2-tiny-random.gguf"); // F16 x9, F32 x3, vocab 32000, ctx 4096
+    const json t = info_json(tiny);
+    CHECK(t["tensors"]["types"]["F16"]["count"] == 9);
+    CHECK(t["tensors"]["types"]["F32"]["count"] == 3);
+    CHECK(t["shapes"]["n_vocab"] == 32000);
+    CHECK(t["n_ctx_train"] == 4096);
+    CHECK(t["memory"]["weight_bytes"] == loaded_int8_bytes(tiny));
+
+    // a vocabulary-only file (no tensors at all): its metadata is all info reads
+    const json v = info_json(test::model_path("vocab/ggml-vocab-deepseek-coder.gguf"));
+    CHECK(v["tensors"]["count"] == 0);
+    CHECK(v["shapes"]["n_layer"] == 32);
+    CHECK(v["n_ctx_train"] == 16384);
+    CHECK(v["tokenizer"]["model"] == "gpt2");
+    CHECK(v["tokenizer"]["pre"] == "deepseek-coder");
+    CHECK(v["tokenizer"]["bos"]["id"] == 32013);
+    CHECK(v["memory"]["kv_bytes_per_token"] == 2 * 32 * 32 * 128 * 2); // 512 KiB: Llama-2-7B's shape
+
+    // the text form says the same
+    const auto r = run_tandem({"info", stories});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    for (const char* line : {"llama", "5 layers, embd 64, heads 8, kv heads 4, head_dim 8, ff 172, vocab 512",
+                             "48 (1.1 MiB): F32 x48", "2048 tokens (training)", "sliding window none",
+                             "base 10000, 8 of 8 dims, normal, scaling none", "chat template  plain (the file has none)",
+                             "llama (pre default), vocab 512, bos 1 \"<s>\", eos 2 \"</s>\"",
+                             "KV (f16) 640 bytes a token, 1.2 MiB for the training context"})
+        CHECK_MESSAGE(r.out.find(line) != std::string::npos, line, " in:\n", r.out);
+}
+
+TEST_CASE("tandem info: sliding windows, RoPE scaling and a chat template of synthetic models; errors") {
+    test::scratch_dir dir("cli-info");
+    const std::string g2 = dir.file("gemma2.gguf");
+    REQUIRE(run_tandem({"synth", "-o", g2, "--preset", "gemma2-2b", "--layers", "4", "--dim", "64", "--heads", "4",
+                        "--kv-heads", "2", "--head-dim", "16", "--ff", "128", "--vocab", "512", "--ctx", "4096",
+                        "--window", "256"})
+                .rc == 0);
+    const json g = info_json(g2);
+    CHECK(g["arch"] == "gemma2");
+    CHECK(g["sliding_window"] == json{{"size", 256}, {"layers", 2}}); // gemma2: the even layers
+    CHECK(g["shapes"]["head_dim"] == 16);
+    CHECK(g["memory"]["weight_bytes"] == loaded_int8_bytes(g2));
+    CHECK(run_tandem({"info", g2}).out.find("sliding window 256 tokens on 2 of 4 layers") != std::string::npos);
+
+    const auto scaled = [&](const std::string& kind) {
+        const std::string path = dir.file(kind + ".gguf");
+        REQUIRE(run_tandem({"synth", "-o", path, "--rope-scaling", kind, "--rope-scale", "4"}).rc == 0);
+        return info_json(path)["rope"]["scaling"];
+    };
+    CHECK(scaled("linear") == json{{"type", "linear"}, {"factor", 4.0}});
+    const json yarn = scaled("yarn");
+    CHECK(yarn["type"] == "yarn");
+    CHECK(yarn["factor"] == 4.0);
+    CHECK(scaled("llama3")["type"] == "llama3");
+
+    // stories260K with a ChatML template added: the family, from the file
+    {
+        gguf::file f = gguf::file::open(stories);
+        gguf::writer w;
+        for (const auto& kv : f.metadata()) w.set(kv.key, kv.val);
+        w.set_string("tokenizer.chat_template",
+                     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
+        for (const auto& t : f.tensors()) w.add_tensor(t.name, t.type, t.ne, {t.data, t.n_bytes});
+        w.write(dir.file("chatml.gguf"));
+    }
+    CHECK(info_json(dir.file("chatml.gguf"))["chat_template"] == json{{"family", "chatml"}, {"in_file", true}});
+
+    // errors: exit 1 with one line that says what is wrong; a bad flag is a usage error (2)
+    const auto fails = [](const std::vector<std::string>& args, const std::string& what) {
+        const auto r = run_tandem(args);
+        CHECK(r.rc == 1);
+        CHECK_MESSAGE(r.err.find(what) != std::string::npos, r.err);
+        CHECK(r.out.empty());
+    };
+    fails({"info", dir.file("missing.gguf")}, "cannot open");
+    std::ofstream(dir.file("junk.gguf")) << "not a model at all";
+    fails({"info", dir.file("junk.gguf")}, "not a GGUF file");
+    fails({"info", test::model_path("vocab/ggml-vocab-gpt-2.gguf")}, "architecture 'gpt2' is not supported");
+    CHECK(run_tandem({"info", stories, "--kv", "f8"}).rc == 2);
+    CHECK(run_tandem({"info", stories, "--no-such-flag"}).rc == 2);
+}
+
+TEST_CASE("tandem info reads no weights: a model of 4 GiB of tensors (a sparse file) is described at once") {
+    // stories260K's metadata, and one F16 tensor of 65536 x 32768 (4 GiB) whose bytes are a hole
+    // in the file: loading it would read and convert them all; info reads the header alone.
+    test::scratch_dir dir("cli-info-big");
+    gguf::file f = gguf::file::open(stories);
+    gguf::writer w;
+    for (const auto& kv : f.metadata()) w.set(kv.key, kv.val);
+    const std::string marker = "tandem-info-test-end-of-metadata";
+    w.set_string("zz.marker", marker);
+    std::vector<uint8_t> bytes = w.serialize();
+    const std::string text(bytes.begin(), bytes.end());
+    const size_t kv_end = text.rfind(marker) + marker.size();
+    bytes.resize(kv_end);
+    const uint64_t n_tensors = 1;
+    std::memcpy(bytes.data() + 8, &n_tensors, 8); // the header's tensor count
+    const auto put = [&](const void* p, size_t n) {
+        bytes.insert(bytes.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+    };
+    const std::string name = "token_embd.weight";
+    const uint64_t name_len = name.size(), ne0 = 65536, ne1 = 32768, offset = 0;
+    const uint32_t n_dims = 2, type = uint32_t(dtype::f16);
+    put(&name_len, 8);
+    put(name.data(), name.size());
+    put(&n_dims, 4);
+    put(&ne0, 8);
+    put(&ne1, 8);
+    put(&type, 4);
+    put(&offset, 8);
+    bytes.resize((bytes.size() + 31) / 32 * 32); // the data section starts aligned
+    const std::string big = dir.file("big.gguf");
+    {
+        std::ofstream out(big, std::ios::binary);
+        out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    }
+    const uint64_t data_bytes = ne0 * ne1 * 2;
+    std::filesystem::resize_file(big, bytes.size() + data_bytes);
+    const auto t0 = std::chrono::steady_clock::now();
+    const json j = info_json(big);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MESSAGE("tandem info on a 4 GiB model: ", s, " s");
+    CHECK(s < 2.0);
+    CHECK(j["tensors"]["types"]["F16"] == json{{"count", 1}, {"bytes", data_bytes}});
+    CHECK(j["memory"]["weight_bytes"] == ne1 * (ne0 + 8)); // INT8 rows, each with a scale and a row sum
+    CHECK(j["file_bytes"] == bytes.size() + data_bytes);
+}
+
+TEST_CASE("tandem run never cuts a prompt: too long for --ctx is an error saying what to change") {
+    std::string text;
+    for (int i = 0; i < 30; ++i) text += "Lily saw a dog. ";
+    const auto tok = run_tandem({"tokenize", "-m", stories, "--add-special", text});
+    REQUIRE(tok.rc == 0);
+    const size_t n = json::parse(tok.out).size();
+    REQUIRE(n > 64);
+    auto r = run_tandem({"run", "-m", stories, "-p", text, "-c", "64", "-n", "4"});
+    CHECK(r.rc == 1);
+    CHECK(r.out.empty());
+    for (const std::string& part : std::vector<std::string>{"the prompt has " + std::to_string(n) + " tokens",
+                                                            "more than the 63 the context holds", "--ctx 64 less one",
+                                                            "raise --ctx (the model's training context is 2048)"})
+        CHECK_MESSAGE(r.err.find(part) != std::string::npos, part, " in: ", r.err);
+    r = run_tandem({"run", "-m", stories, "-p", "x", "-c", "4096"});
+    CHECK(r.rc == 1);
+    CHECK(r.err.find("--ctx 4096 is more than the model's training context, 2048 tokens") != std::string::npos);
+    // -n past the context: the output stops at its end (finish_reason length), with a warning
+    r = run_tandem({"run", "-m", stories, "-p", "Once upon a time", "-c", "16", "-n", "100", "--json", "--ignore-eos"});
+    REQUIRE(r.rc == 0);
+    const json j = json::parse(r.out);
+    CHECK(j["tokens"].size() + j["prompt_tokens"].size() == 16);
+    CHECK(j["finish_reason"] == "length");
+    CHECK(r.err.find("-n 100: the context (16 tokens) has room for") != std::string::npos);
 }
