@@ -63,11 +63,12 @@ struct gemm_shape {
 // W8A8 GEMMs of the model's shapes at n_tok rows: the op (cuBLASLt + scale kernel, as the runner
 // calls it), the tiled dp4a kernel alone, and cuBLASLt's int32 GEMM alone (the baseline).
 void bench_gemms(const cuda::context& c, const model_config& cfg, int64_t n_tok) {
-    const std::vector<gemm_shape> shapes{{"wq/wo", cfg.n_embd, cfg.n_embd, 2},
+    const std::vector<gemm_shape> shapes{{"wq", cfg.n_embd_q(), cfg.n_embd, 1},
+                                         {"wo", cfg.n_embd, cfg.n_embd_q(), 1},
                                          {"wk/wv", cfg.n_embd_kv(), cfg.n_embd, 2},
                                          {"gate/up", cfg.n_ff, cfg.n_embd, 2},
                                          {"down", cfg.n_embd, cfg.n_ff, 1}};
-    const int64_t max_in = std::max<int64_t>(cfg.n_embd, cfg.n_ff), max_out = max_in;
+    const int64_t max_in = std::max<int64_t>({cfg.n_embd, cfg.n_embd_q(), cfg.n_ff}), max_out = max_in;
     std::mt19937 rng(1);
     std::vector<int8_t> h(size_t(std::max(n_tok, max_out) * max_in));
     for (auto& v : h) v = int8_t(int(rng() % 255) - 127);
@@ -210,7 +211,7 @@ int main(int argc, char** argv) {
             const cuda::buffer pages(c, size_t(kv.bytes()));
             c.upload(pages.get(), kv.base(), size_t(kv.bytes()));
             const cuda::buffer table = cuda::to_device(c, seq.block_table().data(), seq.block_table().size() * 4);
-            const int64_t n_q = n_prompt * cfg.n_embd;
+            const int64_t n_q = n_prompt * cfg.n_embd_q();
             std::vector<float> hq(static_cast<size_t>(n_q));
             for (auto& v : hq) v = float(int(rng() % 2001) - 1000) / 1000.0f;
             const cuda::buffer q = cuda::to_device(c, hq.data(), hq.size() * 4);

@@ -8,13 +8,12 @@
 
 namespace tandem::cuda {
 
-struct device_layer {
-    device_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
-};
+// A layer's weights in the order of layer_weight_fields.
+using device_layer = std::vector<device_weight>;
 
 // Every weight of a model on one device.
 struct device_model_weights {
-    device_weight tok_embd, output_norm, output;
+    device_weight tok_embd, output_norm, output, rope_freqs;
     std::vector<device_layer> layers;
 
     device_model_weights(const context& ctx, const model_weights& w);

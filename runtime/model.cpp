@@ -13,7 +13,19 @@
 namespace tandem {
 
 model::model(model_config cfg, model_weights weights, kv_dtype kv)
-    : cfg_(std::move(cfg)), w_(std::move(weights)), kv_(kv) {}
+    : cfg_(std::move(cfg)), w_(std::move(weights)), kv_(kv) {
+    // Each layer's RoPE table; layers that turn alike share one.
+    const float* factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.f32();
+    for (int il = 0; il < cfg_.n_layer; ++il) {
+        model_config::rope_table t = cfg_.rope_of(il, factors);
+        const auto same = [&](const model_config::rope_table& o) {
+            return o.inv_freq == t.inv_freq && o.freq_scale == t.freq_scale && o.mscale == t.mscale;
+        };
+        const auto it = std::find_if(rope_.begin(), rope_.end(), same);
+        layer_rope_.push_back(int32_t(it - rope_.begin()));
+        if (it == rope_.end()) rope_.push_back(std::move(t));
+    }
+}
 
 kv_layout model::make_kv_layout(int32_t page_size) const {
     return kv_layout{cfg_.n_layer, cfg_.n_head_kv, cfg_.head_dim, page_size, kv_};
@@ -44,16 +56,16 @@ size_t model::scratch_bytes(int64_t n_tok, int64_t n_rows) const {
     // forward's takes in order, each rounded to the arena's alignment; the rows' takes of the
     // mixed-rows path (gathered input, projected logits, the two-term logits), which hold
     // those of the all-logits path. Host inputs staged on a device backend are not counted.
-    const int64_t e = cfg_.n_embd, n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff, nv = cfg_.n_vocab;
+    const int64_t e = cfg_.n_embd, nq = cfg_.n_embd_q(), n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff, nv = cfg_.n_vocab;
     size_t total = 0;
     const auto take = [&](int64_t n, size_t size) {
         total += (size_t(std::max<int64_t>(n, 1)) * size + scratch_arena::align - 1) / scratch_arena::align *
                  scratch_arena::align;
     };
-    for (const int64_t n : {n_tok * e, n_tok * e, n_tok * e, n_tok * n_kv, n_tok * n_kv, n_tok * e, 2 * n_tok * e,
+    for (const int64_t n : {n_tok * e, n_tok * e, n_tok * nq, n_tok * n_kv, n_tok * n_kv, n_tok * nq, 2 * n_tok * e,
                             n_tok * ff, n_tok * ff})
         take(n, sizeof(float));
-    take(2 * n_tok * std::max(e, ff), sizeof(int8_t));
+    take(2 * n_tok * std::max({e, nq, ff}), sizeof(int8_t));
     take(2 * n_tok, sizeof(float));
     take(n_tok * e, sizeof(float)); // the wanted tokens' rows, gathered
     for (const int64_t n : {n_rows * e, n_rows * nv, 2 * n_rows * nv}) take(n, sizeof(float));
@@ -75,18 +87,19 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
     // Every activation of the batch, from the context's scratch.
     scratch_arena& s = *ctx.scratch;
     s.reset();
-    const int64_t e = cfg_.n_embd, n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff, n_rows = b.n_logits();
+    const int64_t e = cfg_.n_embd, nq = cfg_.n_embd_q(), n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff,
+                  n_rows = b.n_logits();
     float* x = s.take<float>(n_tok * e);        // the residual stream
     float* xn = s.take<float>(n_tok * e);       // normed
-    float* q = s.take<float>(n_tok * e);
+    float* q = s.take<float>(n_tok * nq);
     float* k = s.take<float>(n_tok * n_kv);
     float* v = s.take<float>(n_tok * n_kv);
-    float* attn = s.take<float>(n_tok * e);
+    float* attn = s.take<float>(n_tok * nq);
     float* proj = s.take<float>(2 * n_tok * e); // the down projection's two terms
     float* gate = s.take<float>(n_tok * ff);
     float* up = s.take<float>(n_tok * ff);
     // INT8 activations with their per-token scales (W8A8); two terms for w_down and the logits
-    int8_t* xq = s.take<int8_t>(2 * n_tok * std::max(e, ff));
+    int8_t* xq = s.take<int8_t>(2 * n_tok * std::max({e, nq, ff}));
     float* xs = s.take<float>(2 * n_tok);
     // The host inputs, staged before any op is queued (on CUDA a copy from pageable memory
     // waits for the stream: the rows wanted are staged here, not after the layers). The tokens
@@ -126,6 +139,10 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
     const int32_t* rows_wanted = ops::stage(ctx, std::span<const int32_t>(wanted));
     const int32_t* rows_logits = ops::stage(ctx, std::span<const int32_t>(logit_src));
     const int32_t* tables = ops::stage(ctx, kv.tables);
+    std::vector<rope_params> ropes;
+    for (const model_config::rope_table& t : rope_)
+        ropes.push_back({cfg_.n_rot, ops::stage(ctx, std::span<const float>(t.inv_freq)), t.freq_scale, t.mscale,
+                         cfg_.rope == rope_style::neox});
 
     std::vector<attn_seq> seqs;
     seqs.reserve(size_t(b.n_seqs()));
@@ -135,8 +152,8 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
     ap.softcap = cfg_.attn_softcap;
 
     ops::embed(ctx, x, tokens, n_tok, w.tok_embd);
-    const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
-    const bool neox = cfg_.rope == rope_style::neox;
+    if (cfg_.embd_scale != 1.0f) ops::scale(ctx, x, cfg_.embd_scale, n_tok * e);
+    const float scale = cfg_.attn_scale > 0 ? cfg_.attn_scale : 1.0f / std::sqrt(float(cfg_.head_dim));
     const ops::act_i8 act{xq, xs};
     for (int il = 0; il < cfg_.n_layer; ++il) {
         const layer_weights& l = w.layers[size_t(il)];
@@ -153,20 +170,24 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
             ops::matmul(ctx, k, xn, n_tok, l.wk, &l.bk);
             ops::matmul(ctx, v, xn, n_tok, l.wv, &l.bv);
         }
-        ops::rope(ctx, q, pos, n_tok, cfg_.n_head, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
-                  cfg_.rope_freq_scale, neox);
-        ops::rope(ctx, k, pos, n_tok, cfg_.n_head_kv, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
-                  cfg_.rope_freq_scale, neox);
+        if (cfg_.qk_norm) { // each head's q and k, normed on their own
+            ops::rms_norm(ctx, q, q, l.q_norm.f32(), n_tok * cfg_.n_head, cfg_.head_dim, cfg_.rms_eps);
+            ops::rms_norm(ctx, k, k, l.k_norm.f32(), n_tok * cfg_.n_head_kv, cfg_.head_dim, cfg_.rms_eps);
+        }
+        const rope_params& rp = ropes[size_t(layer_rope_[size_t(il)])];
+        ops::rope(ctx, q, pos, n_tok, cfg_.n_head, cfg_.head_dim, rp);
+        ops::rope(ctx, k, pos, n_tok, cfg_.n_head_kv, cfg_.head_dim, rp);
         // Every sequence of the batch, prefill chunks and decode tokens alike, in one op each.
         ap.window = cfg_.window_of(il);
         ops::kv_store(ctx, ap, il, k, v);
         ops::attention(ctx, ap, il, attn, q, cfg_.n_head, scale);
         if (i8) {
-            ops::quantize_rows(ctx, act, attn, n_tok, e);
+            ops::quantize_rows(ctx, act, attn, n_tok, nq);
             ops::matmul_i8(ctx, proj, act.q, act.s, n_tok, l.wo);
         } else {
             ops::matmul(ctx, proj, attn, n_tok, l.wo);
         }
+        if (cfg_.post_norms) ops::rms_norm(ctx, proj, proj, l.attn_post_norm.f32(), n_tok, e, cfg_.rms_eps);
         ops::add(ctx, x, proj, n_tok * e);
 
         if (i8) {
@@ -177,7 +198,7 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
             // agreement lost to activation quantization. It goes in as two int8 terms (the second
             // quantizes the first's rounding error), run as 2 * n_tok rows of one int8 matmul
             // (the GEMV still reads each weight once; prefill stays on oneDNN) and summed.
-            ops::swiglu(ctx, gate, gate, up, n_tok * ff);
+            glu(ctx, gate, up, n_tok * ff);
             const ops::act_i8 lo{xq + n_tok * ff, xs + n_tok};
             ops::quantize_rows_split(ctx, act, lo, gate, n_tok, ff);
             ops::matmul_i8(ctx, proj, act.q, act.s, 2 * n_tok, l.w_down);
@@ -186,9 +207,10 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
             ops::rms_norm(ctx, xn, x, l.ffn_norm.f32(), n_tok, e, cfg_.rms_eps);
             ops::matmul(ctx, gate, xn, n_tok, l.w_gate);
             ops::matmul(ctx, up, xn, n_tok, l.w_up);
-            ops::swiglu(ctx, gate, gate, up, n_tok * ff);
+            glu(ctx, gate, up, n_tok * ff);
             ops::matmul(ctx, proj, gate, n_tok, l.w_down);
         }
+        if (cfg_.post_norms) ops::rms_norm(ctx, proj, proj, l.ffn_post_norm.f32(), n_tok, e, cfg_.rms_eps);
         ops::add(ctx, x, proj, n_tok * e);
     }
 
@@ -232,6 +254,11 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
     }
 }
 
+void model::glu(const exec_ctx& ctx, float* gate, const float* up, int64_t n) const {
+    if (cfg_.act == ffn_act::gelu) ops::geglu(ctx, gate, gate, up, n);
+    else ops::swiglu(ctx, gate, gate, up, n);
+}
+
 void model::project_logits(const exec_ctx& ctx, const model_weights& w, const float* xn, int64_t n_rows, float* logits,
                            const ops::act_i8& act) const {
     const weight& out_w = w.logits_weight();
@@ -253,6 +280,7 @@ void model::project_logits(const exec_ctx& ctx, const model_weights& w, const fl
     } else {
         ops::matmul(ctx, logits, xn, n_rows, out_w);
     }
+    if (cfg_.final_softcap > 0) ops::softcap(ctx, logits, cfg_.final_softcap, n_rows * cfg_.n_vocab);
 }
 
 } // namespace tandem

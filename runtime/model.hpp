@@ -70,8 +70,13 @@ private:
     void project_logits(const exec_ctx& ctx, const model_weights& w, const float* xn, int64_t n_rows, float* logits,
                         const ops::act_i8& act) const;
 
+    // gate [n] = act(gate) * up, the architecture's gated activation (SwiGLU or GeGLU).
+    void glu(const exec_ctx& ctx, float* gate, const float* up, int64_t n) const;
+
     model_config cfg_;
     model_weights w_;
+    std::vector<model_config::rope_table> rope_; // the distinct RoPE tables
+    std::vector<int32_t> layer_rope_;            // [n_layer]: each layer's index into rope_
     kv_dtype kv_;
     scratch_arena scratch_ = scratch_arena::host(); // for host contexts without one
 };

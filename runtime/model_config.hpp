@@ -1,7 +1,9 @@
 // Hyperparameters of a Llama-family model, read from GGUF metadata.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -30,7 +32,11 @@ struct yarn_params {
     int32_t orig_ctx = 0;      // rope.scaling.original_context_length
     float beta_fast = 32.0f;   // the wavelength ramp's ends, in rotations over orig_ctx
     float beta_slow = 1.0f;
+    float attn_factor = 1.0f;  // rope.scaling.attn_factor
 };
+
+// The general.architecture values Tandem runs.
+extern const std::array<std::string_view, 8> supported_archs;
 
 struct model_config {
     std::string arch;      // general.architecture (supported_archs in model_config.cpp)
@@ -78,6 +84,16 @@ struct model_config {
     bool post_norms = false;      // RMSNorm of the attention and FFN outputs (Gemma 2 and 3)
 
     int32_t n_embd_q() const { return n_head * head_dim; }
+
+    // Layer il's RoPE: each pair's frequency (host memory; rope_params::inv_freq on a device is
+    // a copy) and the scales. factors: the file's rope_freqs.weight, n_rot / 2 divisors of the
+    // frequencies (Llama 3.x's `llama3` scaling), or null.
+    struct rope_table {
+        std::vector<float> inv_freq;
+        float freq_scale = 1.0f;
+        float mscale = 1.0f;
+    };
+    rope_table rope_of(int il, const float* factors) const;
 
     int32_t n_embd_kv() const { return n_head_kv * head_dim; }
     int32_t n_gqa() const { return n_head / n_head_kv; }

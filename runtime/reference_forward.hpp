@@ -1,4 +1,5 @@
-// The scalar FP32 Llama forward pass: the readable specification every fast path must match.
+// The scalar FP32 forward pass (Llama and the architectures model_config describes): the
+// readable specification every fast path must match.
 #pragma once
 
 #include "runtime/model_config.hpp"
@@ -25,7 +26,7 @@ private:
     const model_config& c_;
     const model_weights& w_;
     int32_t n_ctx_;
-    std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_, logits_; // activations
+    std::vector<float> x_, xb_, xb2_, q_, k_, v_, attn_, att_, hb_, hb2_, logits_; // activations
     std::vector<float> key_cache_, value_cache_; // [n_layer, n_ctx, n_embd_kv]
 };
 

@@ -10,6 +10,7 @@
 #include "runtime/quantize_file.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -76,10 +77,16 @@ const float* scale_tensor(const gguf::file& f, const gguf::tensor_info& t, int64
     return reinterpret_cast<const float*>(s->data);
 }
 
-// Finds `name`, checks its shape is exactly `ne` (GGUF order, ne[0] contiguous), converts it:
-// matrices to the requested format, vectors to F32.
+// Rows [row0, row0 + n_rows) of a matrix tensor (all of them by default): a fused tensor is
+// loaded as its parts.
+struct row_range {
+    int64_t row0 = 0, n_rows = -1;
+};
+
+// Finds `name`, checks its shape is exactly `ne` (GGUF order, ne[0] contiguous), converts it
+// (or `part` of its rows): matrices to the requested format, vectors to F32.
 weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int64_t> ne,
-                   const weight_load_options& opt, bool optional = false) {
+                   const weight_load_options& opt, bool optional = false, row_range part = {}) {
     const gguf::tensor_info* t = f.find_tensor(name);
     if (!t) {
         TANDEM_CHECK(optional, "{}: missing tensor {}", f.path(), name);
@@ -89,42 +96,45 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
                  shape_str(ne));
     const bool matrix = ne.size() == 2;
     const int64_t n_in = ne[0];
-    const int64_t n_out = matrix ? ne[1] : 1;
+    const int64_t r0 = part.row0, n_out = !matrix ? 1 : part.n_rows < 0 ? ne[1] : part.n_rows;
+    TANDEM_ASSERT(r0 >= 0 && (!matrix || r0 + n_out <= ne[1]));
+    const bool last_part = !matrix || r0 + n_out == ne[1]; // the mapping's pages may go after it
     TANDEM_CHECK(t->type != dtype::i8 || matrix, "{}: tensor {} is I8 but not a matrix", f.path(), name);
     weight w;
     if (matrix && opt.format == weight_format::int8) {
         w.n_out = n_out;
         w.n_in = n_in;
         if (t->type == dtype::i8) { // pre-quantized: used in place, no copy
-            w.q_ext = reinterpret_cast<const int8_t*>(t->data);
-            w.scale_ext = scale_tensor(f, *t, n_out);
+            w.q_ext = reinterpret_cast<const int8_t*>(t->data) + r0 * n_in;
+            w.scale_ext = scale_tensor(f, *t, ne[1]) + r0;
         } else {
             w.q_store.resize(size_t(n_out * n_in));
             w.scale_store.resize(size_t(n_out));
             for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
                 std::vector<float> row(static_cast<size_t>(n_in));
                 for (int64_t r = b; r < e; ++r) {
-                    row_to_f32(*t, r, n_in, row.data());
+                    row_to_f32(*t, r0 + r, n_in, row.data());
                     w.scale_store[size_t(r)] = quantize_row_i8_ref(row.data(), &w.q_store[size_t(r * n_in)], n_in);
                 }
             });
         }
         compute_row_sums(w, opt.pool);
-        if (t->type != dtype::i8) release_pages(*t);
+        if (t->type != dtype::i8 && last_part) release_pages(*t);
         return w;
     }
     w.n_in = matrix ? n_in : 1;
     w.n_out = matrix ? n_out : ne[0];
-    w.data.resize(size_t(t->n_elements()));
+    w.data.resize(size_t(matrix ? n_out * n_in : t->n_elements()));
     if (t->type == dtype::i8) {
-        const float* sc = scale_tensor(f, *t, n_out);
+        const float* sc = scale_tensor(f, *t, ne[1]);
         const int8_t* q = reinterpret_cast<const int8_t*>(t->data);
         for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r) dequantize_row_i8_ref(q + r * n_in, sc[r], &w.data[size_t(r * n_in)], n_in);
+            for (int64_t r = b; r < e; ++r)
+                dequantize_row_i8_ref(q + (r0 + r) * n_in, sc[r0 + r], &w.data[size_t(r * n_in)], n_in);
         });
     } else if (matrix) {
         for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r) row_to_f32(*t, r, n_in, &w.data[size_t(r * n_in)]);
+            for (int64_t r = b; r < e; ++r) row_to_f32(*t, r0 + r, n_in, &w.data[size_t(r * n_in)]);
         });
     } else {
         row_to_f32(*t, 0, ne[0], w.data.data());
@@ -168,11 +178,9 @@ void compute_row_sums(weight& w, cpu::thread_pool* pool) {
 }
 
 int64_t model_weights::bytes() const {
-    int64_t n = tok_embd.bytes() + output_norm.bytes() + output.bytes();
+    int64_t n = tok_embd.bytes() + output_norm.bytes() + output.bytes() + rope_freqs.bytes();
     for (const auto& l : layers)
-        for (const weight* w : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate,
-                                &l.w_up, &l.w_down})
-            n += w->bytes();
+        for (const auto field : layer_weight_fields) n += (l.*field).bytes();
     return n;
 }
 
@@ -199,23 +207,43 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
                  f.path(), c.n_vocab, emb->ne[1]);
     c.n_vocab = int32_t(emb->ne[1]);
 
-    const int64_t e = c.n_embd, kv = c.n_embd_kv(), ff = c.n_ff, v = c.n_vocab;
+    const int64_t e = c.n_embd, nq = c.n_embd_q(), kv = c.n_embd_kv(), ff = c.n_ff, v = c.n_vocab, hd = c.head_dim;
+    for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
+        TANDEM_CHECK(!f.find_tensor(name), "{}: {} is Phi-3's LongRoPE, which Tandem does not support", f.path(), name);
     model_weights w;
     w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, opt);
     w.output_norm = load_tensor(f, "output_norm.weight", {e}, opt);
     w.output = load_tensor(f, "output.weight", {e, v}, opt, /*optional=*/true);
     c.tied_output = w.output.empty();
+    w.rope_freqs = load_tensor(f, "rope_freqs.weight", {c.n_rot / 2}, opt, /*optional=*/true);
+    if (!w.rope_freqs.empty())
+        for (const float x : w.rope_freqs.data)
+            TANDEM_CHECK(std::isfinite(x) && x > 0, "{}: rope_freqs.weight holds {}, not a positive factor", f.path(), x);
 
     w.layers.resize(size_t(c.n_layer));
     for (int il = 0; il < c.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         layer_weights& l = w.layers[size_t(il)];
         l.attn_norm = load_tensor(f, p + "attn_norm.weight", {e}, opt);
-        l.wq = load_tensor(f, p + "attn_q.weight", {e, e}, opt);
-        l.wk = load_tensor(f, p + "attn_k.weight", {e, kv}, opt);
-        l.wv = load_tensor(f, p + "attn_v.weight", {e, kv}, opt);
-        l.wo = load_tensor(f, p + "attn_output.weight", {e, e}, opt);
-        l.bq = load_tensor(f, p + "attn_q.bias", {e}, opt, true);
+        if (const std::string qkv = p + "attn_qkv.weight"; f.find_tensor(qkv)) { // Phi-3: q, k, v rows in one
+            l.wq = load_tensor(f, qkv, {e, nq + 2 * kv}, opt, false, {0, nq});
+            l.wk = load_tensor(f, qkv, {e, nq + 2 * kv}, opt, false, {nq, kv});
+            l.wv = load_tensor(f, qkv, {e, nq + 2 * kv}, opt, false, {nq + kv, kv});
+        } else {
+            l.wq = load_tensor(f, p + "attn_q.weight", {e, nq}, opt);
+            l.wk = load_tensor(f, p + "attn_k.weight", {e, kv}, opt);
+            l.wv = load_tensor(f, p + "attn_v.weight", {e, kv}, opt);
+        }
+        l.wo = load_tensor(f, p + "attn_output.weight", {nq, e}, opt);
+        if (c.qk_norm) {
+            l.q_norm = load_tensor(f, p + "attn_q_norm.weight", {hd}, opt);
+            l.k_norm = load_tensor(f, p + "attn_k_norm.weight", {hd}, opt);
+        }
+        if (c.post_norms) {
+            l.attn_post_norm = load_tensor(f, p + "post_attention_norm.weight", {e}, opt);
+            l.ffn_post_norm = load_tensor(f, p + "post_ffw_norm.weight", {e}, opt);
+        }
+        l.bq = load_tensor(f, p + "attn_q.bias", {nq}, opt, true);
         l.bk = load_tensor(f, p + "attn_k.bias", {kv}, opt, true);
         l.bv = load_tensor(f, p + "attn_v.bias", {kv}, opt, true);
         const bool has_bias = !l.bq.empty() || !l.bk.empty() || !l.bv.empty();
@@ -224,8 +252,13 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
         TANDEM_CHECK(il == 0 || has_bias == c.qkv_bias, "{}: layer {} differs from layer 0 in q/k/v biases", f.path(), il);
         c.qkv_bias = has_bias;
         l.ffn_norm = load_tensor(f, p + "ffn_norm.weight", {e}, opt);
-        l.w_gate = load_tensor(f, p + "ffn_gate.weight", {e, ff}, opt);
-        l.w_up = load_tensor(f, p + "ffn_up.weight", {e, ff}, opt);
+        if (!f.find_tensor(p + "ffn_gate.weight") && f.find_tensor(p + "ffn_up.weight")) { // Phi-3: gate rows, then up
+            l.w_gate = load_tensor(f, p + "ffn_up.weight", {e, 2 * ff}, opt, false, {0, ff});
+            l.w_up = load_tensor(f, p + "ffn_up.weight", {e, 2 * ff}, opt, false, {ff, ff});
+        } else {
+            l.w_gate = load_tensor(f, p + "ffn_gate.weight", {e, ff}, opt);
+            l.w_up = load_tensor(f, p + "ffn_up.weight", {e, ff}, opt);
+        }
         l.w_down = load_tensor(f, p + "ffn_down.weight", {ff, e}, opt);
     }
     return w;

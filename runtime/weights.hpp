@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <array>
 #include <vector>
 
 namespace tandem {
@@ -15,12 +16,22 @@ namespace cpu { class thread_pool; }
 
 struct layer_weights {
     weight attn_norm;          // [n_embd]
-    weight wq, wk, wv, wo;     // [n_embd, n_embd], [n_embd_kv, n_embd] x2, [n_embd, n_embd]
-    weight bq, bk, bv;         // optional biases (Qwen2): [n_embd], [n_embd_kv] x2
+    weight wq, wk, wv, wo;     // [n_embd_q, n_embd], [n_embd_kv, n_embd] x2, [n_embd, n_embd_q]
+    weight bq, bk, bv;         // optional biases (Qwen2): [n_embd_q], [n_embd_kv] x2
+    weight q_norm, k_norm;     // per-head RMSNorm weights [head_dim] (model_config::qk_norm)
+    weight attn_post_norm;     // [n_embd] (model_config::post_norms)
     weight ffn_norm;           // [n_embd]
     weight w_gate, w_up;       // [n_ff, n_embd]
     weight w_down;             // [n_embd, n_ff]
+    weight ffn_post_norm;      // [n_embd] (model_config::post_norms)
 };
+
+// Every weight of a layer, for code that treats them alike (sizes, device copies).
+inline constexpr std::array<weight layer_weights::*, 16> layer_weight_fields = {
+    &layer_weights::attn_norm, &layer_weights::wq,       &layer_weights::wk,     &layer_weights::wv,
+    &layer_weights::wo,        &layer_weights::bq,       &layer_weights::bk,     &layer_weights::bv,
+    &layer_weights::q_norm,    &layer_weights::k_norm,   &layer_weights::attn_post_norm, &layer_weights::ffn_norm,
+    &layer_weights::w_gate,    &layer_weights::w_up,     &layer_weights::w_down, &layer_weights::ffn_post_norm};
 
 struct weight_load_options {
     weight_format format = weight_format::f32;
@@ -31,6 +42,7 @@ struct model_weights {
     weight tok_embd;           // [n_vocab, n_embd]
     weight output_norm;        // [n_embd]
     weight output;             // [n_vocab, n_embd]; empty when tied to tok_embd
+    weight rope_freqs;         // [n_rot / 2] Llama 3's frequency divisors (rope_freqs.weight); may be empty
     std::vector<layer_weights> layers;
 
     const weight& logits_weight() const { return output.empty() ? tok_embd : output; }
@@ -38,6 +50,8 @@ struct model_weights {
 
     // Loads and converts every tensor, checking each shape against the config; fills in
     // cfg.n_vocab, cfg.qkv_bias and cfg.tied_output. Throws tandem::error naming the tensor.
+    // Phi-3's fused tensors (attn_qkv, ffn_up holding gate and up) are split into wq/wk/wv and
+    // w_gate/w_up here, so the forward has one shape of layer.
     // INT8 tensors of a `tandem quantize` file are used in place (the file must outlive
     // the weights) and need format int8.
     static model_weights load(const gguf::file& f, model_config& cfg, const weight_load_options& opt = {});

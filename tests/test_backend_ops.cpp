@@ -395,7 +395,15 @@ TEST_CASE("rms_norm vs reference") {
     }
 }
 
-TEST_CASE("rope vs reference, both styles, partial rotation, linear scaling") {
+// A RoPE frequency table: base^(-2i / n_rot), divided by uneven per-pair factors when asked (as
+// Llama 3's rope_freqs and YaRN's blends make them).
+std::vector<float> rope_freqs(int n_rot, bool uneven) {
+    std::vector<float> t(static_cast<size_t>(n_rot / 2));
+    for (int i = 0; i < n_rot / 2; ++i) t[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(n_rot)) / (uneven ? float(1 + i % 3) : 1.0f);
+    return t;
+}
+
+TEST_CASE("rope vs reference, both styles, partial rotation, linear scaling, tables and mscale") {
     for (bool neox : {false, true}) {
         for (int n_rot : {4, 8}) {
             const int n_head = 3, hd = 8;
@@ -403,30 +411,78 @@ TEST_CASE("rope vs reference, both styles, partial rotation, linear scaling") {
             const auto x = randn(size_t(n_tok * n_head * hd), 3);
             std::vector<int32_t> pos(static_cast<size_t>(n_tok));
             for (int64_t t = 0; t < n_tok; ++t) pos[size_t(t)] = int32_t(t * 37 + 5);
-            for (float scale : {1.0f, 0.25f}) {
-                for_each_cpu_variant([&](const exec_ctx& ctx) {
-                    auto y = x;
-                    op_mem m(ctx);
-                    ops::rope(ctx, m.out(y), m.in(pos), n_tok, n_head, hd, n_rot, 10000.0f, scale, neox);
-                    m.finish();
-                    return y;
-                }, tol_transcendental, std::string("rope neox=") + (neox ? "1" : "0"));
+            for (const bool uneven : {false, true}) {
+                const auto table = rope_freqs(n_rot, uneven);
+                for (const float scale : {1.0f, 0.25f}) {
+                    for (const float mscale : {1.0f, 1.25f}) {
+                        for_each_cpu_variant([&](const exec_ctx& ctx) {
+                            auto y = x;
+                            op_mem m(ctx);
+                            const rope_params rp{n_rot, m.in(table), scale, mscale, neox};
+                            ops::rope(ctx, m.out(y), m.in(pos), n_tok, n_head, hd, rp);
+                            m.finish();
+                            return y;
+                        }, tol_transcendental, std::string("rope neox=") + (neox ? "1" : "0"));
+                    }
+                }
             }
         }
     }
 }
 
-TEST_CASE("rope rotates the expected pairs") {
-    // A unit vector in dim 0 at position p turns into (cos p, sin p) in the pair it belongs to.
+TEST_CASE("rope rotates the expected pairs by the table's frequency, times mscale") {
+    // A unit vector in the first dim of pair i at position p turns into mscale (cos a, sin a)
+    // with a = p * freq_scale * inv_freq[i], in the pair it belongs to.
     for (bool neox : {false, true}) {
-        std::vector<float> x(8, 0.0f);
-        x[0] = 1.0f;
-        const int32_t pos = 3;
-        ops::rope(exec_ctx{backend::ref}, x.data(), &pos, 1, 1, 8, 8, 10000.0f, 1.0f, neox);
-        const int partner = neox ? 4 : 1;
-        CHECK(x[0] == doctest::Approx(std::cos(3.0f)));
-        CHECK(x[size_t(partner)] == doctest::Approx(std::sin(3.0f)));
+        const std::vector<float> table{1.0f, 0.5f, 0.25f, 0.125f};
+        for (const int pair : {0, 2}) {
+            std::vector<float> x(8, 0.0f);
+            const int first = neox ? pair : 2 * pair, partner = neox ? pair + 4 : 2 * pair + 1;
+            x[size_t(first)] = 1.0f;
+            const int32_t pos = 3;
+            ops::rope(exec_ctx{backend::ref}, x.data(), &pos, 1, 1, 8, {8, table.data(), 0.5f, 2.0f, neox});
+            const float a = 3.0f * 0.5f * table[size_t(pair)];
+            CHECK(x[size_t(first)] == doctest::Approx(2.0f * std::cos(a)));
+            CHECK(x[size_t(partner)] == doctest::Approx(2.0f * std::sin(a)));
+        }
     }
+}
+
+TEST_CASE("geglu, scale and softcap: values, and every backend vs reference") {
+    // gelu's tanh form at 1 and -1: 0.841192 and -0.158808; soft-capping at 30 leaves small
+    // values almost unchanged and never passes the cap.
+    const std::vector<float> g{1.0f, -1.0f, 0.0f}, u{1.0f, 2.0f, 5.0f};
+    std::vector<float> out(3);
+    ops::geglu(exec_ctx{backend::ref}, out.data(), g.data(), u.data(), 3);
+    CHECK(out[0] == doctest::Approx(0.841192f).epsilon(1e-5));
+    CHECK(out[1] == doctest::Approx(-2.0f * 0.158808f).epsilon(1e-5));
+    CHECK(out[2] == 0.0f);
+    std::vector<float> z{0.3f, 300.0f, -1e6f};
+    ops::softcap(exec_ctx{backend::ref}, z.data(), 30.0f, 3);
+    CHECK(z[0] == doctest::Approx(30.0f * std::tanh(0.01f)));
+    CHECK(z[1] == doctest::Approx(30.0f).epsilon(1e-4));
+    CHECK(z[2] == -30.0f);
+    std::vector<float> s{1.0f, -2.0f};
+    ops::scale(exec_ctx{backend::ref}, s.data(), 1.5f, 2);
+    CHECK(s == std::vector<float>{1.5f, -3.0f});
+
+    const auto a = randn(1001, 4, 3.0f), b = randn(1001, 5);
+    for_each_cpu_variant([&](const exec_ctx& ctx) {
+        std::vector<float> y(a.size(), NAN);
+        op_mem m(ctx);
+        ops::geglu(ctx, m.out(y), m.in(a), m.in(b), int64_t(a.size()));
+        m.finish();
+        return y;
+    }, tol_transcendental, "geglu");
+    for_each_cpu_variant([&](const exec_ctx& ctx) {
+        auto y = a;
+        op_mem m(ctx);
+        float* p = m.out(y);
+        ops::scale(ctx, p, 0.75f, int64_t(y.size()));
+        ops::softcap(ctx, p, 2.0f, int64_t(y.size()));
+        m.finish();
+        return y;
+    }, tol_transcendental, "scale+softcap");
 }
 
 TEST_CASE("swiglu and add vs reference") {

@@ -38,6 +38,13 @@ constexpr double runner_tol = 2e-6;
 #else
 constexpr double runner_tol = 1e-4;
 #endif
+// Over many small random models the flips add up: one or two activations a step land one int8
+// step apart, which moves a tiny model's logits by NMSE 1e-5 to 2e-4 (measured on the emulated
+// device over the architectures below with F16 and F32 pages: which model flips where changes
+// with the page type). A feature the device skipped (a norm, the RoPE table, the activation)
+// moves them by far more; Gemma 2's soft-caps at 50 and 30 bend these small scores too little to
+// show here, so their kernels are checked op by op (test_backend_ops, test_attention_ops).
+constexpr double runner_flip_tol = std::max(runner_tol, 1e-3);
 
 bool have_device() {
     std::string why;
@@ -398,35 +405,51 @@ TEST_CASE("CUDA runner keeping its pages: truncated drafts recomputed give the l
     test::check_truncate_recompute(*gpu, *b.mdl, 1e-6);
 }
 
-TEST_CASE("CUDA runner: Qwen2-style synth (biases, NeoX RoPE, tied output, GQA 4:1, scaled RoPE) tracks the CPU") {
+TEST_CASE("CUDA runner: every architecture's synthetic file tracks the CPU") {
+    // Qwen2 (biases, NeoX RoPE, tied output, GQA 4:1, scaled RoPE), Qwen 3 (wide heads, q/k
+    // norms), Phi-3 (fused tensors, a window on every layer), Gemma 2 (GeGLU, scaled
+    // embeddings, post norms, soft-caps, windows on even layers), Gemma 3 (local and global
+    // RoPE), Llama 3.1's rope_freqs: prefill then teacher-forced decode past the windows.
     if (!have_device()) return;
-    test::scratch_dir dir("cuda-qwen2");
-    synth_params p = synth_preset("tiny");
-    p.arch = "qwen2";
-    p.tied_output = true;
-    p.rope_scale = 4;
-    p.n_head = 8;
-    p.n_head_kv = 2;
-    const std::string path = dir.file("qwen2.gguf");
-    synth_write(p, path);
-    model_bundle b = load_model(path);
-    model& m = *b.mdl;
-    REQUIRE(m.config().qkv_bias);
-    const int32_t n_vocab = m.config().n_vocab;
-    auto gpu = make_cuda_runner(m, 0);
-    auto cpu = make_cpu_runner(m, 2);
-    kv_cache kv_c(m.make_kv_layout(16), 16), kv_g(m.make_kv_layout(16), 16);
-    seq_driver c(*cpu, kv_c, n_vocab), g(*gpu, kv_g, n_vocab);
-    std::vector<token_id> toks;
-    for (int i = 0; i < 40; ++i) toks.push_back(token_id((i * 37 + 11) % n_vocab));
-    c.prefill({toks.begin(), toks.begin() + 30}, 30);
-    g.prefill({toks.begin(), toks.begin() + 30}, 30);
-    CHECK(nmse(c.logits, g.logits) < runner_tol);
-    for (int i = 30; i < 40; ++i) { // teacher-forced decode
-        c.step(std::span(&toks[size_t(i)], 1));
-        g.step(std::span(&toks[size_t(i)], 1));
-        INFO("step ", i);
-        CHECK(nmse(c.logits, g.logits) < runner_tol);
+    test::scratch_dir dir("cuda-archs");
+    const auto tiny = [](const char* arch, auto&& set) {
+        synth_params p = synth_preset("tiny");
+        p.arch = arch;
+        p.n_head = 8;
+        p.n_head_kv = 2;
+        set(p);
+        return p;
+    };
+    const std::vector<synth_params> cases{
+        tiny("qwen2", [](synth_params& p) { p.tied_output = true; p.rope_scale = 4; }),
+        tiny("qwen3", [](synth_params& p) { p.head_dim = 16; }),
+        tiny("phi3", [](synth_params& p) { p.sliding_window = 11; }),
+        tiny("gemma2", [](synth_params& p) { p.sliding_window = 9; p.head_dim = 16; }),
+        tiny("gemma3", [](synth_params& p) { p.sliding_window = 7; p.n_layer = 6; p.rope_scale = 8; }),
+        tiny("llama", [](synth_params& p) { p.rope_scale = 8; p.rope_scaling = "llama3"; }),
+    };
+    for (const synth_params& p : cases) {
+        INFO("arch ", p.arch);
+        const std::string path = dir.file(p.arch + ".gguf");
+        synth_write(p, path);
+        model_bundle b = load_model(path);
+        model& m = *b.mdl;
+        const int32_t n_vocab = m.config().n_vocab;
+        auto gpu = make_cuda_runner(m, 0);
+        auto cpu = make_cpu_runner(m, 2);
+        kv_cache kv_c(m.make_kv_layout(16), 16), kv_g(m.make_kv_layout(16), 16);
+        seq_driver c(*cpu, kv_c, n_vocab), g(*gpu, kv_g, n_vocab);
+        std::vector<token_id> toks;
+        for (int i = 0; i < 40; ++i) toks.push_back(token_id((i * 37 + 11) % n_vocab));
+        c.prefill({toks.begin(), toks.begin() + 30}, 30);
+        g.prefill({toks.begin(), toks.begin() + 30}, 30);
+        CHECK(nmse(c.logits, g.logits) < runner_flip_tol);
+        for (int i = 30; i < 40; ++i) { // teacher-forced decode
+            c.step(std::span(&toks[size_t(i)], 1));
+            g.step(std::span(&toks[size_t(i)], 1));
+            INFO("step ", i);
+            CHECK(nmse(c.logits, g.logits) < runner_flip_tol);
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -63,9 +64,7 @@ std::vector<std::vector<float>> reference_logits(const model& m, const std::vect
     return out;
 }
 
-void engine_matches_reference(const std::string& name, const std::string& path = "") {
-    loaded l = path.empty() ? load(name) : load_path(path);
-    model& m = *l.mdl;
+void engine_matches_reference(const std::string& name, model& m) {
     const int32_t n_vocab = m.config().n_vocab;
     const auto toks = test::random_ids(45, n_vocab, 42);
     std::vector<std::vector<float>> want_hidden;
@@ -137,6 +136,40 @@ void engine_matches_reference(const std::string& name, const std::string& path =
             }
         }
     }
+}
+
+void engine_matches_reference(const std::string& name, const std::string& path = "") {
+    loaded l = path.empty() ? load(name) : load_path(path);
+    engine_matches_reference(name, *l.mdl);
+}
+
+// The largest logit difference between two configurations of the same weights over a prompt,
+// relative to the logits' scale: a feature that moves it less than the engine-vs-reference
+// tolerance could be ignored by the engine without a test noticing.
+double reference_change(const model_config& a, const model_config& b, const model_weights& w, int32_t n_tok) {
+    const auto toks = test::random_ids(n_tok, a.n_vocab, 7);
+    reference_forward ra(a, w, n_tok), rb(b, w, n_tok);
+    double diff = 0, scale = 1;
+    for (int32_t i = 0; i < n_tok; ++i) {
+        const auto& la = ra.forward(toks[size_t(i)], i);
+        const auto& lb = rb.forward(toks[size_t(i)], i);
+        for (size_t j = 0; j < la.size(); ++j) {
+            diff = std::max(diff, std::abs(double(la[j]) - lb[j]));
+            scale = std::max(scale, std::abs(double(la[j])));
+        }
+    }
+    return diff / scale;
+}
+
+// A synthetic file of an architecture, loaded; `tweak` may sharpen its features (a soft-cap
+// at 50 barely bends the small scores of random weights) before the model is built.
+loaded load_arch(const std::string& path, const synth_params& p, const std::function<void(model_config&)>& tweak = {}) {
+    synth_write(p, path);
+    gguf::file f = gguf::file::open(path);
+    model_config cfg = model_config::from_gguf(f);
+    model_weights w = model_weights::load(f, cfg);
+    if (tweak) tweak(cfg);
+    return {std::make_unique<model>(std::move(cfg), std::move(w))};
 }
 
 } // namespace
@@ -377,4 +410,168 @@ TEST_CASE("model::prepare builds every primitive and all the scratch a forward o
     b.add_seq(0, 0, test::random_ids(100, n_vocab, 1), a.block_table(), {}, 0);
     b.add_seq(1, 0, test::random_ids(100, n_vocab, 2), h.block_table(), {}, 0, row_kind::hidden);
     run(b, 200);
+}
+
+TEST_CASE("engine forward equals the reference forward: every architecture's synthetic file") {
+    // Each architecture at a tiny shape with its distinguishing tensors and keys; the config
+    // read back names its features, each feature moves the reference's logits (so an engine
+    // that skipped it would fail), and the engine equals the reference on every path
+    // engine_matches_reference runs (whole, mixed rows, chunked, decode; ref and CPU; pages
+    // of 1 and 16).
+    test::scratch_dir dir("archs");
+    const auto tiny = [](const std::string& arch) {
+        synth_params p = synth_preset("tiny");
+        p.arch = arch;
+        p.n_head = 4;
+        p.n_head_kv = 2;
+        return p;
+    };
+    SUBCASE("qwen3: per-head q/k norms, heads wider than n_embd / n_head") {
+        synth_params p = tiny("qwen3");
+        p.head_dim = 32; // 4 heads of 32 over a 64-wide stream
+        loaded l = load_arch(dir.file("qwen3.gguf"), p);
+        const model_config& c = l.mdl->config();
+        CHECK(c.qk_norm);
+        CHECK(c.head_dim == 32);
+        CHECK(c.n_embd_q() == 128);
+        CHECK(c.rope == rope_style::neox);
+        model_config off = c;
+        off.qk_norm = false;
+        CHECK(reference_change(c, off, l.mdl->weights(), 12) > 100 * logits_rel_tol);
+        engine_matches_reference("qwen3 synth", *l.mdl);
+    }
+    SUBCASE("phi3: fused attn_qkv and ffn_up split at load, a sliding window on every layer") {
+        synth_params p = tiny("phi3");
+        p.sliding_window = 9;
+        const std::string path = dir.file("phi3.gguf");
+        loaded l = load_arch(path, p);
+        const model_config& c = l.mdl->config();
+        CHECK(c.kv_window() == 9);
+        // The split rows are the fused tensor's rows.
+        gguf::file f = gguf::file::open(path);
+        const gguf::tensor_info* qkv = f.find_tensor("blk.1.attn_qkv.weight");
+        const gguf::tensor_info* up = f.find_tensor("blk.1.ffn_up.weight");
+        REQUIRE(qkv);
+        REQUIRE(up);
+        std::vector<float> row(64);
+        const layer_weights& lw = l.mdl->weights().layers[1];
+        tensor_row_to_f32(f, *qkv, 64 + 5, row.data()); // k's row 5
+        CHECK(std::equal(row.begin(), row.end(), lw.wk.row(5)));
+        tensor_row_to_f32(f, *qkv, 64 + 32 + 31, row.data()); // v's last row
+        CHECK(std::equal(row.begin(), row.end(), lw.wv.row(31)));
+        tensor_row_to_f32(f, *up, 160 + 3, row.data()); // up's row 3 (gate first)
+        CHECK(std::equal(row.begin(), row.end(), lw.w_up.row(3)));
+        model_config off = c;
+        off.sliding_window = 0;
+        CHECK(reference_change(c, off, l.mdl->weights(), 24) > 100 * logits_rel_tol);
+        engine_matches_reference("phi3 synth", *l.mdl);
+    }
+    SUBCASE("gemma: GeGLU, embeddings times sqrt(n_embd), wide heads, tied output") {
+        synth_params p = tiny("gemma");
+        p.head_dim = 32;
+        loaded l = load_arch(dir.file("gemma.gguf"), p);
+        const model_config& c = l.mdl->config();
+        CHECK(c.act == ffn_act::gelu);
+        CHECK(c.embd_scale == doctest::Approx(8.0f));
+        CHECK(c.tied_output);
+        for (auto field : {&model_config::embd_scale}) {
+            model_config off = c;
+            off.*field = 1.0f;
+            CHECK(reference_change(c, off, l.mdl->weights(), 12) > 100 * logits_rel_tol);
+        }
+        model_config silu = c;
+        silu.act = ffn_act::silu;
+        CHECK(reference_change(c, silu, l.mdl->weights(), 12) > 100 * logits_rel_tol);
+        engine_matches_reference("gemma synth", *l.mdl);
+    }
+    SUBCASE("gemma2: soft-caps, post norms, windows on even layers") {
+        synth_params p = tiny("gemma2");
+        p.sliding_window = 7;
+        p.n_layer = 3;
+        loaded l = load_arch(dir.file("gemma2.gguf"), p, [](model_config& c) {
+            CHECK(c.attn_softcap == 50.0f);
+            CHECK(c.final_softcap == 30.0f);
+            c.attn_softcap = 0.5f; // caps that bend these small scores and logits
+            c.final_softcap = 0.05f;
+        });
+        const model_config& c = l.mdl->config();
+        CHECK(c.post_norms);
+        CHECK(c.window_of(0) == 7);
+        CHECK(c.window_of(1) == 0);
+        CHECK(c.window_of(2) == 7);
+        CHECK(c.kv_window() == 0); // a global layer keeps every page
+        for (auto field : {&model_config::attn_softcap, &model_config::final_softcap}) {
+            model_config off = c;
+            off.*field = 0;
+            CHECK(reference_change(c, off, l.mdl->weights(), 24) > 100 * logits_rel_tol);
+        }
+        model_config no_post = c, no_window = c;
+        no_post.post_norms = false;
+        no_window.sliding_window = 0;
+        CHECK(reference_change(c, no_post, l.mdl->weights(), 12) > 100 * logits_rel_tol);
+        CHECK(reference_change(c, no_window, l.mdl->weights(), 24) > 100 * logits_rel_tol);
+        engine_matches_reference("gemma2 synth", *l.mdl);
+    }
+    SUBCASE("gemma3: q/k and post norms, five local layers to a global one, the local RoPE base") {
+        synth_params p = tiny("gemma3");
+        p.sliding_window = 6;
+        p.n_layer = 7;
+        p.rope_scale = 8; // linear, on the global layers only
+        loaded l = load_arch(dir.file("gemma3.gguf"), p);
+        const model_config& c = l.mdl->config();
+        CHECK(c.qk_norm);
+        for (int il = 0; il < 7; ++il) CHECK(c.window_of(il) == (il == 5 ? 0 : 6));
+        CHECK(c.rope_freq_base == 1000000.0f);
+        CHECK(c.rope_freq_base_swa == 10000.0f);
+        CHECK(c.rope_of(0, nullptr).freq_scale == 1.0f);
+        CHECK(c.rope_of(5, nullptr).freq_scale == 0.125f);
+        model_config one_base = c;
+        one_base.rope_freq_base_swa = 0;
+        CHECK(reference_change(c, one_base, l.mdl->weights(), 24) > 100 * logits_rel_tol);
+        engine_matches_reference("gemma3 synth", *l.mdl);
+    }
+    SUBCASE("llama with Llama 3.1's rope_freqs") {
+        synth_params p = tiny("llama");
+        p.rope_scale = 8;
+        p.rope_scaling = "llama3";
+        loaded l = load_arch(dir.file("llama3.gguf"), p);
+        const model_weights& w = l.mdl->weights();
+        REQUIRE(w.rope_freqs.n_out == 8); // head_dim 16: 8 pairs
+        // Llama 3.1's factors at base 500000, 16 dims: the fastest pairs keep their frequency,
+        // the slowest are divided by the full factor.
+        CHECK(w.rope_freqs.data.front() == 1.0f);
+        CHECK(w.rope_freqs.data.back() == 8.0f);
+        model_weights plain = w;
+        plain.rope_freqs = {};
+        const auto toks = test::random_ids(30, l.mdl->config().n_vocab, 7);
+        reference_forward a(l.mdl->config(), w, 30), b(l.mdl->config(), plain, 30);
+        double diff = 0;
+        for (int32_t i = 0; i < 30; ++i) {
+            const auto& la = a.forward(toks[size_t(i)], i);
+            const auto& lb = b.forward(toks[size_t(i)], i);
+            for (size_t j = 0; j < la.size(); ++j) diff = std::max(diff, std::abs(double(la[j]) - lb[j]));
+        }
+        CHECK(diff > 100 * logits_rel_tol);
+        engine_matches_reference("llama3 synth", *l.mdl);
+    }
+    SUBCASE("qwen2 with YaRN scaling") {
+        synth_params p = tiny("qwen2");
+        p.rope_scale = 4;
+        p.rope_scaling = "yarn";
+        p.n_ctx = 4096;
+        loaded l = load_arch(dir.file("yarn.gguf"), p);
+        const model_config& c = l.mdl->config();
+        CHECK(c.yarn.factor == 4.0f);
+        CHECK(c.yarn.orig_ctx == 1024);
+        const model_config::rope_table t = c.rope_of(0, nullptr);
+        CHECK(t.mscale == doctest::Approx(1.0f + 0.1f * std::log(4.0f)));
+        // The fastest pair keeps its frequency; the slowest is interpolated (a quarter of it).
+        CHECK(t.inv_freq.front() == 1.0f);
+        CHECK(t.inv_freq.back() == doctest::Approx(std::pow(1e6f, -2.0f * 7.0f / 16.0f) / 4.0f));
+        model_config linear = c;
+        linear.yarn = {};
+        linear.rope_freq_scale = 0.25f;
+        CHECK(reference_change(c, linear, l.mdl->weights(), 24) > 100 * logits_rel_tol);
+        engine_matches_reference("qwen2 yarn synth", *l.mdl);
+    }
 }

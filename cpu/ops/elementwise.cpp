@@ -27,19 +27,18 @@ void rms_norm(thread_pool& pool, float* out, const float* x, const float* w, int
     });
 }
 
-void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim, int n_rot,
-          float freq_base, float freq_scale, bool neox) {
-    // The frequencies depend only on the pair index: compute them once per call.
-    std::vector<float> inv_freq(static_cast<size_t>(n_rot / 2));
-    for (int i = 0; i < n_rot / 2; ++i) inv_freq[size_t(i)] = std::pow(freq_base, -2.0f * float(i) / float(n_rot));
+void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim,
+          const rope_params& rp) {
+    const int n_rot = rp.n_rot;
+    const bool neox = rp.neox;
     pool.parallel_for(n_tok, thread_pool::grain_for(int64_t(n_head) * n_rot * 4), [&](int64_t t0, int64_t t1) {
         std::vector<float> cs(static_cast<size_t>(n_rot / 2)), sn(size_t(n_rot / 2));
         for (int64_t t = t0; t < t1; ++t) {
-            const float p = float(positions[t]) * freq_scale;
+            const float p = float(positions[t]) * rp.freq_scale;
             for (int i = 0; i < n_rot / 2; ++i) {
-                const float theta = p * inv_freq[size_t(i)];
-                cs[size_t(i)] = std::cos(theta);
-                sn[size_t(i)] = std::sin(theta);
+                const float theta = p * rp.inv_freq[i];
+                cs[size_t(i)] = std::cos(theta) * rp.mscale;
+                sn[size_t(i)] = std::sin(theta) * rp.mscale;
             }
             for (int h = 0; h < n_head; ++h) {
                 float* v = x + (t * n_head + h) * head_dim;

@@ -30,6 +30,9 @@ void register_ops() {
         ops::rms_norm_op::cuda_impl = rms_norm;
         ops::rope_op::cuda_impl = rope;
         ops::swiglu_op::cuda_impl = swiglu;
+        ops::geglu_op::cuda_impl = geglu;
+        ops::scale_op::cuda_impl = scale;
+        ops::softcap_op::cuda_impl = softcap;
         ops::add_op::cuda_impl = add;
         ops::kv_store_op::cuda_impl = kv_store;
         ops::attention_op::cuda_impl = attention;

@@ -3,6 +3,7 @@
 
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
+#include "cpu/thread_pool.hpp"
 #include "runtime/ops/op_defs.hpp"
 
 namespace tandem::ops {
@@ -36,6 +37,28 @@ struct swiglu_impl : swiglu_op {
     static constexpr auto ref = ::tandem::cpu::ref::swiglu;
     static constexpr auto cpu = ::tandem::cpu::swiglu;
 };
+// The element-wise maps the reference writes, on the pool a range each.
+struct geglu_impl : geglu_op {
+    static constexpr auto ref = ::tandem::cpu::ref::geglu;
+    static void cpu(::tandem::cpu::thread_pool& pool, float* out, const float* gate, const float* up, int64_t n) {
+        pool.parallel_for(n, ::tandem::cpu::thread_pool::grain_for(16, 1024),
+                          [&](int64_t b, int64_t e) { ref(out + b, gate + b, up + b, e - b); });
+    }
+};
+struct scale_impl : scale_op {
+    static constexpr auto ref = ::tandem::cpu::ref::scale;
+    static void cpu(::tandem::cpu::thread_pool& pool, float* x, float s, int64_t n) {
+        pool.parallel_for(n, ::tandem::cpu::thread_pool::grain_for(1, 4096),
+                          [&](int64_t b, int64_t e) { ref(x + b, s, e - b); });
+    }
+};
+struct softcap_impl : softcap_op {
+    static constexpr auto ref = ::tandem::cpu::ref::softcap;
+    static void cpu(::tandem::cpu::thread_pool& pool, float* x, float cap, int64_t n) {
+        pool.parallel_for(n, ::tandem::cpu::thread_pool::grain_for(16, 1024),
+                          [&](int64_t b, int64_t e) { ref(x + b, cap, e - b); });
+    }
+};
 struct add_impl : add_op {
     static constexpr auto ref = ::tandem::cpu::ref::add;
     static constexpr auto cpu = ::tandem::cpu::add;
@@ -60,13 +83,25 @@ void rms_norm(const exec_ctx& ctx, float* out, const float* x, const float* w, i
 }
 
 void rope(const exec_ctx& ctx, float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim,
-          int n_rot, float freq_base, float freq_scale, bool neox) {
-    TANDEM_ASSERT(n_rot % 2 == 0 && n_rot <= head_dim && n_head > 0, "n_rot {} head_dim {}", n_rot, head_dim);
-    dispatch<rope_impl>(ctx, x, positions, n_tok, n_head, head_dim, n_rot, freq_base, freq_scale, neox);
+          const rope_params& rp) {
+    TANDEM_ASSERT(rp.n_rot % 2 == 0 && rp.n_rot <= head_dim && n_head > 0 && rp.inv_freq != nullptr,
+                  "n_rot {} head_dim {}", rp.n_rot, head_dim);
+    dispatch<rope_impl>(ctx, x, positions, n_tok, n_head, head_dim, rp);
 }
 
 void swiglu(const exec_ctx& ctx, float* out, const float* gate, const float* up, int64_t n) {
     dispatch<swiglu_impl>(ctx, out, gate, up, n);
+}
+
+void geglu(const exec_ctx& ctx, float* out, const float* gate, const float* up, int64_t n) {
+    dispatch<geglu_impl>(ctx, out, gate, up, n);
+}
+
+void scale(const exec_ctx& ctx, float* x, float s, int64_t n) { dispatch<scale_impl>(ctx, x, s, n); }
+
+void softcap(const exec_ctx& ctx, float* x, float cap, int64_t n) {
+    TANDEM_ASSERT(cap > 0, "soft-cap {}", cap);
+    dispatch<softcap_impl>(ctx, x, cap, n);
 }
 
 void add(const exec_ctx& ctx, float* x, const float* y, int64_t n) { dispatch<add_impl>(ctx, x, y, n); }

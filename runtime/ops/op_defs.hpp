@@ -8,6 +8,7 @@
 // cpu/ref/ops_ref.hpp twin, device memory except where the op's header says otherwise.
 
 #include "runtime/attn_params.hpp"
+#include "runtime/rope_params.hpp"
 #include "runtime/ops/dispatch.hpp"
 #include "runtime/weight.hpp"
 
@@ -33,12 +34,22 @@ struct rms_norm_op : cuda_slot<rms_norm_op, void(const cuda_ctx&, float* out, co
     static constexpr std::string_view name = "rms_norm";
 };
 struct rope_op : cuda_slot<rope_op, void(const cuda_ctx&, float* x, const int32_t* positions, int64_t n_tok, int n_head,
-                                         int head_dim, int n_rot, float freq_base, float freq_scale, bool neox)> {
+                                         int head_dim, const rope_params& rp)> {
     static constexpr std::string_view name = "rope";
 };
 struct swiglu_op
     : cuda_slot<swiglu_op, void(const cuda_ctx&, float* out, const float* gate, const float* up, int64_t n)> {
     static constexpr std::string_view name = "swiglu";
+};
+struct geglu_op
+    : cuda_slot<geglu_op, void(const cuda_ctx&, float* out, const float* gate, const float* up, int64_t n)> {
+    static constexpr std::string_view name = "geglu";
+};
+struct scale_op : cuda_slot<scale_op, void(const cuda_ctx&, float* x, float s, int64_t n)> {
+    static constexpr std::string_view name = "scale";
+};
+struct softcap_op : cuda_slot<softcap_op, void(const cuda_ctx&, float* x, float cap, int64_t n)> {
+    static constexpr std::string_view name = "softcap";
 };
 struct add_op : cuda_slot<add_op, void(const cuda_ctx&, float* x, const float* y, int64_t n)> {
     static constexpr std::string_view name = "add";
