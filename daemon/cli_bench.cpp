@@ -361,8 +361,8 @@ int cmd_bench(const bench_opts& o) {
     double raw_s = 0, raw_tok_s = 0;
     nlohmann::json raw_shapes = nlohmann::json::array();
     if (!o.no_raw) {
-        const int64_t e = c.n_embd, kvd = c.n_embd_kv(), ff = c.n_ff, M = o.n_prompt;
-        const std::vector<std::pair<int64_t, int64_t>> per_layer{{e, e}, {e, kvd}, {e, kvd}, {e, e}, {e, ff}, {e, ff}, {ff, e}};
+        const int64_t e = c.n_embd, nq = c.n_embd_q(), kvd = c.n_embd_kv(), ff = c.n_ff, M = o.n_prompt;
+        const std::vector<std::pair<int64_t, int64_t>> per_layer{{e, nq}, {e, kvd}, {e, kvd}, {nq, e}, {e, ff}, {e, ff}, {ff, e}};
         std::map<std::pair<int64_t, int64_t>, double> gops;
         for (auto kn : per_layer) {
             if (gops.count(kn)) continue;

@@ -7,6 +7,7 @@
 #include "runtime/gguf.hpp"
 #include "runtime/grammar/guide.hpp"
 #include "runtime/log.hpp"
+#include "runtime/model_config.hpp"
 #include "runtime/synth.hpp"
 
 #include <nlohmann/json.hpp>
@@ -328,7 +329,7 @@ void register_offline(CLI::App& app, registry& reg) {
     reg.push_back({dtz, [dt] { return cmd_detokenize(dt->model, dt->ids, dt->special); }});
 
     struct synth_opts {
-        std::string out, preset = "tiny", type = "f32", arch = "llama", vocab_from;
+        std::string out, preset = "tiny", type = "f32", arch, rope_scaling = "linear", vocab_from;
         bool tied = false;
         float rope_scale = 0;
         synth_params flags = synth_preset("tiny");
@@ -339,7 +340,8 @@ void register_offline(CLI::App& app, registry& reg) {
     auto sy = std::make_shared<synth_opts>();
     auto* syn = app.add_subcommand("synth", "write a Llama GGUF with seeded random weights");
     syn->add_option("-o,--output", sy->out, "output file")->required();
-    syn->add_option("--preset", sy->preset, "tiny | tinyllama-1.1b")->check(one_of({"tiny", "tinyllama-1.1b"}));
+    const std::vector<std::string> presets(synth_preset_names.begin(), synth_preset_names.end());
+    syn->add_option("--preset", sy->preset, "tiny, or a real model's shapes and architecture")->check(one_of(presets));
     auto shape = [&](const char* name, int32_t synth_params::*field, const char* help, int lo, int hi) {
         sy->shape.emplace_back(syn->add_option(name, sy->flags.*field, help)->check(between(lo, hi)), field);
     };
@@ -351,26 +353,31 @@ void register_offline(CLI::App& app, registry& reg) {
     shape("--vocab", &synth_params::n_vocab, "vocabulary size", 300, 1 << 20);
     shape("--ctx", &synth_params::n_ctx, "context length", 8, 1 << 20);
     shape("--window", &synth_params::sliding_window, "sliding attention window (0: none)", 0, 1 << 20);
+    shape("--head-dim", &synth_params::head_dim, "attention head width (default: dim / heads)", 2, 4096);
     sy->type_opt = syn->add_option("--type", sy->type, "weight type (default: the preset's)")
                        ->check(one_of(names_of(synth_types())));
     sy->seed = syn->add_option("--seed", sy->flags.seed, "seed");
-    syn->add_option("--arch", sy->arch, "llama | qwen2 (NeoX RoPE, Q/K/V biases)")->check(one_of({"llama", "qwen2"}));
+    auto* arch_opt = syn->add_option("--arch", sy->arch, "architecture (default: the preset's)")
+                         ->check(one_of(std::vector<std::string>(supported_archs.begin(), supported_archs.end())));
     auto* vf = syn->add_option("--vocab-from", sy->vocab_from,
                                "copy the tokenizer (and its size) from this GGUF: a draft model for it")
                    ->check(existing_file());
     for (auto& [opt, field] : sy->shape)
         if (field == &synth_params::n_vocab) vf->excludes(opt);
     syn->add_flag("--tied", sy->tied, "no output.weight: tie the logits to the embedding");
-    syn->add_option("--rope-scale", sy->rope_scale, "linear RoPE scaling factor")->check(between(1.0, 1024.0, number::real));
-    reg.push_back({syn, [sy] {
+    syn->add_option("--rope-scale", sy->rope_scale, "RoPE scaling factor")->check(between(1.0, 1024.0, number::real));
+    auto* scaling_opt = syn->add_option("--rope-scaling", sy->rope_scaling, "linear | yarn | llama3 (with --rope-scale)")
+                            ->check(one_of({"linear", "yarn", "llama3"}));
+    reg.push_back({syn, [sy, arch_opt, scaling_opt] {
         // The preset gives every shape; flags given on the command line override it.
         synth_params p = synth_preset(sy->preset);
         for (auto [opt, field] : sy->shape)
             if (*opt) p.*field = sy->flags.*field;
         if (*sy->seed) p.seed = sy->flags.seed;
-        p.arch = sy->arch;
-        p.tied_output = sy->tied;
-        p.rope_scale = sy->rope_scale;
+        if (*arch_opt) p.arch = sy->arch;
+        p.tied_output = p.tied_output || sy->tied;
+        if (sy->rope_scale > 0) p.rope_scale = sy->rope_scale;
+        if (*scaling_opt) p.rope_scaling = sy->rope_scaling;
         p.vocab_from = sy->vocab_from;
         if (*sy->type_opt) p.type = synth_types().at(sy->type);
         synth_write(p, sy->out);

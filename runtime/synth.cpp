@@ -5,10 +5,12 @@
 #include "runtime/error.hpp"
 #include "runtime/fp16.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/model_config.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fmt/ranges.h>
 #include <optional>
 #include <unordered_set>
 #include <vector>
@@ -169,25 +171,59 @@ void write_vocab(gguf::writer& w, int32_t n_vocab) {
 
 } // namespace
 
-synth_params synth_preset(std::string_view preset) {
+namespace {
+
+// Real models' shapes (from their published configs), in their architectures.
+struct preset {
+    std::string_view name, arch;
+    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, window;
+    float rope_scale;
+    std::string_view rope_scaling;
+};
+constexpr preset presets[] = {
+    {"tinyllama-1.1b", "llama", 22, 2048, 32, 4, 0, 5632, 32000, 2048, 0, 0, "linear"},
+    {"llama3.2-1b", "llama", 16, 2048, 32, 8, 0, 8192, 128256, 131072, 0, 32, "llama3"},
+    {"qwen2.5-0.5b", "qwen2", 24, 896, 14, 2, 0, 4864, 151936, 32768, 0, 0, "linear"},
+    {"qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 0, 0, "linear"},
+    {"phi3-mini", "phi3", 32, 3072, 32, 32, 0, 8192, 32064, 4096, 2047, 0, "linear"},
+    {"gemma-2b", "gemma", 18, 2048, 8, 1, 256, 16384, 256000, 8192, 0, 0, "linear"},
+    {"gemma2-2b", "gemma2", 26, 2304, 8, 4, 256, 9216, 256000, 8192, 4096, 0, "linear"},
+    {"gemma3-1b", "gemma3", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 512, 0, "linear"},
+};
+
+} // namespace
+
+const std::vector<std::string_view> synth_preset_names = [] {
+    std::vector<std::string_view> names{"tiny"};
+    for (const preset& pr : presets) names.push_back(pr.name);
+    return names;
+}();
+
+synth_params synth_preset(std::string_view name) {
     synth_params p;
-    if (preset == "tiny") {
+    if (name == "tiny") {
         p.name = "tandem-synth-tiny";
         return p; // the defaults
     }
-    if (preset == "tinyllama-1.1b") {
-        p.n_layer = 22;
-        p.n_embd = 2048;
-        p.n_head = 32;
-        p.n_head_kv = 4;
-        p.n_ff = 5632;
-        p.n_vocab = 32000;
-        p.n_ctx = 2048;
-        p.type = dtype::q8_0;
-        p.name = "tandem-synth-tinyllama-1.1b";
-        return p;
-    }
-    fail("synth: unknown preset '{}' (tiny, tinyllama-1.1b)", preset);
+    for (const preset& pr : presets)
+        if (pr.name == name) {
+            p.arch = pr.arch;
+            p.n_layer = pr.n_layer;
+            p.n_embd = pr.n_embd;
+            p.n_head = pr.n_head;
+            p.n_head_kv = pr.n_head_kv;
+            p.head_dim = pr.head_dim;
+            p.n_ff = pr.n_ff;
+            p.n_vocab = pr.n_vocab;
+            p.n_ctx = pr.n_ctx;
+            p.sliding_window = pr.window;
+            p.rope_scale = pr.rope_scale;
+            p.rope_scaling = pr.rope_scaling;
+            p.type = dtype::q8_0;
+            p.name = fmt::format("tandem-synth-{}", pr.name);
+            return p;
+        }
+    fail("synth: unknown preset '{}' ({})", name, fmt::join(synth_preset_names, ", "));
 }
 
 void synth_write(const synth_params& params, const std::string& path) {
@@ -202,14 +238,18 @@ void synth_write(const synth_params& params, const std::string& path) {
     TANDEM_CHECK(p.n_layer >= 1 && p.n_embd >= 1 && p.n_head >= 1 && p.n_head_kv >= 1 && p.n_ff >= 1 &&
                      p.n_ctx >= 1,
                  "synth: sizes must be positive");
-    TANDEM_CHECK(p.n_embd % p.n_head == 0, "synth: n_embd {} is not a multiple of n_head {}", p.n_embd, p.n_head);
+    TANDEM_CHECK(p.head_dim > 0 || p.n_embd % p.n_head == 0, "synth: n_embd {} is not a multiple of n_head {}",
+                 p.n_embd, p.n_head);
     TANDEM_CHECK(p.n_head % p.n_head_kv == 0, "synth: n_head {} is not a multiple of n_head_kv {}", p.n_head,
                  p.n_head_kv);
-    const int32_t head_dim = p.n_embd / p.n_head;
+    const int32_t head_dim = p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
     TANDEM_CHECK(head_dim % 2 == 0, "synth: head_dim {} must be even for RoPE", head_dim);
     TANDEM_CHECK(p.n_vocab >= 260, "synth: n_vocab {} < 260 (3 specials, 256 bytes, one piece)", p.n_vocab);
     const uint32_t file_type = file_type_of(p.type);
-    TANDEM_CHECK(p.arch == "llama" || p.arch == "qwen2", "synth: architecture '{}' is not llama or qwen2", p.arch);
+    TANDEM_CHECK(std::find(supported_archs.begin(), supported_archs.end(), p.arch) != supported_archs.end(),
+                 "synth: architecture '{}' is not one of {}", p.arch, fmt::join(supported_archs, ", "));
+    TANDEM_CHECK(p.rope_scaling == "linear" || p.rope_scaling == "yarn" || p.rope_scaling == "llama3",
+                 "synth: RoPE scaling '{}' is not linear, yarn or llama3", p.rope_scaling);
     TANDEM_CHECK(p.sliding_window >= 0, "synth: sliding window {} is negative", p.sliding_window);
     TANDEM_CHECK(p.rope_scale == 0 || (p.rope_scale >= 1 && p.rope_scale <= 1024), "synth: rope scale {} out of range",
                  p.rope_scale);
@@ -220,7 +260,9 @@ void synth_write(const synth_params& params, const std::string& path) {
     }
 
     gguf::writer w;
-    const bool qwen2 = p.arch == "qwen2";
+    const std::string& arch = p.arch;
+    const bool gemma = arch.starts_with("gemma"), phi3 = arch == "phi3";
+    const bool qk_norm = arch == "qwen3" || arch == "gemma3", post_norms = arch == "gemma2" || arch == "gemma3";
     const std::string a = p.arch + ".";
     w.set_string("general.architecture", p.arch);
     w.set_string("general.name", p.name.empty() ? "tandem-synth" : p.name);
@@ -232,11 +274,21 @@ void synth_write(const synth_params& params, const std::string& path) {
     w.set_u32(a + "feed_forward_length", uint32_t(p.n_ff));
     w.set_u32(a + "attention.head_count", uint32_t(p.n_head));
     w.set_u32(a + "attention.head_count_kv", uint32_t(p.n_head_kv));
+    if (p.head_dim > 0) {
+        w.set_u32(a + "attention.key_length", uint32_t(head_dim));
+        w.set_u32(a + "attention.value_length", uint32_t(head_dim));
+    }
     w.set_u32(a + "rope.dimension_count", uint32_t(head_dim));
-    w.set_f32(a + "rope.freq_base", qwen2 ? 1000000.0f : 10000.0f);
-    if (p.rope_scale > 0) {
-        w.set_string(a + "rope.scaling.type", "linear");
+    const bool big_base = arch == "qwen2" || arch == "qwen3" || arch == "gemma3";
+    w.set_f32(a + "rope.freq_base", big_base ? 1000000.0f : arch == "llama" && p.rope_scaling == "llama3" ? 500000.0f : 10000.0f);
+    if (p.rope_scale > 0 && p.rope_scaling != "llama3") {
+        w.set_string(a + "rope.scaling.type", p.rope_scaling);
         w.set_f32(a + "rope.scaling.factor", p.rope_scale);
+        if (p.rope_scaling == "yarn") w.set_u32(a + "rope.scaling.original_context_length", uint32_t(p.n_ctx / p.rope_scale));
+    }
+    if (arch == "gemma2") {
+        w.set_f32(a + "attn_logit_softcapping", 50.0f);
+        w.set_f32(a + "final_logit_softcapping", 30.0f);
     }
     w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
     if (p.sliding_window > 0) w.set_u32(a + "attention.sliding_window", uint32_t(p.sliding_window));
@@ -271,26 +323,66 @@ void synth_write(const synth_params& params, const std::string& path) {
     const int64_t n_embd = p.n_embd, n_ff = p.n_ff, n_embd_kv = int64_t(p.n_head_kv) * head_dim;
     const float std_embd = 1.0f / std::sqrt(float(n_embd)), std_ff = 1.0f / std::sqrt(float(n_ff));
 
-    matrix("token_embd.weight", n_embd, p.n_vocab, 0.02f);
+    const int64_t n_embd_q = int64_t(p.n_head) * head_dim;
+    const float std_q = 1.0f / std::sqrt(float(n_embd_q));
+
+    // Gemma scales its embeddings by sqrt(n_embd): rows of smaller values keep the stream near unit scale.
+    matrix("token_embd.weight", n_embd, p.n_vocab, gemma ? 0.02f / std::sqrt(float(n_embd)) : 0.02f);
+    if (p.rope_scale > 0 && p.rope_scaling == "llama3") {
+        // Llama 3.1's scaling as its conversion writes it: per pair, a wavelength shorter than
+        // 8192 / 4 keeps its frequency, one longer than 8192 / 1 divides it by the factor, a
+        // smooth blend between (low_freq_factor 1, high_freq_factor 4, original context 8192).
+        const int64_t n_pairs = head_dim / 2;
+        const float factor = p.rope_scale;
+        w.add_tensor("rope_freqs.weight", dtype::f32, {n_pairs}, [=](std::span<uint8_t> out) {
+            const double pi = 3.14159265358979323846, orig = 8192, low = 1, high = 4;
+            for (int64_t i = 0; i < n_pairs; ++i) {
+                const double wavelen = 2 * pi / std::pow(500000.0, -2.0 * double(i) / double(2 * n_pairs));
+                double f = 1;
+                if (wavelen > orig / low) {
+                    f = factor;
+                } else if (wavelen >= orig / high) {
+                    const double smooth = (orig / wavelen - low) / (high - low);
+                    f = 1 / ((1 - smooth) / factor + smooth);
+                }
+                const float v = float(f);
+                std::memcpy(out.data() + i * 4, &v, 4);
+            }
+        });
+    }
     for (int32_t il = 0; il < p.n_layer; ++il) {
         const std::string b = fmt::format("blk.{}.", il);
         norm(b + "attn_norm.weight", n_embd);
-        matrix(b + "attn_q.weight", n_embd, n_embd, std_embd);
-        matrix(b + "attn_k.weight", n_embd, n_embd_kv, std_embd);
-        matrix(b + "attn_v.weight", n_embd, n_embd_kv, std_embd);
-        matrix(b + "attn_output.weight", n_embd, n_embd, std_embd);
-        if (qwen2) {
-            bias(b + "attn_q.bias", n_embd);
+        if (phi3) {
+            matrix(b + "attn_qkv.weight", n_embd, n_embd_q + 2 * n_embd_kv, std_embd);
+        } else {
+            matrix(b + "attn_q.weight", n_embd, n_embd_q, std_embd);
+            matrix(b + "attn_k.weight", n_embd, n_embd_kv, std_embd);
+            matrix(b + "attn_v.weight", n_embd, n_embd_kv, std_embd);
+        }
+        matrix(b + "attn_output.weight", n_embd_q, n_embd, std_q);
+        if (arch == "qwen2") {
+            bias(b + "attn_q.bias", n_embd_q);
             bias(b + "attn_k.bias", n_embd_kv);
             bias(b + "attn_v.bias", n_embd_kv);
         }
+        if (qk_norm) {
+            norm(b + "attn_q_norm.weight", head_dim);
+            norm(b + "attn_k_norm.weight", head_dim);
+        }
+        if (post_norms) norm(b + "post_attention_norm.weight", n_embd);
         norm(b + "ffn_norm.weight", n_embd);
-        matrix(b + "ffn_gate.weight", n_embd, n_ff, std_embd);
-        matrix(b + "ffn_up.weight", n_embd, n_ff, std_embd);
+        if (phi3) {
+            matrix(b + "ffn_up.weight", n_embd, 2 * n_ff, std_embd);
+        } else {
+            matrix(b + "ffn_gate.weight", n_embd, n_ff, std_embd);
+            matrix(b + "ffn_up.weight", n_embd, n_ff, std_embd);
+        }
         matrix(b + "ffn_down.weight", n_ff, n_embd, std_ff);
+        if (post_norms) norm(b + "post_ffw_norm.weight", n_embd);
     }
     norm("output_norm.weight", n_embd);
-    if (!p.tied_output) matrix("output.weight", n_embd, p.n_vocab, std_embd);
+    if (!p.tied_output && !gemma) matrix("output.weight", n_embd, p.n_vocab, std_embd);
     w.write(path);
 }
 

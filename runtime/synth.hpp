@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tandem {
 
@@ -20,16 +21,23 @@ struct synth_params {
     dtype type = dtype::f32;     // of the matrices: f32, f16, bf16 or a block format (quant/blocks.hpp); norms stay F32
     uint64_t seed = 1;
     std::string name = "tandem-synth";
-    std::string arch = "llama";  // "llama", or "qwen2": NeoX RoPE, Q/K/V biases, freq base 1e6
-    bool tied_output = false;    // no output.weight: logits use token_embd
-    float rope_scale = 0;        // > 1: linear RoPE scaling by this factor
+    // Any of model_config's supported_archs, with the tensors and keys llama.cpp's conversion
+    // writes for it: qwen2 (Q/K/V biases), qwen3 (q/k norms), phi3 (fused attn_qkv, ffn_up
+    // holding gate and up), gemma (tied output), gemma2 (post norms, soft-caps), gemma3 (q/k
+    // and post norms); NeoX RoPE for all but llama and mistral.
+    std::string arch = "llama";
+    int32_t head_dim = 0;        // attention.key_length; 0: n_embd / n_head
+    bool tied_output = false;    // no output.weight: logits use token_embd (always for gemma*)
+    float rope_scale = 0;        // > 1: RoPE scaling by this factor, of the kind rope_scaling says
+    std::string rope_scaling = "linear"; // linear, yarn, or llama3 (a rope_freqs.weight as Llama 3.1's)
     int32_t sliding_window = 0;  // > 0: <arch>.attention.sliding_window (windowed layers as the architecture has them)
     std::string vocab_from;      // a GGUF whose tokenizer (tokenizer.* keys) and vocabulary size to copy
 };
 
-// "tiny" (2 layers, 64 dim, F32) or "tinyllama-1.1b" (TinyLlama 1.1B's shapes, Q8_0);
-// tandem::error for any other name.
+// "tiny" (2 layers, 64 dim, F32), or a real model's shapes and architecture at Q8_0:
+// synth_preset_names lists them. tandem::error for any other name.
 synth_params synth_preset(std::string_view preset);
+extern const std::vector<std::string_view> synth_preset_names;
 
 // Writes a GGUF that llama.cpp would load as a Llama model: its metadata keys, tokenizer
 // arrays and tensor names. The same params (seed included) give the same bytes. Tensors are

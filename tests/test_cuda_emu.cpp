@@ -231,6 +231,18 @@ TEST_CASE("CUDA row kernels (emulated): RMSNorm, RoPE, SwiGLU, add, embedding ro
         cuda::swiglu(c, sw_got.data(), g.data(), u.data(), n);
         CHECK(same_bytes(sw_want.data(), sw_got.data(), size_t(n) * 4)); // the host's expf on both sides
 
+        std::vector<float> gg_want(static_cast<size_t>(n)), gg_got(size_t(n), NAN);
+        cpu::ref::geglu(gg_want.data(), g.data(), u.data(), n);
+        cuda::geglu(c, gg_got.data(), g.data(), u.data(), n);
+        CHECK(nmse(gg_want, gg_got) < 1e-12); // the host's tanhf on both sides; the kernel's order of steps
+
+        auto sc_want = g, sc_got = g;
+        cpu::ref::scale(sc_want.data(), 0.75f, n);
+        cpu::ref::softcap(sc_want.data(), 2.0f, n);
+        cuda::scale(c, sc_got.data(), 0.75f, n);
+        cuda::softcap(c, sc_got.data(), 2.0f, n);
+        CHECK(nmse(sc_want, sc_got) < 1e-12);
+
         auto a_want = x, a_got = x;
         cpu::ref::add(a_want.data(), g.data(), n);
         cuda::add(c, a_got.data(), g.data(), n);
@@ -242,8 +254,11 @@ TEST_CASE("CUDA row kernels (emulated): RMSNorm, RoPE, SwiGLU, add, embedding ro
             const int n_head = 3, hd = 64;
             const std::vector<int32_t> pos{0, 1, 7, 100, 4095, 3};
             auto want = randn(size_t(n_tok * n_head * hd), 5), got = want;
-            cpu::ref::rope(want.data(), pos.data(), n_tok, n_head, hd, n_rot, 10000.0f, 0.5f, neox);
-            cuda::rope(c, got.data(), pos.data(), n_tok, n_head, hd, n_rot, 10000.0f, 0.5f, neox);
+            std::vector<float> table(static_cast<size_t>(n_rot / 2));
+            for (int i = 0; i < n_rot / 2; ++i) table[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(n_rot)) / float(1 + i % 3);
+            const rope_params rp{n_rot, table.data(), 0.5f, 1.25f, neox};
+            cpu::ref::rope(want.data(), pos.data(), n_tok, n_head, hd, rp);
+            cuda::rope(c, got.data(), pos.data(), n_tok, n_head, hd, rp);
             INFO("neox=", neox, " n_rot=", n_rot);
             CHECK(nmse(want, got) < 1e-12); // sincosf/pow of the host on both sides; the order of steps is the kernel's
         }

@@ -6,6 +6,7 @@
 #include "runtime/generate.hpp"
 #include "runtime/fp16.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/model_config.hpp"
 #include "runtime/synth.hpp"
 #include "tests/test_util.hpp"
 
@@ -376,6 +377,69 @@ TEST_CASE("synth is deterministic by seed, for every type") {
                                                 : 0.02f;
         for (size_t i = 0; i < v.size(); ++i) REQUIRE(std::fabs(v[i] - ref[i]) <= tol * std::max(1.0f, 8.0f * std::fabs(ref[i])));
     }
+}
+
+TEST_CASE("synth presets at real models' shapes name their architectures") {
+    // Each preset resolves to a consistent shape in a supported architecture (writing them
+    // takes hundreds of MB each: the tiny files below cover each architecture's tensors).
+    CHECK(synth_preset_names.size() == 9);
+    for (const std::string_view name : synth_preset_names) {
+        INFO(name);
+        const synth_params p = synth_preset(name);
+        CHECK(std::find(supported_archs.begin(), supported_archs.end(), p.arch) != supported_archs.end());
+        CHECK(p.n_head % p.n_head_kv == 0);
+        const int32_t hd = p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
+        CHECK(hd % 2 == 0);
+        CHECK((p.head_dim > 0 || p.n_embd % p.n_head == 0));
+    }
+    CHECK(synth_preset("gemma3-1b").arch == "gemma3");
+    CHECK(synth_preset("gemma3-1b").sliding_window == 512);
+    CHECK(synth_preset("qwen3-0.6b").head_dim == 128);
+    CHECK(synth_preset("llama3.2-1b").rope_scaling == "llama3");
+}
+
+TEST_CASE("synth writes each architecture's tensors and keys under llama.cpp's names") {
+    test::scratch_dir dir("gguf-synth-archs");
+    struct want {
+        const char* arch;
+        std::vector<std::string> present, absent; // tensor names
+        std::vector<std::string> keys;            // metadata keys after "<arch>."
+    };
+    const std::vector<want> cases{
+        {"qwen2", {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias", "output.weight"}, {"blk.0.attn_qkv.weight"}, {}},
+        {"qwen3", {"blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight"}, {"blk.0.attn_q.bias"}, {"attention.key_length"}},
+        {"phi3", {"blk.0.attn_qkv.weight", "blk.0.ffn_up.weight"}, {"blk.0.attn_q.weight", "blk.0.ffn_gate.weight"},
+         {"attention.sliding_window"}},
+        {"gemma", {"blk.0.ffn_gate.weight"}, {"output.weight"}, {}},
+        {"gemma2", {"blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight"}, {"output.weight"},
+         {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"}},
+        {"gemma3", {"blk.1.attn_q_norm.weight", "blk.1.post_ffw_norm.weight"}, {"output.weight"},
+         {"attention.sliding_window", "attention.key_length"}},
+    };
+    for (const want& w : cases) {
+        INFO(w.arch);
+        synth_params p = synth_preset("tiny");
+        p.arch = w.arch;
+        if (std::string(w.arch) != "qwen2" && std::string(w.arch) != "gemma") p.sliding_window = 8;
+        if (std::string(w.arch) == "qwen3" || std::string(w.arch) == "gemma3") p.head_dim = 32;
+        const std::string path = dir.file(std::string(w.arch) + ".gguf");
+        synth_write(p, path);
+        const gguf::file f = gguf::file::open(path);
+        CHECK(f.get_string("general.architecture") == std::string(w.arch));
+        for (const std::string& t : w.present) CHECK_MESSAGE(f.find_tensor(t) != nullptr, t);
+        for (const std::string& t : w.absent) CHECK_MESSAGE(f.find_tensor(t) == nullptr, t);
+        for (const std::string& k : w.keys) CHECK_MESSAGE(f.find(std::string(w.arch) + "." + k), k);
+    }
+    // Llama 3.1's rope_freqs: one factor per rotated pair.
+    synth_params p = synth_preset("tiny");
+    p.rope_scale = 8;
+    p.rope_scaling = "llama3";
+    synth_write(p, dir.file("llama3.gguf"));
+    const gguf::file f = gguf::file::open(dir.file("llama3.gguf"));
+    const gguf::tensor_info* rf = f.find_tensor("rope_freqs.weight");
+    REQUIRE(rf);
+    CHECK(rf->ne == std::vector<int64_t>{8});
+    CHECK_FALSE(f.find("llama.rope.scaling.type")); // the factors say it all, as Llama 3.1's files
 }
 
 TEST_CASE("synth rejects inconsistent shapes") {

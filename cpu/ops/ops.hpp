@@ -2,6 +2,7 @@
 #pragma once
 
 #include "runtime/attn_params.hpp"
+#include "runtime/rope_params.hpp"
 #include "runtime/weight.hpp"
 
 #include <cstdint>
@@ -14,7 +15,7 @@ void rms_norm(thread_pool& pool, float* out, const float* x, const float* w, int
 void matmul(thread_pool& pool, float* out, const float* x, int64_t n_tok, const float* w, int64_t n_out,
             int64_t n_in, const float* bias);
 void rope(thread_pool& pool, float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim,
-          int n_rot, float freq_base, float freq_scale, bool neox);
+          const rope_params& rp);
 void swiglu(thread_pool& pool, float* out, const float* gate, const float* up, int64_t n);
 void add(thread_pool& pool, float* x, const float* y, int64_t n);
 // kv_store and attention of every sequence of p (cpu/ref/ops_ref.hpp): the decode tokens of a

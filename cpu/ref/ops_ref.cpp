@@ -32,17 +32,17 @@ void matmul(float* out, const float* x, int64_t n_tok, const float* w, int64_t n
     }
 }
 
-void rope(float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim, int n_rot,
-          float freq_base, float freq_scale, bool neox) {
+void rope(float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim, const rope_params& rp) {
+    const int n_rot = rp.n_rot;
     for (int64_t t = 0; t < n_tok; ++t) {
-        const float p = float(positions[t]) * freq_scale;
+        const float p = float(positions[t]) * rp.freq_scale;
         for (int h = 0; h < n_head; ++h) {
             float* v = x + (t * n_head + h) * head_dim;
             for (int i = 0; i < n_rot / 2; ++i) {
-                const float theta = p * std::pow(freq_base, -2.0f * float(i) / float(n_rot));
-                const float cs = std::cos(theta), sn = std::sin(theta);
-                const int a = neox ? i : 2 * i;
-                const int b = neox ? i + n_rot / 2 : 2 * i + 1;
+                const float theta = p * rp.inv_freq[i];
+                const float cs = std::cos(theta) * rp.mscale, sn = std::sin(theta) * rp.mscale;
+                const int a = rp.neox ? i : 2 * i;
+                const int b = rp.neox ? i + n_rot / 2 : 2 * i + 1;
                 const float x0 = v[a], x1 = v[b];
                 v[a] = x0 * cs - x1 * sn;
                 v[b] = x0 * sn + x1 * cs;
@@ -53,6 +53,22 @@ void rope(float* x, const int32_t* positions, int64_t n_tok, int n_head, int hea
 
 void swiglu(float* out, const float* gate, const float* up, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void geglu(float* out, const float* gate, const float* up, int64_t n) {
+    const float c = std::sqrt(2.0f / 3.14159265358979f);
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+void scale(float* x, float s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void softcap(float* x, float cap, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
 }
 
 void add(float* x, const float* y, int64_t n) {

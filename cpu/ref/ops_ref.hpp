@@ -2,6 +2,7 @@
 #pragma once
 
 #include "runtime/attn_params.hpp"
+#include "runtime/rope_params.hpp"
 #include "runtime/kv_layout.hpp"
 
 #include <cstdint>
@@ -17,11 +18,16 @@ void matmul(float* out, const float* x, int64_t n_tok, const float* w, int64_t n
 
 // Rotates the first n_rot dims of every head of x [n_tok, n_head, head_dim] in place;
 // token t sits at positions[t]. neox: pairs (i, i + n_rot/2); otherwise (2i, 2i+1).
-void rope(float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim, int n_rot,
-          float freq_base, float freq_scale, bool neox);
+void rope(float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim, const rope_params& rp);
 
 // out [n] = silu(gate) * up
 void swiglu(float* out, const float* gate, const float* up, int64_t n);
+// out [n] = gelu(gate) * up, GELU's tanh approximation (Gemma's GeGLU)
+void geglu(float* out, const float* gate, const float* up, int64_t n);
+// x [n] *= s
+void scale(float* x, float s, int64_t n);
+// x [n] = cap * tanh(x / cap) (Gemma 2's logit soft-capping)
+void softcap(float* x, float cap, int64_t n);
 
 // x [n] += y
 void add(float* x, const float* y, int64_t n);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "runtime/attn_params.hpp"
+#include "runtime/rope_params.hpp"
 
 #include <cstdint>
 
@@ -11,9 +12,12 @@ namespace tandem::cuda {
 class context;
 
 void rms_norm(const context& c, float* out, const float* x, const float* w, int64_t n_tok, int64_t n, float eps);
-void rope(const context& c, float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim, int n_rot,
-          float freq_base, float freq_scale, bool neox);
+void rope(const context& c, float* x, const int32_t* positions, int64_t n_tok, int n_head, int head_dim,
+          const rope_params& rp);
 void swiglu(const context& c, float* out, const float* gate, const float* up, int64_t n);
+void geglu(const context& c, float* out, const float* gate, const float* up, int64_t n);
+void scale(const context& c, float* x, float s, int64_t n);
+void softcap(const context& c, float* x, float cap, int64_t n);
 void add(const context& c, float* x, const float* y, int64_t n);
 
 // out [n_tok, n_embd] = rows tokens[t] of the embedding table: INT8 (q [n_vocab, n_embd] with one
