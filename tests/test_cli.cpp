@@ -485,41 +485,69 @@ TEST_CASE("tandem info: shapes, tensors, context, RoPE, template, tokenizer and 
         CHECK_MESSAGE(r.out.find(line) != std::string::npos, line, " in:\n", r.out);
 }
 
-TEST_CASE("tandem info: sliding windows, RoPE scaling and a chat template of synthetic models; errors") {
-    test::scratch_dir dir("cli-info");
-    const std::string g2 = dir.file("gemma2.gguf");
-    REQUIRE(run_tandem({"synth", "-o", g2, "--preset", "gemma2-2b", "--layers", "4", "--dim", "64", "--heads", "4",
-                        "--kv-heads", "2", "--head-dim", "16", "--ff", "128", "--vocab", "512", "--ctx", "4096",
-                        "--window", "256"})
-                .rc == 0);
-    const json g = info_json(g2);
-    CHECK(g["arch"] == "gemma2");
-    CHECK(g["sliding_window"] == json{{"size", 256}, {"layers", 2}}); // gemma2: the even layers
-    CHECK(g["shapes"]["head_dim"] == 16);
-    CHECK(g["memory"]["weight_bytes"] == loaded_int8_bytes(g2));
-    CHECK(run_tandem({"info", g2}).out.find("sliding window 256 tokens on 2 of 4 layers") != std::string::npos);
+namespace {
 
-    const auto scaled = [&](const std::string& kind) {
-        const std::string path = dir.file(kind + ".gguf");
-        REQUIRE(run_tandem({"synth", "-o", path, "--rope-scaling", kind, "--rope-scale", "4"}).rc == 0);
-        return info_json(path)["rope"]["scaling"];
-    };
-    CHECK(scaled("linear") == json{{"type", "linear"}, {"factor", 4.0}});
-    const json yarn = scaled("yarn");
-    CHECK(yarn["type"] == "yarn");
-    CHECK(yarn["factor"] == 4.0);
-    CHECK(scaled("llama3")["type"] == "llama3");
-
-    // stories260K with a ChatML template added: the family, from the file
-    {
-        gguf::file f = gguf::file::open(stories);
-        gguf::writer w;
-        for (const auto& kv : f.metadata()) w.set(kv.key, kv.val);
-        w.set_string("tokenizer.chat_template",
-                     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
-        for (const auto& t : f.tensors()) w.add_tensor(t.name, t.type, t.ne, {t.data, t.n_bytes});
-        w.write(dir.file("chatml.gguf"));
+// stories260K rewritten with other metadata: `arch` for llama's keys (general.architecture
+// and each "llama." key renamed), `extra` keys set, and `more` F32 vector tensors added.
+void variant_of_stories(const std::string& out, const std::string& arch, const std::vector<gguf::kv>& extra,
+                        const std::vector<std::pair<std::string, int64_t>>& more = {}) {
+    gguf::file f = gguf::file::open(stories);
+    gguf::writer w;
+    for (const auto& kv : f.metadata()) {
+        if (kv.key == "general.architecture") w.set_string(kv.key, arch);
+        else if (kv.key.starts_with("llama.")) w.set(arch + kv.key.substr(5), kv.val);
+        else w.set(kv.key, kv.val);
     }
+    for (const auto& kv : extra) w.set(kv.key, kv.val);
+    for (const auto& t : f.tensors()) w.add_tensor(t.name, t.type, t.ne, {t.data, t.n_bytes});
+    for (const auto& [name, n] : more) {
+        const std::vector<float> ones(size_t(n), 1.0f);
+        w.add_tensor(name, dtype::f32, {n}, {reinterpret_cast<const uint8_t*>(ones.data()), ones.size() * 4});
+    }
+    w.write(out);
+}
+
+gguf::kv kv_of(const std::string& key, gguf::value v) { return {key, std::move(v)}; }
+gguf::value u32(uint64_t x) { return {gguf::value_type::u32, x}; }
+gguf::value f32(double x) { return {gguf::value_type::f32, x}; }
+gguf::value str(std::string x) { return {gguf::value_type::string, std::move(x)}; }
+
+} // namespace
+
+TEST_CASE("tandem info: sliding windows, RoPE scaling and a chat template of variants of a model; errors") {
+    test::scratch_dir dir("cli-info");
+    // a window on every layer (llama's pattern), and gemma2's even layers
+    variant_of_stories(dir.file("window.gguf"), "llama", {kv_of("llama.attention.sliding_window", u32(256))});
+    const json w = info_json(dir.file("window.gguf"));
+    CHECK(w["sliding_window"] == json{{"size", 256}, {"layers", 5}});
+    CHECK(w["memory"]["weight_bytes"] == loaded_int8_bytes(dir.file("window.gguf")));
+    CHECK(run_tandem({"info", dir.file("window.gguf")}).out.find("sliding window 256 tokens on 5 of 5 layers") !=
+          std::string::npos);
+    variant_of_stories(dir.file("gemma2.gguf"), "gemma2", {kv_of("gemma2.attention.sliding_window", u32(64))});
+    const json g = info_json(dir.file("gemma2.gguf"));
+    CHECK(g["arch"] == "gemma2");
+    CHECK(g["sliding_window"] == json{{"size", 64}, {"layers", 3}}); // layers 0, 2 and 4
+
+    // RoPE: a base, linear and YaRN scaling from the keys, Llama 3's from its rope_freqs tensor
+    variant_of_stories(dir.file("linear.gguf"), "llama",
+                       {kv_of("llama.rope.freq_base", f32(500000)), kv_of("llama.rope.scaling.type", str("linear")),
+                        kv_of("llama.rope.scaling.factor", f32(4))});
+    const json lin = info_json(dir.file("linear.gguf"))["rope"];
+    CHECK(lin["base"] == 500000.0);
+    CHECK(lin["scaling"] == json{{"type", "linear"}, {"factor", 4.0}});
+    variant_of_stories(dir.file("yarn.gguf"), "llama",
+                       {kv_of("llama.rope.scaling.type", str("yarn")), kv_of("llama.rope.scaling.factor", f32(4)),
+                        kv_of("llama.rope.scaling.original_context_length", u32(512))});
+    CHECK(info_json(dir.file("yarn.gguf"))["rope"]["scaling"] ==
+          json{{"type", "yarn"}, {"factor", 4.0}, {"original_context", 512}});
+    variant_of_stories(dir.file("llama3.gguf"), "llama", {}, {{"rope_freqs.weight", 4}});
+    CHECK(info_json(dir.file("llama3.gguf"))["rope"]["scaling"]["type"] == "llama3");
+
+    // a ChatML template in the file: its family
+    variant_of_stories(
+        dir.file("chatml.gguf"), "llama",
+        {kv_of("tokenizer.chat_template",
+               str("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"))});
     CHECK(info_json(dir.file("chatml.gguf"))["chat_template"] == json{{"family", "chatml"}, {"in_file", true}});
 
     // errors: exit 1 with one line that says what is wrong; a bad flag is a usage error (2)
