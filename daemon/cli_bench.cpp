@@ -833,7 +833,7 @@ void add_precision_flags(CLI::App* sub, load_options& o) {
 void register_bench(CLI::App& app, registry& reg) {
     auto q = std::make_shared<quantize_opts>();
     auto* qz = app.add_subcommand("quantize", "write a GGUF with INT8 weights (loads by mmap, no re-quantizing)");
-    qz->add_option("input", q->in, "input GGUF (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K weights)")->required();
+    qz->add_option("input", q->in, "input GGUF (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL or IQ4_XS weights)")->required();
     qz->add_option("output", q->out, "output GGUF")->required();
     qz->add_option("-t,--threads", q->threads, "threads")->check(at_least(1));
     reg.push_back({qz, [q] { return cmd_quantize(*q); }});

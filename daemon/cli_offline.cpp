@@ -33,7 +33,8 @@ const std::map<std::string, dtype>& synth_types() {
     static const std::map<std::string, dtype> types{
         {"f32", dtype::f32},   {"f16", dtype::f16},   {"bf16", dtype::bf16}, {"q4_0", dtype::q4_0},
         {"q4_1", dtype::q4_1}, {"q5_0", dtype::q5_0}, {"q5_1", dtype::q5_1}, {"q8_0", dtype::q8_0},
-        {"q4_k", dtype::q4_k}, {"q5_k", dtype::q5_k}, {"q6_k", dtype::q6_k}};
+        {"q2_k", dtype::q2_k}, {"q3_k", dtype::q3_k}, {"q4_k", dtype::q4_k}, {"q5_k", dtype::q5_k},
+        {"q6_k", dtype::q6_k}, {"iq4_nl", dtype::iq4_nl}, {"iq4_xs", dtype::iq4_xs}};
     return types;
 }
 

@@ -1,6 +1,7 @@
 // Scalar reference Q4_0 / Q4_1 / Q5_0 / Q5_1 block formats, written from their layouts.
 #include "quant/blocks.hpp"
 
+#include "quant/iq4_blocks.hpp"
 #include "quant/k_blocks.hpp"
 #include "quant/q8_0.hpp"
 #include "runtime/error.hpp"
@@ -50,9 +51,13 @@ size_t block_bytes_of(dtype t, int64_t n) {
 
 void dequantize_blocks_ref(dtype t, const uint8_t* blocks, float* out, int64_t n) {
     if (t == dtype::q8_0) return dequantize_q8_0_ref(blocks, out, n);
+    if (t == dtype::q2_k) return dequantize_q2_k_ref(blocks, out, n);
+    if (t == dtype::q3_k) return dequantize_q3_k_ref(blocks, out, n);
     if (t == dtype::q4_k) return dequantize_q4_k_ref(blocks, out, n);
     if (t == dtype::q5_k) return dequantize_q5_k_ref(blocks, out, n);
     if (t == dtype::q6_k) return dequantize_q6_k_ref(blocks, out, n);
+    if (t == dtype::iq4_nl) return dequantize_iq4_nl_ref(blocks, out, n);
+    if (t == dtype::iq4_xs) return dequantize_iq4_xs_ref(blocks, out, n);
     const layout l = layout_of(t);
     TANDEM_ASSERT(n % 32 == 0, "{}: n = {} is not a multiple of 32", name_of(t), n);
     const int offset = l.has_min ? 0 : 1 << (l.bits - 1);
@@ -81,9 +86,13 @@ void dequantize_blocks_ref(dtype t, const uint8_t* blocks, float* out, int64_t n
 
 void quantize_blocks_ref(dtype t, const float* x, uint8_t* blocks, int64_t n) {
     if (t == dtype::q8_0) return quantize_q8_0_ref(x, blocks, n);
+    if (t == dtype::q2_k) return quantize_q2_k_ref(x, blocks, n);
+    if (t == dtype::q3_k) return quantize_q3_k_ref(x, blocks, n);
     if (t == dtype::q4_k) return quantize_q4_k_ref(x, blocks, n);
     if (t == dtype::q5_k) return quantize_q5_k_ref(x, blocks, n);
     if (t == dtype::q6_k) return quantize_q6_k_ref(x, blocks, n);
+    if (t == dtype::iq4_nl) return quantize_iq4_nl_ref(x, blocks, n);
+    if (t == dtype::iq4_xs) return quantize_iq4_xs_ref(x, blocks, n);
     const layout l = layout_of(t);
     TANDEM_ASSERT(n % 32 == 0, "{}: n = {} is not a multiple of 32", name_of(t), n);
     const int levels = 1 << l.bits, offset = l.has_min ? 0 : levels / 2;

@@ -1,5 +1,6 @@
-// GGML's block formats: the 32-value Q4_0, Q4_1, Q5_0, Q5_1 here; Q8_0 (quant/q8_0.hpp) and the
-// K-quants Q4_K, Q5_K, Q6_K (quant/k_blocks.hpp) through the same two functions.
+// GGML's block formats: the 32-value Q4_0, Q4_1, Q5_0, Q5_1 here; Q8_0 (quant/q8_0.hpp), the
+// K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (quant/k_blocks.hpp) and the non-linear IQ4_NL, IQ4_XS
+// (quant/iq4_blocks.hpp) through the same two functions.
 #pragma once
 
 #include "runtime/dtype.hpp"
@@ -16,7 +17,7 @@ namespace tandem {
 //   Q5_0 {d; qh[4]; qs[16]}   22 bytes, x = d * (q - 16)
 //   Q5_1 {d, m; qh[4]; qs[16]} 24 bytes, x = d * q + m
 // n is a multiple of the type's block (traits_of).
-bool is_block_format(dtype t); // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+bool is_block_format(dtype t); // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS
 // Bytes of the blocks that hold n values of type t (n a multiple of its block).
 size_t block_bytes_of(dtype t, int64_t n);
 

@@ -101,6 +101,32 @@ void quantize_k_minmax(const float* x, uint8_t* b, int bits) {
     }
 }
 
+// Q2_K and Q3_K: value v of a super-block sits in qs[32 h + l] at bits 2k, 2k + 1 (h = v / 128,
+// k = v % 128 / 32, l = v % 32) and belongs to sub-block v / 16.
+struct k2_pos {
+    int byte, shift, hbit; // qs byte, bit offset there, Q3_K's bit of hmask[v % 32]
+};
+
+k2_pos k2_pos_of(int v) {
+    const int h = v / 128, k = v % 128 / 32, l = v % 32;
+    return {32 * h + l, 2 * k, 4 * h + k};
+}
+
+// Q3_K sub-block s's signed 6-bit scale from the 12 packed bytes.
+int q3_k_scale(const uint8_t* s, int sb) {
+    const int low = sb < 8 ? s[sb] & 0x0F : s[sb - 8] >> 4;
+    const int high = s[8 + sb % 4] >> (2 * (sb / 4)) & 3;
+    return (low | high << 4) - 32;
+}
+
+// The value of largest magnitude among n, with its sign.
+float largest(const float* x, int n) {
+    float big = 0;
+    for (int t = 0; t < n; ++t)
+        if (std::fabs(x[t]) > std::fabs(big)) big = x[t];
+    return big;
+}
+
 } // namespace
 
 void dequantize_q4_k_ref(const uint8_t* blocks, float* out, int64_t n) {
@@ -174,5 +200,106 @@ void quantize_q6_k_ref(const float* x, uint8_t* blocks, int64_t n) {
         }
     }
 }
+
+void dequantize_q2_k_ref(const uint8_t* blocks, float* out, int64_t n) {
+    check_n(n);
+    for (int64_t i = 0; i < n / qk; ++i) {
+        const uint8_t* b = blocks + i * 84;
+        const uint8_t* scales = b;
+        const uint8_t* qs = b + 16;
+        const float d = half_at(b + 80), dmin = half_at(b + 82);
+        for (int v = 0; v < int(qk); ++v) {
+            const k2_pos p = k2_pos_of(v);
+            const int q = qs[p.byte] >> p.shift & 3;
+            const int sc = scales[v / 16] & 0x0F, m = scales[v / 16] >> 4;
+            out[i * qk + v] = d * float(sc) * float(q) - dmin * float(m);
+        }
+    }
+}
+
+void quantize_q2_k_ref(const float* x, uint8_t* blocks, int64_t n) {
+    check_n(n);
+    for (int64_t i = 0; i < n / qk; ++i) {
+        const float* xb = x + i * qk;
+        uint8_t* b = blocks + i * 84;
+        float scale[16], minv[16]; // per 16 values: step and (non-positive) minimum
+        for (int s = 0; s < 16; ++s) {
+            const auto [lo, hi] = std::minmax_element(xb + 16 * s, xb + 16 * s + 16);
+            minv[s] = std::min(0.0f, *lo);
+            scale[s] = (*hi - minv[s]) / 3;
+        }
+        const float max_scale = *std::max_element(scale, scale + 16), max_min = -*std::min_element(minv, minv + 16);
+        put_half(b + 80, max_scale / 15);
+        put_half(b + 82, max_min / 15);
+        const float d = half_at(b + 80), dmin = half_at(b + 82); // what the decoder will use
+        int sc[16], m[16];
+        for (int s = 0; s < 16; ++s) {
+            sc[s] = d > 0 ? std::clamp(int(std::lround(scale[s] / d)), 0, 15) : 0;
+            m[s] = dmin > 0 ? std::clamp(int(std::lround(-minv[s] / dmin)), 0, 15) : 0;
+            b[s] = uint8_t(sc[s] | m[s] << 4);
+        }
+        uint8_t* qs = b + 16;
+        std::memset(qs, 0, 64);
+        for (int v = 0; v < int(qk); ++v) {
+            const float step = d * float(sc[v / 16]), base = dmin * float(m[v / 16]);
+            const float r = step > 0 ? (xb[v] + base) / step : 0.0f;
+            const int q = std::isfinite(r) ? std::clamp(int(std::lround(r)), 0, 3) : 0;
+            const k2_pos p = k2_pos_of(v);
+            qs[p.byte] = uint8_t(qs[p.byte] | q << p.shift);
+        }
+    }
+}
+
+void dequantize_q3_k_ref(const uint8_t* blocks, float* out, int64_t n) {
+    check_n(n);
+    for (int64_t i = 0; i < n / qk; ++i) {
+        const uint8_t* b = blocks + i * 110;
+        const uint8_t* hmask = b;
+        const uint8_t* qs = b + 32;
+        const uint8_t* scales = b + 96;
+        const float d = half_at(b + 108);
+        for (int v = 0; v < int(qk); ++v) {
+            const k2_pos p = k2_pos_of(v);
+            const int q = (qs[p.byte] >> p.shift & 3) - (hmask[v % 32] >> p.hbit & 1 ? 0 : 4);
+            out[i * qk + v] = d * float(q3_k_scale(scales, v / 16)) * float(q);
+        }
+    }
+}
+
+void quantize_q3_k_ref(const float* x, uint8_t* blocks, int64_t n) {
+    check_n(n);
+    for (int64_t i = 0; i < n / qk; ++i) {
+        const float* xb = x + i * qk;
+        uint8_t* b = blocks + i * 110;
+        float scale[16]; // per 16 values: the value of largest magnitude on code -4
+        float amax = 0;
+        for (int s = 0; s < 16; ++s) {
+            scale[s] = largest(xb + 16 * s, 16) / -4;
+            amax = std::max(amax, std::fabs(scale[s]));
+        }
+        put_half(b + 108, amax / 31);
+        const float d = half_at(b + 108);
+        int sc[16];
+        uint8_t* scales = b + 96;
+        std::memset(b, 0, 108);
+        for (int s = 0; s < 16; ++s) {
+            sc[s] = d > 0 ? std::clamp(int(std::lround(scale[s] / d)), -32, 31) : 0;
+            const int u = sc[s] + 32; // stored unsigned, 6 bits
+            scales[s % 8] = uint8_t(scales[s % 8] | (u & 0x0F) << (s < 8 ? 0 : 4));
+            scales[8 + s % 4] = uint8_t(scales[8 + s % 4] | (u >> 4) << (2 * (s / 4)));
+        }
+        uint8_t* hmask = b;
+        uint8_t* qs = b + 32;
+        for (int v = 0; v < int(qk); ++v) {
+            const float step = d * float(sc[v / 16]);
+            const float r = step != 0 ? xb[v] / step : 0.0f;
+            const int q = std::isfinite(r) ? std::clamp(int(std::lround(r)), -4, 3) : 0;
+            const k2_pos p = k2_pos_of(v);
+            qs[p.byte] = uint8_t(qs[p.byte] | (q & 3) << p.shift); // q - 4 and q share the low two bits
+            if (q >= 0) hmask[v % 32] = uint8_t(hmask[v % 32] | 1 << p.hbit);
+        }
+    }
+}
+
 
 } // namespace tandem

@@ -13,9 +13,13 @@ std::optional<dtype_traits> traits_of(uint32_t t) {
     case dtype::q5_0: return dtype_traits{32, 22};
     case dtype::q5_1: return dtype_traits{32, 24};
     case dtype::q8_0: return dtype_traits{q8_0_block, q8_0_block_bytes};
+    case dtype::q2_k: return dtype_traits{256, 84};
+    case dtype::q3_k: return dtype_traits{256, 110};
     case dtype::q4_k: return dtype_traits{256, 144};
     case dtype::q5_k: return dtype_traits{256, 176};
     case dtype::q6_k: return dtype_traits{256, 210};
+    case dtype::iq4_nl: return dtype_traits{32, 18};
+    case dtype::iq4_xs: return dtype_traits{256, 136};
     case dtype::i8: return dtype_traits{1, 1};
     }
     return std::nullopt;

@@ -17,9 +17,13 @@ enum class dtype : uint32_t {
     q5_0 = 6,
     q5_1 = 7,
     q8_0 = 8,  // blocks of 32: one f16 scale + 32 int8
-    q4_k = 12, // super-blocks of 256 (quant/k_blocks.hpp)
+    q2_k = 10, // super-blocks of 256 (quant/k_blocks.hpp)
+    q3_k = 11,
+    q4_k = 12,
     q5_k = 13,
     q6_k = 14,
+    iq4_nl = 20, // blocks of 32, codes into a fixed table (quant/iq4_blocks.hpp)
+    iq4_xs = 23, // super-blocks of 256, the same table
     i8 = 24,   // Tandem's own INT8 weights (with separate scale tensors)
     bf16 = 30,
 };

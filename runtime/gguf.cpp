@@ -353,7 +353,7 @@ void file::parse_all() {
         if (!traits) {
             const std::string_view tn = ggml_type_name(type);
             if (tn == "unknown") r.fail("tensor {} has unknown type {}", name, type);
-            r.fail("tensor {} has type {}, which Tandem does not support (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, I8)", name, tn);
+            r.fail("tensor {} has type {}, which Tandem does not support (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, I8)", name, tn);
         }
         t.type = dtype(type);
         if (uint64_t(t.ne[0]) % uint64_t(traits->block) != 0)

@@ -145,13 +145,18 @@ uint32_t file_type_of(dtype t) {
     case dtype::q8_0: return 7;
     case dtype::q5_0: return 8;
     case dtype::q5_1: return 9;
-    case dtype::q4_k: return 14; // llama.cpp's _S variants: every matrix in the one type
+    case dtype::q2_k: return 10; // MOSTLY_Q2_K (Q2_K_S, 21, is a later, imatrix-era mix)
+    case dtype::q3_k: return 11; // llama.cpp's _S variants: every matrix in the one type
+    case dtype::q4_k: return 14;
     case dtype::q5_k: return 16;
     case dtype::q6_k: return 18;
+    case dtype::iq4_nl: return 25;
+    case dtype::iq4_xs: return 30;
     case dtype::bf16: return 32;
     case dtype::i8: break;
     }
-    fail("synth: type {} is not one of F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K", name_of(t));
+    fail("synth: type {} is not one of F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS",
+         name_of(t));
 }
 
 // The made-up SentencePiece vocabulary's tokenizer keys.

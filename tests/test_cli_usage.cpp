@@ -57,7 +57,8 @@ TEST_CASE("tandem: every parse error is one line `tandem: <option>: <problem>` a
     check_usage(run_tandem({"status", "--watch", "--count", "-1"}), "tandem: --count: must be at least 0, got -1",
                 "tandem status --help");
     check_usage(run_tandem({"synth", "-o", "/tmp/x.gguf", "--type", "q3"}),
-                "tandem: --type: expected bf16, f16, f32, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k or q8_0, got 'q3'",
+                "tandem: --type: expected bf16, f16, f32, iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k or "
+                "q8_0, got 'q3'",
                 "tandem synth --help");
     // Values that are fine still work: the enum behind --weights/--kv is set from its name.
     auto ok = run_tandem({"run", "-m", stories, "-p", "Once", "-n", "3", "--temp", "0", "--weights", "f32", "--kv",

@@ -361,7 +361,8 @@ TEST_CASE("writer rejects what the reader would reject") {
     CHECK_THROWS_WITH_AS(w.add_tensor("t", dtype::f32, {2}, pattern(8, 0)), doctest::Contains("added twice"),
                          tandem::error);
     CHECK_THROWS_AS(w.add_tensor("size", dtype::f32, {3}, pattern(8, 0)), tandem::error);
-    CHECK_THROWS_AS(w.add_tensor("q3k", dtype(11), {256}, pattern(110, 0)), tandem::error); // Q3_K: not a type Tandem has
+    CHECK_THROWS_AS(w.add_tensor("iq3s", dtype(21), {256}, pattern(110, 0)), tandem::error); // IQ3_S: not a type Tandem has
+    CHECK_THROWS_AS(w.add_tensor("q3k", dtype::q3_k, {256}, pattern(100, 0)), tandem::error); // Q3_K is 110 bytes
     CHECK_THROWS_AS(w.add_tensor("q4k", dtype::q4_k, {128}, pattern(72, 0)), tandem::error); // half a super-block
     CHECK_THROWS_AS(w.add_tensor("q8", dtype::q8_0, {48}, pattern(51, 0)), tandem::error);
     const std::span<const uint8_t> none;

@@ -303,20 +303,25 @@ TEST_CASE("hostile tensor infos") {
     CHECK_REJECTS(raw().header(1, 0).str("t").u32(4).u64(1).u64(1).u32(0).b, "truncated: dimension of tensor t");
 
     // Types: the unsupported ones are named, as a user would search for them.
-    raw q3k;
-    q3k.header(1, 0).tensor("blk.0.attn_q.weight", {256}, 11, 0).pad().zeros(110);
-    CHECK(rejection(q3k.b) ==
-          "input: tensor blk.0.attn_q.weight has type Q3_K, which Tandem does not support (F32, F16, BF16, Q4_0, "
-          "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, I8)");
-    CHECK_REJECTS(file({32}, 10), "has type Q2_K, which Tandem does not support");
+    raw iq3s;
+    iq3s.header(1, 0).tensor("blk.0.attn_q.weight", {256}, 21, 0).pad().zeros(110);
+    CHECK(rejection(iq3s.b) ==
+          "input: tensor blk.0.attn_q.weight has type IQ3_S, which Tandem does not support (F32, F16, BF16, Q4_0, "
+          "Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, I8)");
+    CHECK_REJECTS(file({256}, 16), "has type IQ2_XXS, which Tandem does not support");
+    CHECK_REJECTS(file({32}, 15), "has type Q8_K, which Tandem does not support");
     CHECK_REJECTS(file({128}, 12), "not a multiple of the Q4_K block size 256");
+    CHECK_REJECTS(file({128}, 23), "not a multiple of the IQ4_XS block size 256");
+    CHECK_REJECTS(file({48}, 20), "not a multiple of the IQ4_NL block size 32");
     CHECK_REJECTS(file({48}, 2), "not a multiple of the Q4_0 block size 32");
     CHECK_REJECTS(file({32}, 99), "unknown type 99");
     CHECK_REJECTS(file({48}, 8), "not a multiple of the Q8_0 block size 32");
     CHECK(try_parse(file({64, 2}, 8, 0, 160)) == outcome::parsed); // 4 blocks of 34 bytes
     CHECK_REJECTS(file({64, 2}, 8, 0, 128), "runs past the end");
     for (uint32_t t : {0u, 1u, 2u, 3u, 6u, 7u, 8u, 24u, 30u}) CHECK(try_parse(file({32}, t, 0, 160)) == outcome::parsed);
-    for (uint32_t t : {12u, 13u, 14u}) CHECK(try_parse(file({256}, t, 0, 224)) == outcome::parsed); // one super-block
+    for (uint32_t t : {10u, 11u, 12u, 13u, 14u, 23u}) CHECK(try_parse(file({256}, t, 0, 224)) == outcome::parsed); // one super-block
+    CHECK(try_parse(file({32}, 20, 0, 160)) == outcome::parsed); // IQ4_NL: one block of 18 bytes
+    CHECK_REJECTS(file({256}, 11, 0, 100), "runs past the end");  // Q3_K: 110 bytes
 
     // Two tensors: overlap and duplicate names.
     auto two = [](const char* a, uint64_t off_a, const char* b, uint64_t off_b) {

@@ -5,6 +5,7 @@
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/quantize_file.hpp"
+#include "runtime/synth.hpp"
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
@@ -121,6 +122,31 @@ TEST_CASE("tandem quantize files load by mapping, without re-quantizing, to the 
     const auto* t1 = qf.find_tensor("blk.2.ffn_up.weight");
     const auto* t2 = qa.find_tensor("blk.2.ffn_up.weight");
     CHECK(std::equal(t1->data, t1->data + t1->n_bytes, t2->data));
+}
+
+TEST_CASE("tandem quantize takes every block format: the file holds what loading quantizes") {
+    test::scratch_dir dir("quant-blocks");
+    cpu::thread_pool pool(2);
+    synth_params p = synth_preset("tiny");
+    p.n_vocab = 300;
+    p.n_embd = 256; // whole super-blocks
+    p.n_ff = 512;
+    for (dtype t : {dtype::q2_k, dtype::q3_k, dtype::iq4_nl, dtype::iq4_xs}) {
+        CAPTURE(name_of(t));
+        p.type = t;
+        const std::string in = dir.file(std::string(name_of(t)) + ".gguf"), out = dir.file("int8.gguf");
+        synth_write(p, in);
+        const quantize_stats st = quantize_gguf(in, out, pool);
+        CHECK(st.n_quantized == 2 * 7 + 2);
+        CHECK(gguf::file::open(out).find_tensor("blk.1.ffn_down.weight")->type == dtype::i8);
+        model_bundle a = load_model(in); // quantized at load
+        model_bundle b = load_model(out);
+        const weight& wa = a.mdl->weights().layers[1].w_down;
+        const weight& wb = b.mdl->weights().layers[1].w_down;
+        REQUIRE(wb.is_i8());
+        CHECK(std::equal(wa.q(), wa.q() + wa.n_out * wa.n_in, wb.q()));
+        CHECK(std::equal(wa.scale(), wa.scale() + wa.n_out, wb.scale()));
+    }
 }
 
 TEST_CASE("I8 tensors without the scheme metadata are refused") {

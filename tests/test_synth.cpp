@@ -187,17 +187,20 @@ TEST_CASE("K-quant super-blocks decode as their layouts say, and the reference q
     CHECK(y[127] == 0.5f * -1 * (19 - 32)); // high nibble of ql[63], bits 6-7 of qh[31], scale 7
     CHECK(y[200] == 0.5f * 4 * (4 - 32));  // second half: high nibble of ql[72], qh[40], scale 12
 
-    // Normal data at several scales: the quantized values' error against the input's power.
+    // Normal data at several scales: the quantized values' error against the input's power (the
+    // other 256-multiple formats too: Q2_K's four levels keep the least).
     std::mt19937_64 rng(9);
     std::normal_distribution<float> normal;
     const int64_t n = 256 * 64;
     std::vector<float> in(n), out(n);
     for (int64_t i = 0; i < n; ++i) in[size_t(i)] = normal(rng) * std::pow(10.0f, float(i / 256 % 4) - 2.0f);
-    for (const auto& tb : {std::pair{dtype::q4_k, 0.012}, std::pair{dtype::q5_k, 0.003}, std::pair{dtype::q6_k, 0.001}}) {
+    for (const auto& tb : {std::pair{dtype::q4_k, 0.012}, std::pair{dtype::q5_k, 0.003}, std::pair{dtype::q6_k, 0.001},
+                           std::pair{dtype::q2_k, 0.18}, std::pair{dtype::q3_k, 0.04},
+                           std::pair{dtype::iq4_nl, 0.011}, std::pair{dtype::iq4_xs, 0.011}}) {
         const dtype t = tb.first; // not a structured binding: clang 14 cannot capture those
         const double bound = tb.second;
         CAPTURE(name_of(t));
-        std::vector<uint8_t> q(size_t(n / 256) * traits_of(uint32_t(t))->block_bytes);
+        std::vector<uint8_t> q(block_bytes_of(t, n));
         quantize_blocks_ref(t, in.data(), q.data(), n);
         dequantize_blocks_ref(t, q.data(), out.data(), n);
         for (int64_t b = 0; b < n / 256; ++b) { // per super-block (their scales differ by 1000x)
@@ -208,6 +211,119 @@ TEST_CASE("K-quant super-blocks decode as their layouts say, and the reference q
             }
             REQUIRE(err / pow < bound);
         }
+    }
+}
+
+// ---------------------------------------------------------------- Q2_K, Q3_K, IQ4_NL, IQ4_XS
+
+namespace {
+void put_half_le(std::vector<uint8_t>& b, float v) {
+    const uint16_t h = f32_to_fp16(v);
+    b.insert(b.end(), {uint8_t(h & 0xff), uint8_t(h >> 8)});
+}
+} // namespace
+
+TEST_CASE("Q2_K and Q3_K super-blocks decode as their layouts say") {
+    // Q2_K {scales[16]; qs[64]; d, dmin}: scales[s] = sc | m << 4; d = 0.5, dmin = 0.25. qs bytes
+    // are 0xE4 (two-bit fields 0, 1, 2, 3 from bit 0 up) but for qs[5] = 0x1B (3, 2, 1, 0) and
+    // qs[63] = 0x40 (0, 0, 0, 1).
+    std::vector<uint8_t> q2 = {0x21, 0x32, 0x03, 0xF4, 0x15, 0x26, 0x37, 0x08,
+                               0x19, 0x2A, 0x3B, 0x0C, 0x1D, 0x2E, 0x3F, 0xA1};
+    for (int i = 0; i < 64; ++i) q2.push_back(i == 5 ? 0x1B : i == 63 ? 0x40 : 0xE4);
+    put_half_le(q2, 0.5f);
+    put_half_le(q2, 0.25f);
+    REQUIRE(q2.size() == 84);
+    float y[256];
+    dequantize_blocks_ref(dtype::q2_k, q2.data(), y, 256);
+    CHECK(y[5] == 0.5f * 1 * 3 - 0.25f * 2);    // qs[5] bits 0-1, sub-block 0 (0x21)
+    CHECK(y[21] == 0.5f * 2 * 0 - 0.25f * 3);   // qs[21] bits 0-1, sub-block 1 (0x32)
+    CHECK(y[37] == 0.5f * 3 * 2 - 0.25f * 0);   // value 32 + 5: qs[5] bits 2-3, sub-block 2
+    CHECK(y[84] == 0.5f * 6 * 2 - 0.25f * 2);   // value 64 + 20: qs[20] bits 4-5, sub-block 5
+    CHECK(y[101] == 0.5f * 7 * 0 - 0.25f * 3);  // value 96 + 5: qs[5] bits 6-7, sub-block 6
+    CHECK(y[131] == 0.5f * 9 * 0 - 0.25f * 1);  // second 128: qs[32 + 3] bits 0-1, sub-block 8
+    CHECK(y[177] == 0.5f * 12 * 1 - 0.25f * 0); // 128 + 32 + 17: qs[32 + 17] bits 2-3, sub-block 11
+    CHECK(y[255] == 0.5f * 1 * 1 - 0.25f * 10); // 128 + 96 + 31: qs[63] bits 6-7, sub-block 15 (0xA1)
+
+    // Q3_K {hmask[32]; qs[64]; scales[12]; d}, d = 0.5. The 16 scales (stored + 32, 6 bits) are
+    // 1 2 3 4 8 -12 31 -32 | -31 15 0 -1 16 -16 -27 28, i.e. u = 33 34 35 36 40 20 63 0 | 1 47 32
+    // 31 48 16 5 60: bytes 0-7 hold the low nibbles of u0-u7 (low) and u8-u15 (high), bytes 8-11
+    // the top two bits of u[j], u[j + 4], u[j + 8], u[j + 12] from bit 0 up.
+    std::vector<uint8_t> q3;
+    for (int l = 0; l < 32; ++l) q3.push_back(l == 5 ? 0x05 : l % 2 == 0 ? 0x0F : 0xF0); // hmask
+    for (int i = 0; i < 64; ++i) q3.push_back(i == 5 ? 0x1B : 0xE4);                     // qs
+    q3.insert(q3.end(), {0x11, 0xF2, 0x03, 0xF4, 0x08, 0x04, 0x5F, 0xC0, 0xCA, 0x66, 0x2E, 0xD2});
+    put_half_le(q3, 0.5f);
+    REQUIRE(q3.size() == 110);
+    dequantize_blocks_ref(dtype::q3_k, q3.data(), y, 256);
+    CHECK(y[32] == 0.5f * 3 * 1);      // qs[0] bits 2-3 = 1, hmask[0] bit 1 set: q = 1; scale 3
+    CHECK(y[1] == 0.5f * 1 * -4);      // qs[1] bits 0-1 = 0, hmask[1] bit 0 clear: 0 - 4
+    CHECK(y[53] == 0.5f * 4 * -3);     // 32 + 21: 1 - 4, sub-block 3
+    CHECK(y[69] == 0.5f * 8 * 1);      // 64 + 5: qs[5] bits 4-5 = 1, hmask[5] = 0x05 bit 2 set
+    CHECK(y[80] == 0.5f * -12 * 2);    // 64 + 16: sub-block 5, hmask[16] bit 2 set
+    CHECK(y[101] == 0.5f * 31 * -4);   // 96 + 5: qs[5] bits 6-7 = 0, hmask[5] bit 3 clear
+    CHECK(y[113] == 0.5f * -32 * -1);  // 96 + 17: 3 - 4, sub-block 7
+    CHECK(y[130] == 0.5f * -31 * -4);  // second half: hmask[2] bit 4 clear; sub-block 8
+    CHECK(y[144] == 0.5f * 15 * -4);   // 128 + 16: hmask[16] = 0x0F, bit 4 clear; sub-block 9
+    CHECK(y[179] == 0.5f * -1 * 1);    // 128 + 32 + 19: hmask[19] = 0xF0, bit 5 set; sub-block 11
+    CHECK(y[160] == 0.0f);             // sub-block 10: scale 0
+    CHECK(y[192] == 0.5f * 16 * -2);   // 128 + 64: qs[32] bits 4-5 = 2, hmask[0] bit 6 clear
+    CHECK(y[208] == 0.5f * -16 * -2);  // 128 + 64 + 16: sub-block 13
+    CHECK(y[224] == 0.5f * -27 * -1);  // 128 + 96: qs[32] bits 6-7 = 3, hmask[0] bit 7 clear
+    CHECK(y[255] == 0.5f * 28 * 3);    // 128 + 96 + 31: hmask[31] = 0xF0, bit 7 set
+}
+
+TEST_CASE("IQ4_NL and IQ4_XS blocks decode through the non-linear table as their layouts say") {
+    // The table, from the format's definition: code k -> this value.
+    const float kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    // IQ4_NL {d; qs[16]}: block 0 d = 0.5, qs[j] = j | (15 - j) << 4; block 1 d = -0.25, qs 0x7C.
+    std::vector<uint8_t> nl;
+    put_half_le(nl, 0.5f);
+    for (int j = 0; j < 16; ++j) nl.push_back(uint8_t(j | (15 - j) << 4));
+    put_half_le(nl, -0.25f);
+    for (int j = 0; j < 16; ++j) nl.push_back(0x7C);
+    REQUIRE(nl.size() == 2 * 18);
+    float y[256];
+    dequantize_blocks_ref(dtype::iq4_nl, nl.data(), y, 64);
+    CHECK(y[0] == 0.5f * -127); // low nibble of qs[0]: code 0
+    CHECK(y[3] == 0.5f * -65);
+    CHECK(y[8] == 0.5f * 1);
+    CHECK(y[16] == 0.5f * 113); // high nibble of qs[0]: code 15
+    CHECK(y[21] == 0.5f * 25);  // high nibble of qs[5]: code 10
+    CHECK(y[31] == 0.5f * -127);
+    CHECK(y[32] == -0.25f * 53); // block 1 (18 bytes on): low nibble 12
+    CHECK(y[63] == -0.25f * -10); // high nibble 7
+
+    // IQ4_XS {d; u16 scales_h; scales_l[4]; qs[128]}, d = 0.5; the sub-block scales ls = 33 31 0 63
+    // 40 17 50 32 (ls - 32 = 1 -1 -32 31 8 -15 18 0): scales_l holds their low nibbles (even
+    // sub-blocks low), scales_h = 0xB6C6 their top two bits from bit 0 up; qs as IQ4_NL's block 0
+    // in each sub-block.
+    std::vector<uint8_t> xs;
+    put_half_le(xs, 0.5f);
+    xs.insert(xs.end(), {0xC6, 0xB6, 0xF1, 0xF0, 0x18, 0x02});
+    for (int sb = 0; sb < 8; ++sb)
+        for (int j = 0; j < 16; ++j) xs.push_back(uint8_t(j | (15 - j) << 4));
+    REQUIRE(xs.size() == 136);
+    dequantize_blocks_ref(dtype::iq4_xs, xs.data(), y, 256);
+    CHECK(y[0] == 0.5f * 1 * -127);      // sub-block 0, code 0
+    CHECK(y[48] == 0.5f * -1 * 113);     // sub-block 1, high nibble of its qs[0]: code 15
+    CHECK(y[69] == 0.5f * -32 * -35);    // sub-block 2, code 5
+    CHECK(y[127] == 0.5f * 31 * -127);   // sub-block 3, high nibble of its qs[15]: code 0
+    CHECK(y[136] == 0.5f * 8 * 1);       // sub-block 4, code 8
+    CHECK(y[180] == 0.5f * -15 * 38);    // sub-block 5, high nibble of its qs[4]: code 11
+    CHECK(y[194] == 0.5f * 18 * -83);    // sub-block 6, code 2
+    CHECK(y[230] == 0.0f);               // sub-block 7: ls = 32
+    for (int i = 0; i < 16; ++i) CHECK(y[i] == 0.5f * kv[i]); // the whole table, in order
+
+    // The reference quantizers keep zeros zero (no scale to divide by); their error bounds are
+    // with the other K-quants' above.
+    for (dtype t : {dtype::q2_k, dtype::q3_k, dtype::iq4_nl, dtype::iq4_xs}) {
+        CAPTURE(name_of(t));
+        const float zeros[256] = {};
+        std::vector<uint8_t> q(block_bytes_of(t, 256));
+        quantize_blocks_ref(t, zeros, q.data(), 256);
+        std::fill(y, y + 256, 1.0f);
+        dequantize_blocks_ref(t, q.data(), y, 256);
+        CHECK(std::all_of(y, y + 256, [](float v) { return v == 0.0f; }));
     }
 }
 
@@ -331,8 +447,12 @@ TEST_CASE("synth is deterministic by seed, for every type") {
     synth_params p = synth_preset("tiny");
     p.n_layer = 1;
     p.n_vocab = 300;
-    const std::pair<dtype, int64_t> types[] = {{dtype::f32, 0},  {dtype::f16, 1},  {dtype::bf16, 32}, {dtype::q8_0, 7},
-                                               {dtype::q4_0, 2}, {dtype::q4_1, 3}, {dtype::q5_0, 8},  {dtype::q5_1, 9}};
+    p.n_embd = 256; // rows of whole super-blocks for the K-quants and IQ4_XS
+    p.n_ff = 512;
+    const std::pair<dtype, int64_t> types[] = {
+        {dtype::f32, 0},   {dtype::f16, 1},   {dtype::bf16, 32},   {dtype::q8_0, 7},    {dtype::q4_0, 2},
+        {dtype::q4_1, 3},  {dtype::q5_0, 8},  {dtype::q5_1, 9},    {dtype::q2_k, 10},   {dtype::q3_k, 11},
+        {dtype::q4_k, 14}, {dtype::q5_k, 16}, {dtype::q6_k, 18},   {dtype::iq4_nl, 25}, {dtype::iq4_xs, 30}};
     std::vector<float> ref; // attn_q as F32, from the first pass
     for (const auto& tf : types) {
         const dtype type = tf.first; // not a structured binding: clang 14 cannot capture those
@@ -368,10 +488,14 @@ TEST_CASE("synth is deterministic by seed, for every type") {
         if (is_block_format(type)) dequantize_blocks_ref(type, t->data, v.data(), t->n_elements());
         if (type == dtype::f32) ref = v;
         REQUIRE(ref.size() == v.size());
-        const bool four = type == dtype::q4_0 || type == dtype::q4_1, five = type == dtype::q5_0 || type == dtype::q5_1;
+        const bool four = type == dtype::q4_0 || type == dtype::q4_1 || type == dtype::q4_k ||
+                          type == dtype::iq4_nl || type == dtype::iq4_xs,
+                   five = type == dtype::q5_0 || type == dtype::q5_1 || type == dtype::q5_k;
         const float tol = type == dtype::f32    ? 0.0f
                           : type == dtype::f16  ? 1e-3f
                           : type == dtype::bf16 ? 8e-3f
+                          : type == dtype::q2_k ? 0.1f
+                          : type == dtype::q3_k ? 0.05f
                           : four                ? 0.05f
                           : five                ? 0.025f
                                                 : 0.02f;
@@ -463,14 +587,15 @@ TEST_CASE("synth rejects inconsistent shapes") {
     CHECK_FALSE(fs::exists(dir.file("x.gguf")));
 }
 
-TEST_CASE("a model in each 4-, 5- and 6-bit block format loads as the layout says, in F32 and INT8, and generates") {
+TEST_CASE("a model in each 2- to 6-bit block format loads as the layout says, in F32 and INT8, and generates") {
     test::scratch_dir dir("gguf-synth-blocks");
     synth_params p = synth_preset("tiny");
     p.n_vocab = 300;
-    for (dtype t : {dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    for (dtype t : {dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::iq4_nl, dtype::q2_k, dtype::q3_k,
+                    dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::iq4_xs}) {
         CAPTURE(name_of(t));
         p.type = t;
-        if (traits_of(uint32_t(t))->block == 256) { // rows of K-quants are whole super-blocks
+        if (traits_of(uint32_t(t))->block == 256) { // rows of K-quants and IQ4_XS are whole super-blocks
             p.n_embd = 256;
             p.n_ff = 512;
         }
