@@ -339,7 +339,7 @@ void register_offline(CLI::App& app, registry& reg) {
         CLI::Option* type_opt = nullptr;
     };
     auto sy = std::make_shared<synth_opts>();
-    auto* syn = app.add_subcommand("synth", "write a Llama GGUF with seeded random weights");
+    auto* syn = app.add_subcommand("synth", "write a GGUF with seeded random weights");
     syn->add_option("-o,--output", sy->out, "output file")->required();
     const std::vector<std::string> presets(synth_preset_names.begin(), synth_preset_names.end());
     syn->add_option("--preset", sy->preset, "tiny, or a real model's shapes and architecture")->check(one_of(presets));
