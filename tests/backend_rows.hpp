@@ -79,11 +79,11 @@ public:
     }
 
     // attention and kv_store's parameters over the pages of `cache` (kv()), with these block
-    // tables (in() on the backend, the vector itself as host_tables) and sequences.
+    // tables (in() on the backend, the vector itself as host_tables) and sequences, window and soft-cap.
     attn_params pages(kv_cache& cache, const std::vector<int32_t>& tables, const std::vector<attn_seq>& seqs,
-                      int32_t window = 0) {
+                      int32_t window = 0, float softcap = 0.0f) {
         kv_cache& kc = kv(cache);
-        return attn_params{kc.layout(), kc.base(), kc.n_pages(), in(tables), tables, seqs, window};
+        return attn_params{kc.layout(), kc.base(), kc.n_pages(), in(tables), tables, seqs, window, softcap};
     }
 
     void finish() {

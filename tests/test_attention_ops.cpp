@@ -103,6 +103,10 @@ TEST_CASE("a token's attention output does not depend on how its sequence was sp
                 pieces.push_back({at, n, at, 0});
                 at += n;
             }
+            // Without a window, and with one (21: the pieces start before, inside and after
+            // it) with and without a soft-cap; each piece's table has no page before its window.
+            struct mask { int32_t window; float softcap; };
+            for (const mask mk : {mask{0, 0.0f}, mask{21, 0.0f}, mask{21, 1.5f}, mask{0, 1.5f}})
             for (int lvl = 0; lvl <= int(cpu::detect_isa()); ++lvl) {
                 cpu::force_isa(cpu::isa(lvl));
                 cpu::thread_pool pool(2);
@@ -111,11 +115,19 @@ TEST_CASE("a token's attention output does not depend on how its sequence was sp
                 op_mem m(ctx);
                 ops::kv_store(ctx, m.pages(cache, table, one_seq(n_pos, 0)), 0, k.data(), v.data());
                 std::vector<float> whole(q.size()), mixed(q.size()), apart(q.size());
-                ops::attention(ctx, m.pages(cache, table, one_seq(n_pos, 0)), 0, whole.data(), q.data(), n_head, 0.125f);
-                ops::attention(ctx, m.pages(cache, table, pieces), 0, mixed.data(), q.data(), n_head, 0.125f);
-                for (const attn_seq& s : pieces)
-                    ops::attention(ctx, m.pages(cache, table, {s}), 0, apart.data(), q.data(), n_head, 0.125f);
-                INFO("kv=", std::string(name_of(dt)), " hd=", hd, " isa=", std::string(cpu::name_of(cpu::isa(lvl))));
+                ops::attention(ctx, m.pages(cache, table, one_seq(n_pos, 0), mk.window, mk.softcap), 0, whole.data(),
+                               q.data(), n_head, 0.125f);
+                ops::attention(ctx, m.pages(cache, table, pieces, mk.window, mk.softcap), 0, mixed.data(), q.data(),
+                               n_head, 0.125f);
+                for (const attn_seq& s : pieces) {
+                    std::vector<int32_t> holed = table;
+                    const int32_t first = mk.window > 0 ? std::max(0, s.n_past - mk.window + 1) : 0;
+                    for (int32_t pg = 0; pg < first / page_size; ++pg) holed[size_t(pg)] = no_page;
+                    ops::attention(ctx, m.pages(cache, holed, {s}, mk.window, mk.softcap), 0, apart.data(), q.data(),
+                                   n_head, 0.125f);
+                }
+                INFO("kv=", std::string(name_of(dt)), " hd=", hd, " isa=", std::string(cpu::name_of(cpu::isa(lvl))),
+                     " window=", mk.window, " softcap=", mk.softcap);
                 CHECK(std::memcmp(whole.data(), mixed.data(), q.size() * sizeof(float)) == 0);
                 CHECK(std::memcmp(whole.data(), apart.data(), n_pos * row * sizeof(float)) == 0);
             }
@@ -274,6 +286,105 @@ TEST_CASE("a window attends to the last positions only, and skips the pages befo
         CHECK_THROWS(ops::attention(ref, m.pages(cache, holed, one_seq(n_tok, n_pos - n_tok)), 0, out.data(), q.data(),
                                     n_head, 0.25f));
     }
+}
+
+TEST_CASE("windowed and soft-capped attention vs reference: every backend, windows below, at and past the "
+          "context, pages before the window missing, prefill chunks and decode tokens in one step") {
+    // Five sequences in one op (a mixed step): a whole prompt, a chunk after 45 positions, a
+    // few tokens after 30 (drafts), and two decode tokens (after 60 and after 3). Each has its
+    // own scattered pages; the ones wholly before what its first new token sees are no_page.
+    // Head dims 8 (the per-token kernel), 80 (the block kernel) and 64 (the register-blocked
+    // one); windows of one position, not a multiple of the page size, a page, longer than some
+    // sequences and longer than all.
+    struct piece { int32_t n_tok, n_past; };
+    const std::vector<piece> pieces{{37, 0}, {20, 45}, {3, 30}, {1, 60}, {1, 3}};
+    const int n_kv = 2, n_gqa = 2, n_head = n_kv * n_gqa;
+    for (kv_dtype dt : {kv_dtype::f16, kv_dtype::i8, kv_dtype::f32}) {
+        for (int hd : {8, 64, 80}) {
+            for (int page_size : {4, 16}) {
+                for (int32_t window : {1, 7, 16, 23, 61, 500}) {
+                    for (float softcap : {0.0f, 1.5f}) {
+                        if (dt == kv_dtype::f32 && (softcap > 0 || page_size == 16)) continue; // a corner of it
+                        const kv_layout lay{2, n_kv, hd, page_size, dt};
+                        std::vector<int32_t> full, holed;
+                        std::vector<attn_seq> stored, step;
+                        int64_t n_rows = 0;
+                        for (const piece& pc : pieces) n_rows += pc.n_tok;
+                        int32_t n_pool = 0;
+                        for (const piece& pc : pieces) n_pool += (pc.n_past + pc.n_tok + page_size - 1) / page_size;
+                        const std::vector<int32_t> order = scattered_pages(n_pool, n_pool, uint32_t(hd + window));
+                        int64_t row = n_rows; // rows in reverse order of the sequences
+                        for (const piece& pc : pieces) {
+                            const int32_t begin = int32_t(full.size()), n_pos = pc.n_past + pc.n_tok;
+                            const int32_t first = std::max(0, pc.n_past - window + 1);
+                            for (int32_t pg = 0; pg < (n_pos + page_size - 1) / page_size; ++pg) {
+                                full.push_back(order[full.size()]);
+                                holed.push_back(pg < first / page_size ? no_page : full.back());
+                            }
+                            row -= pc.n_tok;
+                            stored.push_back({0, n_pos, 0, begin});
+                            step.push_back({row, pc.n_tok, pc.n_past, begin});
+                        }
+                        // the small windows leave holes (the chunk after 45 and the token after 60 have some)
+                        if (window <= 23) REQUIRE(std::count(holed.begin(), holed.end(), no_page) >= 2);
+                        if (window == 500) REQUIRE(std::count(holed.begin(), holed.end(), no_page) == 0);
+                        std::vector<std::vector<float>> ks, vs;
+                        for (size_t i = 0; i < pieces.size(); ++i) {
+                            ks.push_back(randn(size_t(stored[i].n_tok) * size_t(n_kv * hd), uint32_t(70 + i), 1.5f));
+                            vs.push_back(randn(ks.back().size(), uint32_t(80 + i)));
+                        }
+                        const auto q = randn(size_t(n_rows) * size_t(n_head * hd), 90, 1.5f);
+                        const std::string what = "windowed attention kv=" + std::string(name_of(dt)) +
+                                                 " hd=" + std::to_string(hd) + " page=" + std::to_string(page_size) +
+                                                 " window=" + std::to_string(window) +
+                                                 " softcap=" + std::to_string(softcap);
+                        for_each_cpu_variant([&](const exec_ctx& ctx) {
+                            kv_cache cache(lay, n_pool);
+                            op_mem m(ctx);
+                            for (size_t i = 0; i < pieces.size(); ++i)
+                                ops::kv_store(ctx, m.pages(cache, full, {stored[i]}), 1, m.in(ks[i]), m.in(vs[i]));
+                            std::vector<float> out(q.size(), NAN);
+                            ops::attention(ctx, m.pages(cache, holed, step, window, softcap), 1, m.out(out), m.in(q),
+                                           n_head, 1.0f / std::sqrt(float(hd)));
+                            m.finish();
+                            return out;
+                        }, tol_kv, what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("a soft-cap changes the scores as c * tanh(s / c), and a window as wide as the context changes nothing") {
+    // Two positions: scores s0 = 3 and s1 = 0 (scale 1). Uncapped the weights are e^3 : 1; capped
+    // at c = 2 they are e^(2 tanh 1.5) : 1.
+    kv_layout lay{1, 1, 16, 4};
+    kv_cache cache(lay, 1);
+    const std::vector<int32_t> table{0};
+    std::vector<float> k(2 * 16, 0.0f), v(2 * 16, 0.0f), q(16, 0.0f);
+    k[0] = 3.0f;
+    q[0] = 1.0f;
+    v[1] = 1.0f;      // position 0's value: (0, 1, 0, ...)
+    v[16 + 2] = 1.0f; // position 1's: (0, 0, 1, ...)
+    const float c = 2.0f, w0 = std::exp(c * std::tanh(3.0f / c)), w1 = 1.0f;
+    cpu::thread_pool pool(1);
+    for (backend be : {backend::ref, backend::cpu}) {
+        for (int lvl = 0; lvl <= (be == backend::cpu ? int(cpu::detect_isa()) : 0); ++lvl) {
+            cpu::force_isa(cpu::isa(lvl));
+            const exec_ctx ctx{be, &pool};
+            op_mem m(ctx);
+            ops::kv_store(ctx, m.pages(cache, table, one_seq(2, 0)), 0, k.data(), v.data());
+            std::vector<float> out(16), plain(16);
+            ops::attention(ctx, m.pages(cache, table, one_seq(1, 1), 0, c), 0, out.data(), q.data(), 1, 1.0f);
+            ops::attention(ctx, m.pages(cache, table, one_seq(1, 1), 2, 0.0f), 0, plain.data(), q.data(), 1, 1.0f);
+            INFO(name_of(be), " isa=", std::string(cpu::name_of(cpu::isa(lvl))));
+            CHECK(out[1] == doctest::Approx(w0 / (w0 + w1)).epsilon(1e-5));
+            CHECK(out[2] == doctest::Approx(w1 / (w0 + w1)).epsilon(1e-5));
+            CHECK(plain[1] == doctest::Approx(std::exp(3.0f) / (std::exp(3.0f) + 1.0f)).epsilon(1e-5));
+        }
+    }
+    cpu::force_isa(cpu::detect_isa());
 }
 
 TEST_CASE("kv_store writes the reference's page bytes on every backend (f32, f16, i8; split writes, two sequences)") {

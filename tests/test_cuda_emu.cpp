@@ -40,6 +40,8 @@ struct batch {
     kv_cache kv;
     std::vector<float> q;
     int64_t n_rows;
+    int32_t window = 0;   // attn_params::window
+    float softcap = 0.0f; // attn_params::softcap
 
     // seqs: {n_tok, n_past} each; their rows go in reverse order, row 0 left to no one.
     batch(kv_layout l, int heads, const std::vector<std::pair<int32_t, int32_t>>& seqs, uint32_t seed,
@@ -73,7 +75,20 @@ struct batch {
 
     // The pages (host memory is the emulated device's) with these sequences over them.
     attn_params params(array_view<attn_seq> seqs) const {
-        return attn_params{lay, const_cast<uint8_t*>(kv.base()), kv.n_pages(), tables.data(), tables, seqs};
+        return attn_params{lay,  const_cast<uint8_t*>(kv.base()), kv.n_pages(), tables.data(), tables, seqs,
+                           window, softcap};
+    }
+
+    // A window (and soft-cap) from now on; the pages wholly before what each sequence's first
+    // new token sees leave its table (no_page), as the scheduler releases them. Returns how many.
+    int with_window(int32_t w, float cap) {
+        window = w;
+        softcap = cap;
+        int n = 0;
+        for (const attn_seq& s : segs)
+            for (int32_t pg = 0; pg < std::max(0, s.n_past - w + 1) / lay.page_size; ++pg, ++n)
+                tables[size_t(s.table_begin + pg)] = no_page;
+        return n;
     }
 
     // The reference; row 0 (no one's) stays NaN.
@@ -158,6 +173,42 @@ TEST_CASE("CUDA flash attention (emulated): long contexts split over their posit
             INFO("kv=", name_of(dt), " gqa=", n_gqa, " nmse=", e);
             CHECK(e < tol_split);
         }
+    }
+}
+
+TEST_CASE("CUDA flash attention (emulated): windows and soft-caps, pages before the window missing") {
+    // A prompt, a chunk, a few tokens and three decoding sequences in one call, with windows of
+    // one position, not a multiple of the page or of the 32-position tile, one tile, and longer
+    // than every sequence; each sequence's pages before its window are no_page.
+    for (kv_dtype dt : {kv_dtype::f16, kv_dtype::i8}) {
+        for (int n_gqa : {1, 4}) {
+            for (int page_size : {16, 7}) {
+                for (int32_t window : {1, 9, 32, 40, 200}) {
+                    for (float cap : {0.0f, 1.5f}) {
+                        if (page_size == 7 && cap > 0) continue;
+                        const kv_layout lay{2, 2, 64, page_size, dt};
+                        batch b(lay, 2 * n_gqa, {{70, 0}, {33, 19}, {4, 50}, {1, 0}, {1, 40}, {1, 95}},
+                                uint32_t(window + n_gqa), 1.5f, 1.5f);
+                        const int holes = b.with_window(window, cap);
+                        if (window <= 32) REQUIRE(holes > 0);
+                        const double e = rows_nmse(b, b.reference(0.125f), b.emulated(0.125f));
+                        INFO("kv=", name_of(dt), " gqa=", n_gqa, " page=", page_size, " window=", window,
+                             " softcap=", cap, " nmse=", e);
+                        CHECK(e < tol_split);
+                    }
+                }
+            }
+        }
+    }
+    // Long decoding contexts split over their positions (from the window's first tile on), and
+    // a chunk after a long past.
+    for (float cap : {0.0f, 1.5f}) {
+        const kv_layout lay{2, 2, 64, 16, kv_dtype::f16};
+        batch b(lay, 8, {{1, 1500}, {1, 2100}, {5, 1030}, {40, 0}}, 77);
+        REQUIRE(b.with_window(1100, cap) > 0);
+        const double e = rows_nmse(b, b.reference(0.125f), b.emulated(0.125f));
+        INFO("long, softcap=", cap, " nmse=", e);
+        CHECK(e < tol_split);
     }
 }
 

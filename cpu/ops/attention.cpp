@@ -66,6 +66,28 @@ inline __attribute__((always_inline)) float dot(const float* a, const float* b, 
     return s;
 }
 
+// The window and soft-cap of attn_params, as every kernel takes them.
+struct attn_mask {
+    int32_t window = 0; // 0: the whole context
+    float softcap = 0;  // 0: none
+};
+
+// What a score becomes under a soft-cap c > 0: c * tanh(s / c) (Gemma 2), as the reference has it.
+inline float capped(float s, float c) { return c * std::tanh(s / c); }
+
+// The same for 16 scores: tanh(a) = (1 - e) / (1 + e) with e = exp(-2|a|), the sign put back.
+__attribute__((target("avx512f,avx512dq"), always_inline)) inline __m512 capped512(__m512 s, float c) {
+    const __m512 a = _mm512_mul_ps(s, _mm512_set1_ps(1.0f / c));
+    const __m512 e = exp512(_mm512_mul_ps(_mm512_abs_ps(a), _mm512_set1_ps(-2.0f)));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    const __m512 sign = _mm512_and_ps(a, _mm512_castsi512_ps(_mm512_set1_epi32(int(0x80000000u))));
+    return _mm512_mul_ps(_mm512_or_ps(t, sign), _mm512_set1_ps(c));
+}
+
+// The positions [first, p] a token at position p sees (window 0: all of them).
+inline int32_t first_seen(int32_t p, int32_t window) { return window > 0 ? std::max(0, p - window + 1) : 0; }
+
 struct scratch {
     std::vector<float> m, l, s, acc, kb, vb;
     scratch(int n_gqa, int hd, int ps)
@@ -78,14 +100,16 @@ struct scratch {
 inline __attribute__((always_inline)) void attend(scratch& w, float* out, const float* q, int64_t t, int kvh,
                                                   int32_t n_past, int n_head, const uint8_t* kv_base,
                                                   const kv_layout& lay, int il, const int32_t* block_table,
-                                                  float scale, bool fast_decode) {
+                                                  float scale, const attn_mask& mk, bool fast_decode) {
     const int hd = lay.head_dim, n_gqa = n_head / lay.n_head_kv, ps = lay.page_size;
     const int32_t n_ctx = n_past + int32_t(t) + 1;
+    const int32_t first = first_seen(n_ctx - 1, mk.window);
     std::fill(w.m.begin(), w.m.end(), -INFINITY);
     std::fill(w.l.begin(), w.l.end(), 0.0f);
     std::fill(w.acc.begin(), w.acc.end(), 0.0f);
-    for (int32_t p0 = 0; p0 < n_ctx; p0 += ps) {
+    for (int32_t p0 = first / ps * ps; p0 < n_ctx; p0 += ps) {
         const int n = std::min(ps, n_ctx - p0);
+        const int j0 = std::max(0, first - p0); // keys of this page before the window
         const uint8_t* page = kv_base + int64_t(block_table[p0 / ps]) * lay.page_bytes();
         const float* kp;
         const float* vp;
@@ -106,8 +130,9 @@ inline __attribute__((always_inline)) void attend(scratch& w, float* out, const 
         for (int g = 0; g < n_gqa; ++g) {
             const float* qh = q + (t * n_head + kvh * n_gqa + g) * hd;
             float page_max = -INFINITY;
-            for (int j = 0; j < n; ++j) {
+            for (int j = j0; j < n; ++j) {
                 w.s[size_t(j)] = dot(qh, kp + j * hd, hd) * scale;
+                if (mk.softcap > 0) w.s[size_t(j)] = capped(w.s[size_t(j)], mk.softcap);
                 page_max = std::max(page_max, w.s[size_t(j)]);
             }
             // rescale what was accumulated so far to the new running max
@@ -116,7 +141,7 @@ inline __attribute__((always_inline)) void attend(scratch& w, float* out, const 
             float* ag = w.acc.data() + size_t(g) * hd;
             w.l[size_t(g)] *= corr;
             for (int i = 0; i < hd; ++i) ag[i] *= corr;
-            for (int j = 0; j < n; ++j) {
+            for (int j = j0; j < n; ++j) {
                 const float pj = std::exp(w.s[size_t(j)] - new_m);
                 w.l[size_t(g)] += pj;
                 const float* vj = vp + j * hd;
@@ -133,14 +158,15 @@ inline __attribute__((always_inline)) void attend(scratch& w, float* out, const 
 }
 
 void attend_plain(scratch& w, float* out, const float* q, int64_t t, int kvh, int32_t n_past, int n_head,
-                  const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
-    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, false);
+                  const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale,
+                  const attn_mask& mk) {
+    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, mk, false);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void attend_avx512(
     scratch& w, float* out, const float* q, int64_t t, int kvh, int32_t n_past, int n_head, const uint8_t* kv_base,
-    const kv_layout& lay, int il, const int32_t* block_table, float scale) {
-    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, true);
+    const kv_layout& lay, int il, const int32_t* block_table, float scale, const attn_mask& mk) {
+    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, mk, true);
 }
 
 // AVX-512, head_dim a multiple of 16: a block of query tokens shares each decoded page, and
@@ -201,15 +227,17 @@ struct block_scratch {
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void attend_block_avx512(
     block_scratch& w, float* out, const float* q, int64_t t0, int64_t t1, int kvh, int32_t n_past, int n_head,
-    const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
+    const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale,
+    const attn_mask& mk) {
     const int hd = lay.head_dim, n_gqa = n_head / lay.n_head_kv, ps = lay.page_size, nv = hd / 16;
     const int nq = int(t1 - t0) * n_gqa;
     std::fill(w.m.begin(), w.m.begin() + nq, -INFINITY);
     std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);
     std::fill(w.acc.begin(), w.acc.begin() + size_t(nq) * hd, 0.0f);
     const int32_t n_end = n_past + int32_t(t1); // the last token's context
+    const int32_t first0 = first_seen(n_past + int32_t(t0), mk.window); // the first token's first position
     const __m512 vscale = _mm512_set1_ps(scale);
-    for (int32_t p0 = 0; p0 < n_end; p0 += ps) {
+    for (int32_t p0 = first0 / ps * ps; p0 < n_end; p0 += ps) {
         const int n_page = std::min(ps, n_end - p0);
         const uint8_t* page = kv_base + int64_t(block_table[p0 / ps]) * lay.page_bytes();
         const float* kp;
@@ -231,8 +259,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void atte
             for (int64_t t = t0; t < t1; ++t) {
                 const int32_t n_ctx = n_past + int32_t(t) + 1;
                 const int valid = std::min(n, n_ctx - pos0);
-                if (valid <= 0) continue;
-                const __mmask16 live = __mmask16((1u << valid) - 1);
+                const int skip = std::max(0, first_seen(n_ctx - 1, mk.window) - pos0); // keys before the window
+                if (valid <= skip) continue;
+                const __mmask16 live = __mmask16(((1u << valid) - 1) & ~((1u << std::min(skip, 16)) - 1));
                 for (int g = 0; g < n_gqa; ++g) {
                     const int qi = int(t - t0) * n_gqa + g;
                     const float* qh = q + (t * n_head + kvh * n_gqa + g) * hd;
@@ -243,7 +272,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void atte
                         for (int u = 0; u < 4; ++u)
                             s4[u] = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + u]), _mm512_loadu_ps(kt + (i + u) * key_chunk), s4[u]);
                     __m512 sc = _mm512_add_ps(_mm512_add_ps(s4[0], s4[1]), _mm512_add_ps(s4[2], s4[3]));
-                    sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, _mm512_mul_ps(sc, vscale));
+                    sc = _mm512_mul_ps(sc, vscale);
+                    if (mk.softcap > 0) sc = capped512(sc, mk.softcap);
+                    sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, sc);
                     const float m_old = w.m[size_t(qi)];
                     const float m_new = std::max(m_old, _mm512_reduce_max_ps(sc));
                     const float corr = std::exp(m_old - m_new);
@@ -256,7 +287,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void atte
                     const __m512 vc = _mm512_set1_ps(corr);
                     __m512 a[max_nv]; // one register per 16 dims: nv independent chains over the keys
                     for (int v = 0; v < nv; ++v) a[v] = _mm512_mul_ps(_mm512_loadu_ps(acc + v * 16), vc);
-                    for (int j = 0; j < valid; ++j) {
+                    for (int j = skip; j < valid; ++j) {
                         const __m512 pb = _mm512_set1_ps(pj[j]);
                         const float* vj = vp + (c0 + j) * hd;
                         for (int v = 0; v < nv; ++v) a[v] = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vj + v * 16), a[v]);
@@ -278,7 +309,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"))) void atte
 // The register-blocked kernel, for every call where the head dim has one (see pick_prefill_job):
 // a row's arithmetic never depends on the rows it is grouped with, so a token's output is the
 // same bit for bit whether its prompt came in one call, in chunks, or as a decode step.
-// Prefill, one kv head at a time: its K and V over the whole context are
+// Prefill, one kv head at a time: its K and V over the whole context (from the first page the
+// window lets the first token see) are
 // decoded once into f32 scratch that every job shares: K transposed in chunks of 16 positions
 // (kt[chunk][dim][16], one register per dim), V as rows (vr[pos][dim]), both zero past the
 // context; per kv head the scratch is 8 bytes x context x head_dim (4 MiB at 4,096 x 128). A
@@ -292,35 +324,39 @@ struct prefill_kv {
     float* kt;        // [n_chunks][head_dim][16]
     float* vr;        // [n_chunks * 16][head_dim]
     int64_t n_chunks; // even: the kernel takes two a pass
+    int32_t base;     // the position of the scratch's first key: a multiple of 2 * 16 (0 without a window)
 };
 
-// The scratch for one kv head's K/V over n_end positions, in the calling thread's buffer (kept
-// across layers and calls: it grows to the longest context seen).
-prefill_kv kv_scratch(int32_t n_end, int hd) {
+// The scratch for one kv head's K/V over positions [base, n_end), base the start of the first
+// page read rounded down to a pair of chunks, in the calling thread's buffer (kept across
+// layers and calls: it grows to the longest span seen, a window's at most).
+prefill_kv kv_scratch(int32_t first_page_pos, int32_t n_end, int hd) {
     thread_local std::vector<float> buf;
-    const int64_t n_chunks = (n_end + 2 * key_chunk - 1) / (2 * key_chunk) * 2;
+    const int32_t base = first_page_pos / (2 * key_chunk) * (2 * key_chunk);
+    const int64_t n_chunks = (n_end - base + 2 * key_chunk - 1) / (2 * key_chunk) * 2;
     const size_t per_side = size_t(n_chunks) * key_chunk * size_t(hd);
     if (buf.size() < 2 * per_side) buf.resize(2 * per_side);
-    return {buf.data(), buf.data() + per_side, n_chunks};
+    return {buf.data(), buf.data() + per_side, n_chunks, base};
 }
 
 // Page pg of the sequence (positions p0.., n of them) into the scratch: V rows decoded in place,
 // K decoded to rows in kb and then transposed into its chunks (16 keys at a time when the page
 // size is a multiple of 16, so chunks and pages line up; one position at a time otherwise).
-void decode_page_kv(float* kt, float* vr, std::vector<float>& kb, int64_t pg, int32_t n_end, int kvh,
+void decode_page_kv(const prefill_kv& kv, std::vector<float>& kb, int64_t pg, int32_t n_end, int kvh,
                     const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table) {
     const int hd = lay.head_dim, ps = lay.page_size;
-    const int32_t p0 = int32_t(pg) * ps;
+    const int32_t p0 = int32_t(pg) * ps, r0 = p0 - kv.base; // r0: where the page starts in the scratch
     const int n = std::min(ps, n_end - p0);
+    float* kt = kv.kt;
     kb.resize(size_t(ps) * size_t(hd));
     const uint8_t* page = kv_base + int64_t(block_table[pg]) * lay.page_bytes();
-    decode_avx512(page, lay, il, true, kvh, n, vr + int64_t(p0) * hd);
+    decode_avx512(page, lay, il, true, kvh, n, kv.vr + int64_t(r0) * hd);
     if (ps % key_chunk == 0 && lay.dtype == kv_dtype::f16) { // straight from the page's halves
         const uint16_t* k16 = reinterpret_cast<const uint16_t*>(page) + lay.offset(il, false, kvh);
         for (int j0 = 0; j0 < n; j0 += key_chunk)
             for (int i = 0; i < hd; i += 16)
                 transpose16(k16 + j0 * hd + i, hd, std::min(key_chunk, n - j0),
-                            kt + ((p0 + j0) / key_chunk * hd + i) * key_chunk);
+                            kt + ((r0 + j0) / key_chunk * hd + i) * key_chunk);
         return;
     }
     decode_avx512(page, lay, il, false, kvh, n, kb.data());
@@ -328,56 +364,63 @@ void decode_page_kv(float* kt, float* vr, std::vector<float>& kb, int64_t pg, in
         for (int j0 = 0; j0 < n; j0 += key_chunk)
             for (int i = 0; i < hd; i += 16)
                 transpose16(kb.data() + j0 * hd + i, hd, std::min(key_chunk, n - j0),
-                            kt + ((p0 + j0) / key_chunk * hd + i) * key_chunk);
+                            kt + ((r0 + j0) / key_chunk * hd + i) * key_chunk);
         return;
     }
     for (int j = 0; j < n; ++j) {
-        const int32_t pos = p0 + j;
-        float* dst = kt + (pos / key_chunk) * hd * key_chunk + pos % key_chunk;
+        const int32_t r = r0 + j;
+        float* dst = kt + (r / key_chunk) * hd * key_chunk + r % key_chunk;
         for (int i = 0; i < hd; ++i) dst[i * key_chunk] = kb[size_t(j * hd + i)];
     }
 }
 
 // The last chunk's lanes past the context: zeros, so no stale value meets a zero weight.
-void pad_kv(float* kt, float* vr, int64_t n_chunks, int32_t n_end, int hd) {
-    for (int64_t pos = n_end; pos < n_chunks * key_chunk; ++pos) {
-        float* dst = kt + (pos / key_chunk) * hd * key_chunk + pos % key_chunk;
+void pad_kv(const prefill_kv& kv, int32_t n_end, int hd) {
+    for (int64_t r = n_end - kv.base; r < kv.n_chunks * key_chunk; ++r) {
+        float* dst = kv.kt + (r / key_chunk) * hd * key_chunk + r % key_chunk;
         for (int i = 0; i < hd; ++i) dst[i * key_chunk] = 0.0f;
-        std::fill_n(vr + pos * hd, hd, 0.0f);
+        std::fill_n(kv.vr + r * hd, hd, 0.0f);
     }
 }
 
-// Kv head kvh's K/V over positions [0, n_end) into kv, the pages spread over the pool's
-// threads (prefill) or on this thread (pool null: a decode job, one of many running at once).
-void decode_kv_head(thread_pool* pool, const prefill_kv& kv, int32_t n_end, int kvh, const uint8_t* kv_base,
-                    const kv_layout& lay, int il, const int32_t* block_table) {
+// Kv head kvh's K/V over pages [first_page, n_end / page_size) into kv, the pages spread over
+// the pool's threads (prefill) or on this thread (pool null: a decode job, one of many running
+// at once). Pages before first_page are not read (outside the window: they may be no_page).
+void decode_kv_head(thread_pool* pool, const prefill_kv& kv, int32_t first_page, int32_t n_end, int kvh,
+                    const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table) {
     const int hd = lay.head_dim, ps = lay.page_size;
     const int64_t n_pages = (n_end + ps - 1) / ps;
     const auto pages = [&](int64_t b, int64_t e) {
         thread_local std::vector<float> kb;
-        for (int64_t pg = b; pg < e; ++pg)
-            decode_page_kv(kv.kt, kv.vr, kb, pg, n_end, kvh, kv_base, lay, il, block_table);
+        for (int64_t pg = first_page + b; pg < first_page + e; ++pg)
+            decode_page_kv(kv, kb, pg, n_end, kvh, kv_base, lay, il, block_table);
     };
-    if (pool) pool->parallel_for(n_pages, thread_pool::grain_for(int64_t(ps) * hd * 8), pages);
-    else pages(0, n_pages);
-    pad_kv(kv.kt, kv.vr, kv.n_chunks, n_end, hd);
+    if (pool) pool->parallel_for(n_pages - first_page, thread_pool::grain_for(int64_t(ps) * hd * 8), pages);
+    else pages(0, n_pages - first_page);
+    pad_kv(kv, n_end, hd);
 }
 
 // R query rows (rows[r] = (token, query head)) of kv head kvh over all their chunks; NV = head_dim / 16.
-template <int R, int NV>
+// Capped: the scores go through the soft-cap (a template argument, so the plain kernel stays as it was).
+template <int R, int NV, bool Capped>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void attend_rows_prefill(
     float* out, const float* q, const int64_t* row_tok, const int* row_head, int32_t n_past, int n_head,
-    const prefill_kv& kv, float* acc, float scale) {
+    const prefill_kv& kv, float* acc, float scale, const attn_mask& mk) {
     constexpr int hd = NV * 16;
     constexpr int pv_rows = NV >= 16 ? 1 : NV >= 8 ? 2 : 4; // accumulators in registers: pv_rows * NV
     const float* qr[R];
-    int32_t n_ctx[R];
+    int32_t n_ctx[R], first[R]; // each row sees positions [first, n_ctx), relative to the scratch
     for (int r = 0; r < R; ++r) {
         qr[r] = q + (row_tok[r] * n_head + row_head[r]) * hd;
-        n_ctx[r] = n_past + int32_t(row_tok[r]) + 1;
+        const int32_t p = n_past + int32_t(row_tok[r]);
+        n_ctx[r] = p + 1 - kv.base;
+        first[r] = first_seen(p, mk.window) - kv.base;
     }
-    int32_t max_ctx = 0;
-    for (int r = 0; r < R; ++r) max_ctx = std::max(max_ctx, n_ctx[r]);
+    int32_t max_ctx = 0, min_first = first[0];
+    for (int r = 0; r < R; ++r) {
+        max_ctx = std::max(max_ctx, n_ctx[r]);
+        min_first = std::min(min_first, first[r]);
+    }
     alignas(64) float m[16], m_new[16], corr[16]; // lanes past R stay 0
     std::fill_n(m, 16, 0.0f);
     std::fill_n(m, R, -INFINITY);
@@ -387,7 +430,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void attend_ro
     const __m512 vscale = _mm512_set1_ps(scale);
     // Two chunks (32 keys) a pass: two K loads per dim feed 2 * R FMAs, and the softmax's
     // reductions and exps are paid once per 32 keys. The scratch holds an even number of chunks.
-    for (int64_t c = 0; c * key_chunk < max_ctx; c += 2) {
+    for (int64_t c = min_first / (2 * key_chunk) * 2; c * key_chunk < max_ctx; c += 2) {
         const float* kt = kv.kt + c * hd * key_chunk;
         __m512 s0[R], s1[R];
         for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
@@ -400,23 +443,34 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void attend_ro
             }
         }
         std::copy_n(m, 16, m_new);
-        __mmask16 live0[R], live1[R]; // keys of each chunk the row sees (live1 only if live0 is full)
-        int j_end = 0;                 // keys any row sees in this pair of chunks
+        __mmask16 live0[R], live1[R]; // keys of each chunk the row sees
+        int j_begin = 2 * key_chunk, j_end = 0; // keys any row sees in this pair of chunks
         for (int r = 0; r < R; ++r) {
-            const int64_t valid = std::clamp<int64_t>(n_ctx[r] - c * key_chunk, 0, 2 * key_chunk);
-            live0[r] = __mmask16((1u << std::min<int64_t>(valid, key_chunk)) - 1);
-            live1[r] = __mmask16((1u << std::max<int64_t>(valid - key_chunk, 0)) - 1);
-            j_end = std::max(j_end, int(valid));
-            s0[r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live0[r], _mm512_mul_ps(s0[r], vscale));
-            s1[r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live1[r], _mm512_mul_ps(s1[r], vscale));
-            if (live0[r]) m_new[r] = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(s0[r], s1[r])));
+            const int64_t lo = std::clamp<int64_t>(first[r] - c * key_chunk, 0, 2 * key_chunk);
+            const int64_t hi = std::clamp<int64_t>(n_ctx[r] - c * key_chunk, 0, 2 * key_chunk);
+            const uint64_t bits = ((uint64_t(1) << hi) - 1) & ~((uint64_t(1) << lo) - 1);
+            live0[r] = __mmask16(bits & 0xffff);
+            live1[r] = __mmask16(bits >> key_chunk);
+            if (hi > lo) {
+                j_begin = std::min(j_begin, int(lo));
+                j_end = std::max(j_end, int(hi));
+            }
+            s0[r] = _mm512_mul_ps(s0[r], vscale);
+            s1[r] = _mm512_mul_ps(s1[r], vscale);
+            if constexpr (Capped) {
+                s0[r] = capped512(s0[r], mk.softcap);
+                s1[r] = capped512(s1[r], mk.softcap);
+            }
+            s0[r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live0[r], s0[r]);
+            s1[r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live1[r], s1[r]);
+            if (live0[r] | live1[r]) m_new[r] = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(s0[r], s1[r])));
         }
         // exp(m_old - m_new) for all rows at once; a row with nothing here keeps its state (1)
         const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(m), _mm512_load_ps(m_new)));
         _mm512_store_ps(corr, e);
         alignas(64) float p[R][2 * key_chunk];
         for (int r = 0; r < R; ++r) {
-            if (!live0[r]) {
+            if (!(live0[r] | live1[r])) {
                 corr[r] = 1.0f;
                 _mm512_store_ps(p[r], _mm512_setzero_ps());
                 _mm512_store_ps(p[r] + key_chunk, _mm512_setzero_ps());
@@ -438,7 +492,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void attend_ro
                 const __m512 cr = _mm512_set1_ps(corr[r0 + r]);
                 for (int v = 0; v < NV; ++v) a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + (r0 + r) * hd + v * 16), cr);
             }
-            for (int j = 0; j < j_end; ++j) {
+            for (int j = j_begin; j < j_end; ++j) {
                 __m512 vj[NV];
                 for (int v = 0; v < NV; ++v) vj[v] = _mm512_loadu_ps(vc + j * hd + v * 16);
                 for (int r = 0; r < P; ++r) {
@@ -457,9 +511,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void attend_ro
     }
 }
 
-template <int NV>
+template <int NV, bool Capped>
 void attend_job_prefill(float* out, const float* q, int64_t t0, int64_t t1, int kvh, int32_t n_past, int n_head,
-                        int n_gqa, const prefill_kv& kv, float scale) {
+                        int n_gqa, const prefill_kv& kv, float scale, const attn_mask& mk) {
     alignas(64) float acc[pf_rows * NV * 16];
     int64_t row_tok[pf_rows];
     int row_head[pf_rows];
@@ -472,45 +526,54 @@ void attend_job_prefill(float* out, const float* q, int64_t t0, int64_t t1, int 
             row_head[r] = kvh * n_gqa + int((r0 + r) % n_gqa);
         }
         switch (R) {
-        case 8: attend_rows_prefill<8, NV>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale); break;
-        case 4: attend_rows_prefill<4, NV>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale); break;
-        case 2: attend_rows_prefill<2, NV>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale); break;
-        default: attend_rows_prefill<1, NV>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale); break;
+        case 8: attend_rows_prefill<8, NV, Capped>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale, mk); break;
+        case 4: attend_rows_prefill<4, NV, Capped>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale, mk); break;
+        case 2: attend_rows_prefill<2, NV, Capped>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale, mk); break;
+        default: attend_rows_prefill<1, NV, Capped>(out, q, row_tok, row_head, n_past, n_head, kv, acc, scale, mk); break;
         }
         r0 += R;
     }
 }
 
-using prefill_job_fn = void (*)(float*, const float*, int64_t, int64_t, int, int32_t, int, int, const prefill_kv&, float);
+using prefill_job_fn = void (*)(float*, const float*, int64_t, int64_t, int, int32_t, int, int, const prefill_kv&, float,
+                                const attn_mask&);
 
-// The head dims with a register-blocked prefill kernel (others take the block path).
+template <bool Capped>
 prefill_job_fn pick_prefill_job(int hd) {
     switch (hd) {
-    case 32: return attend_job_prefill<2>;
-    case 64: return attend_job_prefill<4>;
-    case 96: return attend_job_prefill<6>;
-    case 128: return attend_job_prefill<8>;
-    case 256: return attend_job_prefill<16>;
+    case 32: return attend_job_prefill<2, Capped>;
+    case 64: return attend_job_prefill<4, Capped>;
+    case 96: return attend_job_prefill<6, Capped>;
+    case 128: return attend_job_prefill<8, Capped>;
+    case 256: return attend_job_prefill<16, Capped>;
     default: return nullptr;
     }
 }
 
+// The head dims with a register-blocked prefill kernel (others take the block path).
+prefill_job_fn pick_prefill_job(int hd, const attn_mask& mk) {
+    return mk.softcap > 0 ? pick_prefill_job<true>(hd) : pick_prefill_job<false>(hd);
+}
+
+// The first page a sequence's new tokens read (from n_past on): pages before it may be no_page.
+int32_t first_page(int32_t n_past, const attn_mask& mk, int ps) { return first_seen(n_past, mk.window) / ps; }
+
 void attention_prefill(thread_pool& pool, prefill_job_fn job_fn, float* out, const float* q, int64_t n_tok,
                        int32_t n_past, int n_head, const uint8_t* kv_base, const kv_layout& lay, int il,
-                       const int32_t* block_table, float scale) {
+                       const int32_t* block_table, float scale, const attn_mask& mk) {
     const int hd = lay.head_dim, n_kv = lay.n_head_kv, n_gqa = n_head / n_kv;
-    const int32_t n_end = n_past + int32_t(n_tok);
-    const prefill_kv kv = kv_scratch(n_end, hd);
+    const int32_t n_end = n_past + int32_t(n_tok), pg0 = first_page(n_past, mk, lay.page_size);
+    const prefill_kv kv = kv_scratch(pg0 * lay.page_size, n_end, hd);
     const int64_t n_blocks = (n_tok + pf_tok_block - 1) / pf_tok_block;
     for (int kvh = 0; kvh < n_kv; ++kvh) {
-        decode_kv_head(&pool, kv, n_end, kvh, kv_base, lay, il, block_table);
+        decode_kv_head(&pool, kv, pg0, n_end, kvh, kv_base, lay, il, block_table);
         // Handed out one block at a time, the longest contexts (the last blocks) first: causal
         // work grows with the block, so contiguous ranges per thread would leave one thread most of it.
         pool.parallel_for_dynamic(n_blocks, 1, [&](int64_t b, int64_t e) {
             for (int64_t job = b; job < e; ++job) {
                 const int64_t blk = n_blocks - 1 - job;
                 const int64_t t0 = blk * pf_tok_block, t1 = std::min(n_tok, t0 + pf_tok_block);
-                job_fn(out, q, t0, t1, kvh, n_past, n_head, n_gqa, kv, scale);
+                job_fn(out, q, t0, t1, kvh, n_past, n_head, n_gqa, kv, scale, mk);
             }
         });
     }
@@ -518,20 +581,23 @@ void attention_prefill(thread_pool& pool, prefill_job_fn job_fn, float* out, con
 
 // One sequence's new tokens (rows 0..n_tok of q and out at positions n_past..).
 void attention_seq(thread_pool& pool, float* out, const float* q, int64_t n_tok, int32_t n_past, int n_head,
-                   const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale) {
+                   const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale,
+                   const attn_mask& mk) {
     const int hd = lay.head_dim;
     const int n_kv = lay.n_head_kv;
     const int n_gqa = n_head / n_kv;
+    // Work per job, roughly: the positions a token sees (all of them, or a window's).
+    const int64_t seen = mk.window > 0 ? std::min<int64_t>(mk.window, n_past + n_tok) : n_past + n_tok;
     if (active_isa() >= isa::avx512) {
-        if (const prefill_job_fn job = pick_prefill_job(hd)) {
-            attention_prefill(pool, job, out, q, n_tok, n_past, n_head, kv_base, lay, il, block_table, scale);
+        if (const prefill_job_fn job = pick_prefill_job(hd, mk)) {
+            attention_prefill(pool, job, out, q, n_tok, n_past, n_head, kv_base, lay, il, block_table, scale, mk);
             return;
         }
     }
     if (active_isa() >= isa::avx512 && hd % 16 == 0 && hd / 16 <= max_nv) {
         // jobs: (token block, kv head); decode (one token) still gets one job per kv head
         const int64_t n_blocks = (n_tok + tok_block - 1) / tok_block;
-        const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2 * std::min<int64_t>(n_tok, tok_block);
+        const int64_t work = seen * hd * n_gqa * 2 * std::min<int64_t>(n_tok, tok_block);
         pool.parallel_for(n_blocks * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
             thread_local block_scratch w;
             w.fit(n_gqa, hd, lay.page_size);
@@ -539,42 +605,43 @@ void attention_seq(thread_pool& pool, float* out, const float* q, int64_t n_tok,
                 const int64_t blk = job / n_kv;
                 const int64_t t0 = blk * tok_block, t1 = std::min(n_tok, t0 + tok_block);
                 attend_block_avx512(w, out, q, t0, t1, int(job % n_kv), n_past, n_head, kv_base, lay, il,
-                                    block_table, scale);
+                                    block_table, scale, mk);
             }
         });
         return;
     }
     const auto fn = active_isa() >= isa::avx512 ? attend_avx512 : attend_plain;
-    const int64_t work = int64_t(n_past + n_tok) * hd * n_gqa * 2; // per job, roughly
+    const int64_t work = seen * hd * n_gqa * 2; // per job, roughly
     pool.parallel_for(n_tok * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
         scratch w(n_gqa, hd, lay.page_size);
         for (int64_t job = b; job < e; ++job)
-            fn(w, out, q, job / n_kv, int(job % n_kv), n_past, n_head, kv_base, lay, il, block_table, scale);
+            fn(w, out, q, job / n_kv, int(job % n_kv), n_past, n_head, kv_base, lay, il, block_table, scale, mk);
     });
 }
 
 // One token for each of n_seq sequences: sequence i's query and output are row rows[i] of q and out.
 void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_seq, const int64_t* rows,
                       const int32_t* n_past, const int32_t* const* tables, int n_head, const uint8_t* kv_base,
-                      const kv_layout& lay, int il, float scale) {
+                      const kv_layout& lay, int il, float scale, const attn_mask& mk) {
     // The same kernels as attention() with one token, so each row gets the values a call of its
     // own would give; only the jobs, (sequence, kv head) over the whole step, are shared out.
-    const int hd = lay.head_dim, n_kv = lay.n_head_kv, n_gqa = n_head / n_kv;
+    const int hd = lay.head_dim, n_kv = lay.n_head_kv, n_gqa = n_head / n_kv, ps = lay.page_size;
     const int64_t stride = int64_t(n_head) * hd;
     int64_t work = 0; // multiply-adds of the step, for the chunk size
-    for (int64_t i = 0; i < n_seq; ++i) work += (int64_t(n_past[i]) + 1) * hd * n_gqa * 2 * n_kv;
+    for (int64_t i = 0; i < n_seq; ++i)
+        work += (int64_t(n_past[i]) + 1 - first_seen(n_past[i], mk.window)) * hd * n_gqa * 2 * n_kv;
     const int64_t n_jobs = n_seq * n_kv;
     const int64_t chunk = std::max<int64_t>(1, thread_pool::min_parallel_work * n_jobs / std::max<int64_t>(1, work));
-    const prefill_job_fn job_fn = active_isa() >= isa::avx512 ? pick_prefill_job(hd) : nullptr;
+    const prefill_job_fn job_fn = active_isa() >= isa::avx512 ? pick_prefill_job(hd, mk) : nullptr;
     if (job_fn) { // each job decodes its own sequence's K/V of one kv head into a scratch of its thread
         pool.parallel_for_dynamic(n_jobs, chunk, [&](int64_t b, int64_t e) {
             for (int64_t job = b; job < e; ++job) {
                 const int64_t i = job / n_kv;
                 const int kvh = int(job % n_kv);
-                const int32_t n_end = n_past[i] + 1;
-                const prefill_kv kv = kv_scratch(n_end, hd);
-                decode_kv_head(nullptr, kv, n_end, kvh, kv_base, lay, il, tables[i]);
-                job_fn(out + rows[i] * stride, q + rows[i] * stride, 0, 1, kvh, n_past[i], n_head, n_gqa, kv, scale);
+                const int32_t n_end = n_past[i] + 1, pg0 = first_page(n_past[i], mk, ps);
+                const prefill_kv kv = kv_scratch(pg0 * ps, n_end, hd);
+                decode_kv_head(nullptr, kv, pg0, n_end, kvh, kv_base, lay, il, tables[i]);
+                job_fn(out + rows[i] * stride, q + rows[i] * stride, 0, 1, kvh, n_past[i], n_head, n_gqa, kv, scale, mk);
             }
         });
         return;
@@ -586,7 +653,7 @@ void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_s
             for (int64_t job = b; job < e; ++job) {
                 const int64_t i = job / n_kv;
                 attend_block_avx512(w, out + rows[i] * stride, q + rows[i] * stride, 0, 1, int(job % n_kv), n_past[i],
-                                    n_head, kv_base, lay, il, tables[i], scale);
+                                    n_head, kv_base, lay, il, tables[i], scale, mk);
             }
         });
         return;
@@ -597,7 +664,7 @@ void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_s
         for (int64_t job = b; job < e; ++job) {
             const int64_t i = job / n_kv;
             fn(w, out + rows[i] * stride, q + rows[i] * stride, 0, int(job % n_kv), n_past[i], n_head, kv_base, lay,
-               il, tables[i], scale);
+               il, tables[i], scale, mk);
         }
     });
 }
@@ -605,10 +672,7 @@ void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_s
 } // namespace
 
 void attention(thread_pool& pool, const attn_params& p, int il, float* out, const float* q, int n_head, float scale) {
-    if (p.window > 0) {
-        ref::attention(p, il, out, q, n_head, scale);
-        return;
-    }
+    const attn_mask mk{p.window, p.softcap};
     const int64_t stride = int64_t(n_head) * p.lay.head_dim;
     struct decode_rows { // the step's one-token sequences, as the decode kernel takes them
         std::vector<int64_t> rows;
@@ -626,12 +690,12 @@ void attention(thread_pool& pool, const attn_params& p, int il, float* out, cons
             d.tables.push_back(p.table(s));
         } else if (s.n_tok > 1) {
             attention_seq(pool, out + s.row * stride, q + s.row * stride, s.n_tok, s.n_past, n_head, p.kv_base, p.lay,
-                          il, p.table(s), scale);
+                          il, p.table(s), scale, mk);
         }
     }
     if (!d.rows.empty())
         attention_decode(pool, out, q, int64_t(d.rows.size()), d.rows.data(), d.n_past.data(), d.tables.data(), n_head,
-                         p.kv_base, p.lay, il, scale);
+                         p.kv_base, p.lay, il, scale, mk);
 }
 
 } // namespace tandem::cpu

@@ -21,8 +21,8 @@ void add(thread_pool& pool, float* x, const float* y, int64_t n);
 // kv_store and attention of every sequence of p (cpu/ref/ops_ref.hpp): the decode tokens of a
 // step (sequences with one new token) share one op, their threads handed (sequence, kv head)
 // jobs across all of them; a sequence with more new tokens gets its own, the same values a
-// token gets whichever way its sequence's tokens were split into steps. A window runs the
-// reference kernel (the fast ones do not take windows yet).
+// token gets whichever way its sequence's tokens were split into steps. Every kernel takes the
+// window (reading no page before it) and the soft-cap.
 void kv_store(thread_pool& pool, const attn_params& p, int il, const float* k, const float* v);
 void attention(thread_pool& pool, const attn_params& p, int il, float* out, const float* q, int n_head, float scale);
 

@@ -176,8 +176,10 @@ void attention(const attn_params& p, int il, float* out, const float* q, int n_h
                     const float* kp = at(pos, false);
                     double dot = 0;
                     for (int i = 0; i < hd; ++i) dot += double(qh[i]) * kp[i];
-                    scores[size_t(pos - first)] = float(dot) * scale;
-                    max = std::max(max, scores[size_t(pos - first)]);
+                    float sc = float(dot) * scale;
+                    if (p.softcap > 0) sc = p.softcap * std::tanh(sc / p.softcap); // attention logit soft-capping
+                    scores[size_t(pos - first)] = sc;
+                    max = std::max(max, sc);
                 }
                 double sum = 0;
                 for (auto& sc : scores) {

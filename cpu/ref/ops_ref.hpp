@@ -51,8 +51,8 @@ void kv_read(const uint8_t* page, const kv_layout& lay, int il, bool is_v, int k
 void kv_store(const attn_params& p, int il, const float* k, const float* v);
 
 // Causal attention of each sequence's new query rows q [., n_head, head_dim] over the paged
-// K/V of layer il (positions first_seen(pos)..pos): out [., n_head, head_dim]. Query head h
-// reads kv head h / (n_head / n_head_kv).
+// K/V of layer il (positions first_seen(pos)..pos; scores soft-capped when p.softcap > 0):
+// out [., n_head, head_dim]. Query head h reads kv head h / (n_head / n_head_kv).
 void attention(const attn_params& p, int il, float* out, const float* q, int n_head, float scale);
 
 } // namespace tandem::cpu::ref

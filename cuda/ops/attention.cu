@@ -148,6 +148,8 @@ struct fa_params {
     kv_geom g;
     int n_head, n_gqa, hd_pad;
     float scale;
+    int32_t window; // attn_params::window: 0, or the positions a token sees (pages before may be no_page)
+    float softcap;  // attn_params::softcap: > 0 caps each score s to softcap * tanh(s / softcap)
     // Partial results of split segments: O (unnormalized) [n_head_kv][n_parts][part_rows][hd]
     // and its running max and sum [n_head_kv][n_parts][part_rows][2].
     float* part_o;
@@ -216,11 +218,17 @@ __device__ __forceinline__ void split_f16(float x, __half& hi, __half& lo) {
     lo = __float2half_rn(__fsub_rn(x, __half2float(hi)));
 }
 
-// Positions [p0, p0 + fa_keys) of kv head kvh into the K/V tiles (zero past last_pos and in
-// the padding columns, which the products then ignore), a warp per position.
+// The first position a token at position pos sees (its window's, else 0).
+__host__ __device__ __forceinline__ int32_t fa_first_seen(int32_t pos, int32_t window) {
+    return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
+
+// Positions [p0, p0 + fa_keys) of kv head kvh into the K/V tiles (zero outside [first_pos,
+// last_pos], where pages may be no_page, and in the padding columns, which the products then
+// ignore), a warp per position.
 template <kv_dtype DT>
 __device__ void fa_load_tile(const fa_params& p, const fa_smem& L, unsigned char* smem, const int32_t* table, int kvh,
-                             int32_t p0, int32_t last_pos) {
+                             int32_t p0, int32_t first_pos, int32_t last_pos) {
     const kv_geom& g = p.g;
     const int n_warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
     const int hd = g.head_dim, hd_pad = p.hd_pad;
@@ -231,7 +239,7 @@ __device__ void fa_load_tile(const fa_params& p, const fa_smem& L, unsigned char
     float* kf = reinterpret_cast<float*>(smem + L.kf);
     for (int j = warp; j < fa_keys; j += n_warps) {
         const int32_t ps = p0 + j;
-        const bool live = ps <= last_pos;
+        const bool live = ps >= first_pos && ps <= last_pos;
         const uint8_t* page = p.kv_base + (live ? int64_t(table[ps / g.page_size]) * g.page_bytes : 0);
         const int slot = live ? ps % g.page_size : 0;
         const int64_t ke = g.k_off + kvh * g.head_elems + int64_t(slot) * hd;
@@ -316,8 +324,12 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
     const int kvh = int(blockIdx.y);
     const int32_t* table = p.tables + sg.table_off;
     const int32_t last_pos = sg.n_past + int32_t((min(r0 + rows, n_rows) - 1) / p.n_gqa);
-    // The positions this block reads: all it sees, or its split's share of them.
-    const int32_t k_begin = split * fa_split_keys;
+    // The first position any row of the block sees: its first token's window's first.
+    const int32_t first_pos = fa_first_seen(sg.n_past + int32_t(r0 / p.n_gqa), p.window);
+    // The positions this block reads: all it sees, or its split's share of them (splits count
+    // from the tile of the segment's first seen position).
+    const int32_t seg_first = fa_first_seen(sg.n_past, p.window) / fa_keys * fa_keys;
+    const int32_t k_begin = sg.n_split == 1 ? first_pos / fa_keys * fa_keys : seg_first + split * fa_split_keys;
     const int32_t k_last = sg.n_split == 1 ? last_pos : min(last_pos, k_begin + fa_split_keys - 1);
     // Row r of the block: token r0+r / n_gqa of the segment, query head kvh * n_gqa + r0+r % n_gqa.
     auto q_offset = [&](int r) {
@@ -355,17 +367,21 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
     __syncwarp();
     int32_t warp_last = -1; // the last position any of this warp's rows sees (-1: no rows)
     for (int rr = 0; rr < 16; ++rr) warp_last = max(warp_last, pos[warp * 16 + rr]);
+    // and the first (rows are in position order: the warp's first row's window's first)
+    const int32_t warp_first = pos[warp * 16] >= 0 ? fa_first_seen(pos[warp * 16], p.window) : 0;
 
     // Lanes 2r and 2r+1 keep row r's running max and sum, each for half of the tile's keys.
     const int my_r = warp * 16 + lane / 2, my_half = lane % 2;
     const int32_t my_pos = pos[my_r];
+    const int32_t my_first = fa_first_seen(my_pos, p.window);
     float m = -INFINITY, l = 0.0f;
 
     for (int32_t p0 = k_begin; p0 <= k_last; p0 += fa_keys) {
         __syncthreads(); // the previous tile is consumed
-        fa_load_tile<DT>(p, L, smem, table, kvh, p0, k_last);
+        fa_load_tile<DT>(p, L, smem, table, kvh, p0, first_pos, k_last);
         __syncthreads();
-        if (warp_last < p0) continue; // warp-uniform: this tile is past all of its rows
+        // warp-uniform: this tile is past all of its rows, or before all of their windows
+        if (warp_last < p0 || p0 + fa_keys <= warp_first) continue;
 
         // S = Q K^T: [16 rows] x [fa_keys], (Qhi + Qlo) Khi (+ Qhi Klo)
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
@@ -398,7 +414,10 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const __grid_const
 #pragma unroll
         for (int jj = 0; jj < fa_keys / 2; ++jj) {
             const int j = j0 + jj;
-            sv[jj] = my_pos >= p0 + j ? s[my_r * fa_smem::lds + j] * qf[my_r] * kf[j] : -INFINITY;
+            const bool seen = my_pos >= p0 + j && p0 + j >= my_first;
+            float x = seen ? s[my_r * fa_smem::lds + j] * qf[my_r] * kf[j] : -INFINITY;
+            if (seen && p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
+            sv[jj] = x;
             tmax = fmaxf(tmax, sv[jj]);
         }
         tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
@@ -547,7 +566,6 @@ void kv_store(const context& c, const attn_params& p, int il, const float* k, co
 
 void attention(const context& c, const attn_params& p, int il, float* out, const float* q, int n_head, float scale) {
     const kv_layout& lay = p.lay;
-    TANDEM_CHECK(p.window == 0, "CUDA attention does not take attention windows yet (window {})", p.window);
     TANDEM_ASSERT(lay.head_dim >= 1 && lay.head_dim <= fa_max_hd, "CUDA attention supports head_dim up to {}, not {}",
                   fa_max_hd, lay.head_dim);
     TANDEM_ASSERT(n_head % lay.n_head_kv == 0);
@@ -566,14 +584,16 @@ void attention(const context& c, const attn_params& p, int il, float* out, const
     prm.n_gqa = n_gqa;
     prm.hd_pad = (lay.head_dim + 15) / 16 * 16;
     prm.scale = scale;
+    prm.window = p.window;
+    prm.softcap = p.softcap;
     // Four warps (64 rows) a block, two for head dims above 128 (shared memory); fewer when no
     // segment has that many rows (a decode step: n_gqa rows each).
     const int n_warps = int(std::clamp<int64_t>((max_rows + 15) / 16, 1, prm.hd_pad <= 128 ? 4 : 2));
     const int64_t rows = 16 * n_warps;
     prm.part_rows = int32_t(rows);
     auto row_blocks = [&](const attn_seq& s) { return (int64_t(s.n_tok) * n_gqa + rows - 1) / rows; };
-    auto splits = [&](const attn_seq& s) {
-        const int64_t seen = int64_t(s.n_past) + s.n_tok;
+    auto splits = [&](const attn_seq& s) { // over the positions from the tile of the first one seen
+        const int64_t seen = int64_t(s.n_past) + s.n_tok - fa_first_seen(s.n_past, p.window) / fa_keys * fa_keys;
         return row_blocks(s) == 1 && seen > 2 * fa_split_keys ? int32_t((seen + fa_split_keys - 1) / fa_split_keys)
                                                               : int32_t(1);
     };

@@ -30,8 +30,8 @@ void embed(const context& c, float* out, const int32_t* tokens, int64_t n_tok, c
 void gather_rows(const context& c, float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t n);
 
 // kv_store and attention of every sequence of p (cpu/ref/ops_ref.hpp), p's pages and tables
-// in device memory: one launch per 64 sequences, a decode step's or a whole mixed batch's.
-// No attention windows yet (an error).
+// in device memory: one launch per 64 sequences, a decode step's or a whole mixed batch's;
+// with p's window (no page before it is read) and soft-cap.
 void kv_store(const context& c, const attn_params& p, int il, const float* k, const float* v);
 void attention(const context& c, const attn_params& p, int il, float* out, const float* q, int n_head, float scale);
 
