@@ -92,6 +92,7 @@ draft_model::draft_model(model& mdl, int n_threads, int32_t page_size, int32_t n
     so.max_running = max_seqs;
     so.step_tokens = std::max(512, max_seqs + 1);
     so.decode_tokens = 1;
+    so.kv_window = mdl.config().kv_window();
     sched_ = std::make_unique<scheduler>(so, store_.get());
     runner_ = make_cpu_runner(mdl, std::max(1, n_threads));
 }

@@ -150,6 +150,7 @@ public:
         so.prefix_seed = opts_.prefix_seed;
         so.priority_aging_s = opts_.priority_aging_s;
         so.background_step_tokens = opts_.background_step_tokens;
+        so.kv_window = cfg.kv_window(); // every layer windowed: pages behind the window go back at once
         sched_ = std::make_unique<scheduler>(so, parts_.store);
         if (opts_.draft_model && opts_.max_draft_tokens > 0) {
             drafter_ = std::make_unique<draft_model>(*opts_.draft_model, opts_.n_threads, opts_.page_size,

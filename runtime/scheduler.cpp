@@ -98,9 +98,21 @@ void scheduler::truncate(uint64_t id, int32_t n_tokens) {
     const int32_t ps = o_.page_size, old_computed = s.n_computed;
     s.n_computed = std::min(s.n_computed, n_tokens);
     while (int64_t(s.hashes.size()) * ps > s.n_computed) s.hashes.pop_back();
+    // With a window, a cut further back than the released pages allow (more than a verify
+    // step's drafts) leaves positions the next token sees without pages: recompute them all.
+    if (o_.kv_window > 0) {
+        const int32_t first = std::max(0, s.n_computed - o_.kv_window + 1) / ps;
+        for (int32_t j = first; j < std::min(pages_for(s.n_computed + 1), int32_t(s.pages.size())); ++j)
+            if (s.pages[size_t(j)] == no_page) {
+                free_pages(s);
+                return;
+            }
+    }
     const int32_t keep = pages_for(n_tokens);
     if (int32_t(s.pages.size()) > keep) {
-        std::vector<int32_t> rev(s.pages.rbegin(), s.pages.rend() - keep);
+        std::vector<int32_t> rev;
+        for (auto it = s.pages.rbegin(); it != s.pages.rend() - keep; ++it)
+            if (*it != no_page) rev.push_back(*it);
         pool_.release(rev);
         s.pages.resize(size_t(keep));
     }
@@ -118,7 +130,8 @@ void scheduler::fork(uint64_t parent, uint64_t child) {
     TANDEM_ASSERT(p.busy < 0 && !seqs_.contains(child), "fork {} into {}", parent, child);
     auto c = std::make_unique<seq>(p);
     c->id = child;
-    for (int32_t page : c->pages) pool_.add_ref(page);
+    for (int32_t page : c->pages)
+        if (page != no_page) pool_.add_ref(page); // (a windowed parent's released pages stay released)
     // A preempted parent (no pages) has a waiting child: both are recomputed when admitted.
     (p.running ? running_ : waiting_).push_back(c.get());
     seqs_.emplace(child, std::move(c));
@@ -194,6 +207,7 @@ bool scheduler::try_admit(seq& s) {
     s.hashes.assign(hashes.begin(), hashes.begin() + n_shared);
     if (cow) copy_on_write(s, n_shared); // the admission check counted its page
     s.n_computed = reuse;
+    release_behind_window(s); // matched pages before the window of the first token computed
     if (!s.admitted_once) {
         s.admitted_once = true;
         s.reused = reuse;
@@ -241,11 +255,28 @@ bool scheduler::free_slot_for(const seq& s, clock_type::time_point now) {
 
 void scheduler::free_pages(seq& s) {
     // Last page first: the free list then keeps a prefix's first pages longest.
-    std::vector<int32_t> rev(s.pages.rbegin(), s.pages.rend());
+    std::vector<int32_t> rev;
+    for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it)
+        if (*it != no_page) rev.push_back(*it);
     if (!rev.empty()) pool_.release(rev);
     s.pages.clear();
     s.hashes.clear();
     s.n_computed = 0;
+}
+
+void scheduler::release_behind_window(seq& s) {
+    if (o_.kv_window <= 0) return;
+    // The next token (position n_computed) sees n_computed - kv_window + 1 on; a verify step's
+    // rejected drafts may move n_computed back by up to decode_tokens - 1 (truncate).
+    const int32_t keep_from = s.n_computed - (o_.kv_window - 1) - (o_.decode_tokens - 1);
+    const int32_t n_dead = std::min(std::max(0, keep_from) / o_.page_size, int32_t(s.pages.size()));
+    std::vector<int32_t> dead;
+    for (int32_t j = n_dead - 1; j >= 0 && s.pages[size_t(j)] != no_page; --j) { // the last released before
+        dead.push_back(s.pages[size_t(j)]);
+        s.pages[size_t(j)] = no_page;
+    }
+    // Pages with a prefix hash stay cached on the free list, like any released page.
+    if (!dead.empty()) pool_.release(dead);
 }
 
 void scheduler::preempt(seq& s) {
@@ -391,7 +422,8 @@ const batch& scheduler::plan(int slot, work_kind kind) {
         // Stable until complete(): the pages of a busy sequence are referenced, so none is
         // allocated (or restored) again meanwhile.
         s->gens.resize(s->pages.size());
-        for (size_t j = 0; j < s->pages.size(); ++j) s->gens[j] = pool_.generation(s->pages[j]);
+        for (size_t j = 0; j < s->pages.size(); ++j)
+            s->gens[j] = s->pages[j] == no_page ? 0 : pool_.generation(s->pages[j]);
         const int32_t last = int32_t(s->tokens.size()) - 1;
         sb.b.add_seq(s->id, s->n_computed, std::span(s->tokens).subspan(size_t(s->n_computed), size_t(s->n_inflight)),
                      s->pages, s->gens, std::min(s->logits_from, last), s->rows);
@@ -409,7 +441,7 @@ void scheduler::publish_full_pages(seq& s) {
         s.hashes.push_back(h);
         if (!o_.prefix_cache) continue;
         const int32_t page = s.pages[j];
-        if (pool_.hash_of(page)) continue; // shared from the cache already
+        if (page == no_page || pool_.hash_of(page)) continue; // released, or shared from the cache already
         if (!pool_.set_hash(page, h)) continue; // the same prefix is cached in another page
         std::copy(chunk.begin(), chunk.end(), &page_tokens_[size_t(page) * size_t(ps)]);
         page_parent_[size_t(page)] = parent;
@@ -425,6 +457,7 @@ std::vector<uint64_t> scheduler::complete(int slot, bool ok) {
         if (!ok) continue;
         s->n_computed += s->n_inflight;
         publish_full_pages(*s);
+        release_behind_window(*s);
         if (s->n_computed == int32_t(s->tokens.size())) due.push_back(s->id);
     }
     batches_[size_t(slot)]->seqs.clear();
@@ -479,6 +512,7 @@ scheduler_stats scheduler::stats() const {
         for (size_t j = 0; j < s->pages.size(); ++j) {
             const int32_t fill = std::clamp(held - int32_t(j) * ps, 0, ps);
             const int32_t p = s->pages[j];
+            if (p == no_page) continue;
             if (pool_.ref_count(p) > 1) shared[p] = std::max(shared[p], fill);
             else st.n_kv_tokens += fill;
         }

@@ -33,6 +33,11 @@ struct scheduler_options {
     // for the batch in flight. While a live sequence has a prompt to compute, batches carry
     // no background work at all.
     int32_t background_step_tokens = 0;
+    // > 0: every layer's attention window (model_config::kv_window()). A sequence's pages wholly
+    // before what its next token sees (n_computed - kv_window + 1, less decode_tokens - 1 for the
+    // drafts a verify step may reject) are released as soon as its computed count passes them:
+    // its table keeps no_page there. 0: a sequence keeps all its pages (some layer is global).
+    int32_t kv_window = 0;
 };
 
 // Where the page table of the prefix cache is kept besides the scheduler (the shared
@@ -149,6 +154,7 @@ private:
     void copy_on_write(seq& s, int32_t j); // page j of s becomes a private copy (a page is free)
     void preempt(seq& s);
     void free_pages(seq& s);
+    void release_behind_window(seq& s); // kv_window: the pages no token of s reads again
     void publish_full_pages(seq& s);
     void note_evicted();
     bool page_matches(int32_t page, uint64_t parent, std::span<const token_id> tokens) const;

@@ -4,7 +4,10 @@
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/kv_cache.hpp"
+#include "runtime/reference_forward.hpp"
 #include "runtime/runner.hpp"
+#include "runtime/scheduler.hpp"
+#include "runtime/synth.hpp"
 #include "engine_fixtures.hpp"
 #include "test_util.hpp"
 
@@ -15,6 +18,7 @@
 #include <mutex>
 #include <numeric>
 #include <limits>
+#include <random>
 #include <set>
 #include <utility>
 
@@ -486,4 +490,204 @@ TEST_CASE("engine failures: an executor that cannot start is the engine's failur
     std::string failure;
     CHECK_FALSE(se.eng->wait_ready(std::chrono::milliseconds(2000), failure));
     CHECK(failure.find("exited during start-up") != std::string::npos);
+}
+
+namespace {
+
+// A tiny synthetic Llama whose every layer attends to the last `window` positions (F32
+// weights and KV, so its logits can be held to the reference forward's).
+struct windowed_model {
+    test::scratch_dir dir{"swa"};
+    model_bundle b;
+    explicit windowed_model(int32_t window, load_options lo = {weight_format::f32, kv_dtype::f32}) {
+        synth_params p = synth_preset("tiny");
+        p.sliding_window = window;
+        p.n_ctx = 512;
+        p.seed = 17;
+        const std::string path = dir.file("swa.gguf");
+        synth_write(p, path);
+        b = load_model(path, lo);
+    }
+};
+
+std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
+    std::mt19937 g(seed);
+    std::vector<token_id> v(static_cast<size_t>(n));
+    for (auto& t : v) t = token_id(3 + g() % uint32_t(n_vocab - 3));
+    return v;
+}
+
+// The engine-vs-reference tolerance of test_model: float sums in other orders than the
+// double-accumulating reference; relative to the logits' scale.
+constexpr double logits_rel_tol = 1e-4;
+
+double rel_diff(const float* got, const std::vector<float>& want) {
+    double max_abs = 0, max_diff = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        max_abs = std::max(max_abs, std::abs(double(want[i])));
+        max_diff = std::max(max_diff, std::abs(double(got[i]) - want[i]));
+    }
+    return max_diff / std::max(1.0, max_abs);
+}
+
+} // namespace
+
+TEST_CASE("windowed model: steps over released pages give the reference forward's logits; pages stay bounded") {
+    // Window 24 over pages of 16 (not a multiple): a 70-token prompt in chunks of 20, then 96
+    // tokens (4 windows) one a step, every position's logits against the reference forward
+    // (which honours model_config::window_of). The scheduler releases the pages behind the
+    // window as it goes: while decoding, a sequence holds the pages of the 24 positions its
+    // token reads and writes, at most ceil(23 / 16) + 1 = 3 pages, and reaches that.
+    const int32_t window = 24, ps = 16, n_prompt = 70, n_gen = 4 * window;
+    windowed_model wm(window);
+    model& m = *wm.b.mdl;
+    const model_config& cfg = m.config();
+    REQUIRE(cfg.kv_window() == window);
+    const auto toks = random_tokens(n_prompt + n_gen, cfg.n_vocab, 5);
+    reference_forward ref(cfg, m.weights(), n_prompt + n_gen);
+    std::vector<std::vector<float>> want;
+    for (int32_t i = 0; i < n_prompt + n_gen; ++i) want.push_back(ref.forward(toks[size_t(i)], i));
+    const int32_t bound = (window - 1 + ps - 1) / ps + 1;
+    cpu::thread_pool pool(2);
+    for (backend be : {backend::ref, backend::cpu}) {
+        INFO(name_of(be));
+        const exec_ctx ctx{be, &pool};
+        scheduler_options so;
+        so.page_size = ps;
+        so.n_pages = 32;
+        so.step_tokens = 20;
+        so.kv_window = cfg.kv_window();
+        scheduler s(so, nullptr);
+        kv_cache kv(m.make_kv_layout(ps), so.n_pages);
+        std::vector<float> logits;
+        auto step = [&](work_kind kind) {
+            const batch& b = s.plan(0, kind);
+            REQUIRE(b.n_seqs() == 1);
+            logits.assign(size_t(b.n_logits()) * size_t(cfg.n_vocab), NAN);
+            m.forward(ctx, b, kv, logits.data());
+            double worst = 0;
+            for (int32_t r = 0; r < b.n_logits(); ++r)
+                worst = std::max(worst, rel_diff(&logits[size_t(r) * size_t(cfg.n_vocab)], want[size_t(b.n_past(0) + r)]));
+            INFO("positions ", b.n_past(0), "..", b.n_past(0) + b.n_new(0) - 1);
+            CHECK(worst <= logits_rel_tol);
+            s.complete(0, true);
+            return b.n_past(0);
+        };
+        s.add(1, std::vector<token_id>(toks.begin(), toks.begin() + n_prompt), 0, std::chrono::steady_clock::now());
+        s.set_logits_from(1, 0); // every position's row
+        s.admit(std::chrono::steady_clock::now());
+        while (s.n_computed(1) < n_prompt) step(work_kind::prefill);
+        int32_t most = 0;
+        for (int32_t i = 0; i < n_gen - 1; ++i) {
+            s.append(1, toks[size_t(n_prompt + i)]);
+            const batch& b = s.plan(0, work_kind::decode);
+            REQUIRE(b.n_seqs() == 1);
+            const int32_t used = s.stats().n_pages_used;
+            most = std::max(most, used);
+            CHECK(used <= bound);
+            s.complete(0, false); // lost: planned again below
+            step(work_kind::decode);
+        }
+        CHECK(most == bound);
+        s.remove(1);
+        CHECK(s.stats().n_pages_used == 0);
+    }
+}
+
+TEST_CASE("windowed model: prefix-cache hits, preemption and recompute, and n > 1 leave greedy outputs unchanged") {
+    windowed_model wm(24, {});
+    model_bundle& b = wm.b;
+    REQUIRE(b.mdl->config().kv_window() == 24);
+    const int32_t n_vocab = b.mdl->config().n_vocab;
+    const auto shared = random_tokens(53, n_vocab, 9); // three full pages and more: longer than the window
+    auto request = [&](int salt, int32_t n_tok) {
+        engine_request r;
+        r.prompt = shared;
+        const auto tail = random_tokens(3 + salt, n_vocab, uint32_t(100 + salt));
+        r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
+        r.max_tokens = n_tok;
+        r.sampling.temperature = 0;
+        r.ignore_eos = true;
+        return r;
+    };
+    auto run_all = [&](engine_options o, engine_stats* st) {
+        auto eng = make_local_engine(*b.mdl, *b.tok, o);
+        std::vector<std::vector<token_id>> out;
+        // the first alone (fills the cache), then the rest together
+        for (int round = 0; round < 2; ++round) {
+            std::vector<collector> cs(round == 0 ? 1 : 3);
+            for (size_t j = 0; j < cs.size(); ++j)
+                REQUIRE(eng->submit(request(int(round == 0 ? 0 : j + 1), 60), cs[j].sink()).status == submit_status::ok);
+            for (auto& c : cs) {
+                REQUIRE(c.wait());
+                CHECK(c.finish == "length");
+                out.push_back(c.ids);
+            }
+        }
+        *st = eng->stats();
+        eng->stop();
+        return out;
+    };
+    engine_options base;
+    base.n_threads = 1;
+    base.max_running = 4;
+    engine_options no_cache = base;
+    no_cache.prefix_cache = false;
+    engine_stats s_ref, s_cache;
+    const auto want = run_all(no_cache, &s_ref);
+    CHECK(s_ref.n_prefix_hits == 0);
+    CHECK(s_ref.n_pages_used == 0);
+    const auto cached = run_all(base, &s_cache);
+    CHECK(cached == want);
+    CHECK(s_cache.n_prefix_hits >= 3 * 48); // three full pages of the shared prompt, each time
+    CHECK(s_cache.n_pages_used == 0);
+
+    // One batch slot: a higher priority takes the slot of a running request, which is preempted
+    // (its pages released) and later recomputed from its prompt and what it generated.
+    engine_options one = base;
+    one.max_running = 1;
+    auto eng = make_local_engine(*b.mdl, *b.tok, one);
+    collector low, high;
+    engine_request r_low = request(0, 200);
+    REQUIRE(eng->submit(r_low, low.sink()).status == submit_status::ok);
+    REQUIRE(low.wait_tokens(30));
+    engine_request r_high = request(2, 60);
+    r_high.priority = 5;
+    REQUIRE(eng->submit(r_high, high.sink()).status == submit_status::ok);
+    REQUIRE(high.wait());
+    REQUIRE(low.wait());
+    const engine_stats st = eng->stats();
+    CHECK(st.n_preemptions >= 1);
+    CHECK(st.n_pages_used == 0);
+    eng->stop();
+    CHECK(high.ids == want[2]);
+    // The low one's output is what it gives alone (its first 60 tokens are the first request's).
+    CHECK(std::vector<token_id>(low.ids.begin(), low.ids.begin() + 60) == want[0]);
+    auto solo = make_local_engine(*b.mdl, *b.tok, no_cache);
+    collector alone;
+    REQUIRE(solo->submit(r_low, alone.sink()).status == submit_status::ok);
+    REQUIRE(alone.wait());
+    CHECK(low.ids == alone.ids);
+
+    // n = 3 forks the prompt's pages (released ones stay released); each sequence equals its solo run.
+    engine_request r_n = request(1, 40);
+    r_n.n = 3;
+    r_n.sampling.temperature = 0.8f;
+    r_n.sampling.seed = 7;
+    collector group;
+    group.n_seqs = 3;
+    REQUIRE(solo->submit(r_n, group.sink()).status == submit_status::ok);
+    REQUIRE(group.wait());
+    for (int k = 0; k < 3; ++k) {
+        engine_request one_seq = request(1, 40);
+        one_seq.sampling.temperature = 0.8f;
+        one_seq.sampling.seed = 7 + k;
+        collector c;
+        REQUIRE(solo->submit(one_seq, c.sink()).status == submit_status::ok);
+        REQUIRE(c.wait());
+        CHECK(group.by_seq[size_t(k)] == c.ids);
+    }
+    CHECK(solo->stats().n_pages_used == 0);
+    solo->stop();
 }
