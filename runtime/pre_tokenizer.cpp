@@ -267,6 +267,7 @@ size_t match_three_digits(const cursor& c, size_t pos, size_t&) {
 
 std::span<const matcher> matchers_for(pre_kind k) {
     static constexpr matcher gpt2[] = {match_gpt2};
+    static constexpr matcher digits_gpt2[] = {match_one_number, match_gpt2}; // each digit apart, then GPT-2's
     static constexpr matcher llama3[] = {match_llama3<3>};
     static constexpr matcher qwen2[] = {match_llama3<1>};
     static constexpr matcher deepseek_coder[] = {match_crlf, match_ws_letters, match_ws_punct, match_cjk,
@@ -277,6 +278,7 @@ std::span<const matcher> matchers_for(pre_kind k) {
                                               match_three_digits};
     switch (k) {
     case pre_kind::gpt2: return gpt2;
+    case pre_kind::digits_gpt2: return digits_gpt2;
     case pre_kind::llama3: return llama3;
     case pre_kind::qwen2: return qwen2;
     case pre_kind::deepseek_coder: return deepseek_coder;
@@ -297,6 +299,8 @@ std::optional<pre_kind> pre_from_name(std::string_view name) {
         {"llama3", pre_kind::llama3}, {"llama-v3", pre_kind::llama3},
         {"llama-bpe", pre_kind::llama3}, {"falcon3", pre_kind::llama3},
         {"qwen2", pre_kind::qwen2}, {"deepseek-r1-qwen", pre_kind::qwen2},
+        {"smollm", pre_kind::digits_gpt2}, {"starcoder", pre_kind::digits_gpt2}, {"refact", pre_kind::digits_gpt2},
+        {"command-r", pre_kind::digits_gpt2}, {"codeshell", pre_kind::digits_gpt2}, {"exaone", pre_kind::digits_gpt2},
         {"deepseek-coder", pre_kind::deepseek_coder}, {"deepseek-llm", pre_kind::deepseek_llm},
         {"default", pre_kind::bpe_default},
     };

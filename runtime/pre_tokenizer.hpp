@@ -10,7 +10,7 @@
 namespace tandem {
 
 // Pre-tokenizer regex families, each a fixed sequence of patterns.
-enum class pre_kind { gpt2, llama3, qwen2, deepseek_coder, deepseek_llm, bpe_default };
+enum class pre_kind { gpt2, digits_gpt2, llama3, qwen2, deepseek_coder, deepseek_llm, bpe_default };
 
 // The family of a tokenizer.ggml.pre name; nullopt for a name it does not know.
 std::optional<pre_kind> pre_from_name(std::string_view name);

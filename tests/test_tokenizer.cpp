@@ -506,6 +506,10 @@ TEST_CASE("pre-tokenizers split like their regexes") {
     CHECK(words("llama-bpe", "a\tb  \n c") == std::vector<std::string>{"a", "\tb", "  \n", " c"});
     CHECK(words("llama-bpe", "...\n\nok") == std::vector<std::string>{"...\n\n", "ok"});
     CHECK(words("qwen2", "123 ab") == std::vector<std::string>{"1", "2", "3", " ab"});
+    // SmolLM (and StarCoder's family): each digit apart, then GPT-2's pattern on the rest.
+    CHECK(words("smollm", "I've 12345!!") ==
+          std::vector<std::string>{"I", "'ve", " ", "1", "2", "3", "4", "5", "!!"});
+    CHECK(words("smollm", "x2 y") == std::vector<std::string>{"x", "2", " y"});
     CHECK(words("deepseek-coder", "\xE2\x98\x83\xF0\x9F\x98\x80") == std::vector<std::string>{"\xE2\x98\x83", "\xF0\x9F\x98\x80"});
     CHECK(words("deepseek-coder", "a\xE3\x80\x80\xE2\x98\x83") == std::vector<std::string>{"a", "\xE3\x80\x80", "\xE2\x98\x83"});
     CHECK(words("deepseek-coder", "x 12") == std::vector<std::string>{"x", " ", "1", "2"});
