@@ -67,6 +67,13 @@ nlohmann::ordered_json embed_offline(const embed_opts& o, const std::vector<std:
         engine_request r;
         r.prompt = b.tok->encode(texts[i], true, false);
         n_tokens += int64_t(r.prompt.size());
+        if (int64_t(r.prompt.size()) >= b.cfg.n_ctx_train) { // never cut: what does not fit is an error with its numbers
+            eng->stop();
+            throw error("text " + std::to_string(i + 1) + " has " + std::to_string(r.prompt.size()) +
+                        " tokens, more than the " + std::to_string(b.cfg.n_ctx_train - 1) +
+                        " the model's context holds (its training context, " + std::to_string(b.cfg.n_ctx_train) +
+                        ", less one): shorten it");
+        }
         r.embed = b.cfg.pooling;
         const auto sr = eng->submit(std::move(r), [&, i](engine_event&& ev) {
             if (!ev.done) return;

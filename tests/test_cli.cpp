@@ -635,4 +635,12 @@ TEST_CASE("tandem run never cuts a prompt: too long for --ctx is an error saying
     CHECK(j["tokens"].size() + j["prompt_tokens"].size() == 16);
     CHECK(j["finish_reason"] == "length");
     CHECK(r.err.find("-n 100: the context (16 tokens) has room for") != std::string::npos);
+    // tandem embed -m (offline) neither: a text past the context is an error with its numbers
+    std::string longer;
+    for (int i = 0; i < 500; ++i) longer += "Lily saw a dog. ";
+    const size_t n_long = json::parse(run_tandem({"tokenize", "-m", stories, "--add-special", longer}).out).size();
+    r = run_tandem({"embed", "-m", stories, "-t", "1", "Lily", longer});
+    CHECK(r.rc == 1);
+    CHECK(r.err.find("text 2 has " + std::to_string(n_long) + " tokens, more than the 2047 the model's context holds") !=
+          std::string::npos);
 }
