@@ -315,10 +315,12 @@ context_plan plan_context(const config& cfg, int32_t n_ctx_train, int64_t page_b
     const int64_t budget_tokens = budget_pages * ps;
 
     if (cfg.n_ctx > n_ctx_train) {
-        p.error = fmt::format("n_ctx {} is more than the model's training context, {} tokens (it was not trained for "
+        const auto at = cfg.origin.find("n_ctx"); // "FILE:LINE", or the flag
+        p.error = fmt::format("n_ctx {}{} is more than the model's training context, {} tokens (it was not trained for "
                               "later positions, and Tandem applies no RoPE scaling beyond the file's): set n_ctx to {} "
-                              "or less in tandemd.conf, or 0 for the longest context the KV memory holds",
-                              cfg.n_ctx, n_ctx_train, n_ctx_train);
+                              "or less, or 0 for the longest context the KV memory holds",
+                              cfg.n_ctx, at == cfg.origin.end() ? "" : " (" + at->second + ")", n_ctx_train,
+                              n_ctx_train);
         return p;
     }
     if (cfg.n_ctx > 0) {

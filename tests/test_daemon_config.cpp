@@ -344,6 +344,10 @@ TEST_CASE("context: n_ctx defaults to the training context as far as the KV memo
     p = plan_context(c, 2048, page_bytes);
     CHECK(p.error.find("n_ctx 4096 is more than the model's training context, 2048 tokens") != std::string::npos);
     CHECK(p.error.find("set n_ctx to 2048 or less") != std::string::npos);
+    REQUIRE_FALSE(c.set("n_ctx", "4096"));
+    c.origin["n_ctx"] = "/etc/tandem/tandemd.conf:12"; // (load_file records where)
+    CHECK(plan_context(c, 2048, page_bytes).error.find("n_ctx 4096 (/etc/tandem/tandemd.conf:12) is more than") !=
+          std::string::npos);
 
     // limits above what the context allows are lowered, with a warning
     c = config{};
