@@ -146,7 +146,26 @@ for (let i = 0; i < 2; ++i) {
 await assert.rejects(client.embeddings.create({ model: 'stories260K', input: 'x', dimensions: 8 }),
   (e) => e.status === 400 && /dimensions/.test(e.message));
 
+// Context limits: a prompt past the context is a 400 the SDK raises with the daemon's message;
+// truncate_prompt_tokens (vLLM's field, passed through) keeps the last tokens, and the usage the
+// SDK returns keeps truncated_prompt_tokens, plain and in a streamed usage chunk.
+const long = 'Lily saw a dog. '.repeat(600);
+await assert.rejects(client.completions.create({ model: 'stories260K', prompt: long, max_tokens: 4 }),
+  (e) => e.status === 400 && e.code === 'context_length_exceeded' && /more than the 2047/.test(e.message));
+const cut = await client.completions.create({ model: 'stories260K', prompt: long, max_tokens: 4, temperature: 0,
+  truncate_prompt_tokens: 64 });
+assert.equal(cut.usage.prompt_tokens, 64);
+assert.ok(cut.usage.truncated_prompt_tokens > 2000, 'no truncated_prompt_tokens');
+let cutUsage = null;
+for await (const chunk of await client.chat.completions.create({ model: 'stories260K', max_tokens: 4,
+  messages: [{ role: 'user', content: long }], truncate_prompt_tokens: 64, stream: true,
+  stream_options: { include_usage: true } }))
+  if (chunk.usage) cutUsage = chunk.usage;
+assert.equal(cutUsage.prompt_tokens, 64);
+assert.ok(cutUsage.truncated_prompt_tokens > 2000);
+
 const { version } = JSON.parse(readFileSync(new URL('./node_modules/openai/package.json', import.meta.url)));
 console.log(`openai ${version}: ${n} schema-valid replies and ${nCalls} valid tool calls (plain and streamed), ` +
   `${beams.choices.length} beams with scores (plain and streamed), a scored prompt, ` +
-  `${citations.length} citations, ${emb.data.length} embeddings (base64 and float), and the 400s`);
+  `${citations.length} citations, ${emb.data.length} embeddings (base64 and float), prompts cut by ` +
+  `truncate_prompt_tokens (plain and streamed), and the 400s`);
