@@ -543,6 +543,15 @@ TEST_CASE("tandem info: sliding windows, RoPE scaling and a chat template of var
     variant_of_stories(dir.file("llama3.gguf"), "llama", {}, {{"rope_freqs.weight", 4}});
     CHECK(info_json(dir.file("llama3.gguf"))["rope"]["scaling"]["type"] == "llama3");
 
+    // a synthetic model in a block type: its tensors by type, and what they become in INT8
+    const std::string q8 = dir.file("q8.gguf");
+    REQUIRE(run_tandem({"synth", "-o", q8, "--preset", "tiny", "--type", "q8_0", "--window", "32"}).rc == 0);
+    const json q = info_json(q8);
+    CHECK(q["tensors"]["types"].contains("Q8_0"));
+    CHECK(q["tensors"]["types"].contains("F32")); // the norms
+    CHECK(q["sliding_window"]["size"] == 32);
+    CHECK(q["memory"]["weight_bytes"] == loaded_int8_bytes(q8));
+
     // a ChatML template in the file: its family
     variant_of_stories(
         dir.file("chatml.gguf"), "llama",
