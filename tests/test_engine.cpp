@@ -14,12 +14,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
 #include <limits>
 #include <random>
 #include <set>
+#include <thread>
 #include <utility>
 
 using namespace tandem;
@@ -689,5 +691,25 @@ TEST_CASE("windowed model: prefix-cache hits, preemption and recompute, and n > 
         CHECK(group.by_seq[size_t(k)] == c.ids);
     }
     CHECK(solo->stats().n_pages_used == 0);
+
+    // The engine itself releases (its scheduler has the model's kv_window): a request of four
+    // windows' tokens holds at most ceil(23 / 16) + 1 = 3 pages (7 without the release).
+    std::atomic<bool> finished{false};
+    std::atomic<int> most{0};
+    collector longest;
+    engine_request r_long = request(0, 96);
+    r_long.prompt.resize(10); // shorter than a page: prefill holds one page, decode at most 3
+    REQUIRE(solo->submit(r_long, longest.sink()).status == submit_status::ok);
+    std::thread poll([&] {
+        while (!finished) {
+            most = std::max(most.load(), solo->stats().n_pages_used);
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+    });
+    REQUIRE(longest.wait());
+    finished = true;
+    poll.join();
+    CHECK(most.load() >= 1);
+    CHECK(most.load() <= 3);
     solo->stop();
 }

@@ -11,6 +11,7 @@
 #include "runtime/fingerprint.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/synth.hpp"
 
 #include <doctest/doctest.h>
 
@@ -18,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -1024,4 +1026,50 @@ TEST_CASE("workers: draft_model drafts next to the decode worker; outputs equal 
     int rc = -1;
     CHECK_FALSE(ready_or_exit(bad, rc));
     CHECK(rc == 1);
+}
+
+TEST_CASE("workers: a windowed model through the worker split releases pages behind the window in the shared pool") {
+    // Every layer of a synthetic Llama attends to the last 24 positions: while a request
+    // generates 4 windows' worth of tokens, the pages behind its window go back to the shared
+    // pool's free list at once, so it never holds more than ceil(23 / 16) + 1 = 3 pages (without
+    // the release it would hold 7 at the end); its text is the in-process engine's.
+    synth_params p = synth_preset("tiny");
+    p.sliding_window = 24;
+    p.n_ctx = 512;
+    p.seed = 17;
+    const std::string model = scratch().file("swa.gguf");
+    synth_write(p, model);
+    daemon_process d;
+    d.sock = scratch().file("swa.sock");
+    d.spawn({"--model", model, "--socket", d.sock, "--threads", "1", "--log", "warn", "--set",
+             "kv_pool=" + d.sock + ".kv", "--set", "kv_pool_persist=false"});
+    REQUIRE(d.wait_ready());
+    const std::string prompt = "abc def ghi";
+    std::atomic<bool> done{false};
+    std::atomic<int> most{0};
+    std::thread poll([&] {
+        while (!done) {
+            const json st = status(d.sock);
+            if (st.contains("kv_pages_used")) most = std::max(most.load(), st["kv_pages_used"].get<int>());
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+    });
+    const streamed s = stream(d.sock, prompt, 96);
+    done = true;
+    poll.join();
+    CHECK(s.done);
+    CHECK(s.finish == "length");
+    CHECK(most.load() >= 1);
+    CHECK(most.load() <= 3);
+    CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+    CHECK(d.stop() == 0);
+    // The in-process engine's greedy text (the same scheduler and kernels, one process).
+    model_bundle b = load_model(model);
+    cpu::thread_pool pool(1);
+    generate_params gp;
+    gp.n_predict = 96;
+    gp.sampling.temperature = 0;
+    gp.ignore_eos = true;
+    const generate_result want = generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(prompt, true, false), gp);
+    CHECK(s.text == want.text);
 }
