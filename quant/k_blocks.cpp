@@ -26,17 +26,6 @@ void put_half(uint8_t* p, float v) {
 
 void check_n(int64_t n) { TANDEM_ASSERT(n % qk == 0, "K-quants: n = {} is not a multiple of {}", n, qk); }
 
-// Sub-block j's 6-bit scale and min from the 12 packed bytes.
-void scale_min(const uint8_t* s, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0x0F) | (s[j - 4] >> 6) << 4;
-        m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
-
 // The inverse: eight 6-bit scales and mins into 12 bytes.
 void pack_scale_min(uint8_t* s, const int* sc, const int* m) {
     std::memset(s, 0, 12);
@@ -57,7 +46,7 @@ void dequantize_k_minmax(const uint8_t* b, float* y, int bits) {
         for (int half = 0; half < 2; ++half) {
             const int j = 2 * pair + half;
             int sc, m;
-            scale_min(scales, j, sc, m);
+            k_scale_min(scales, j, sc, m);
             for (int l = 0; l < 32; ++l) {
                 int q = half == 0 ? qs[32 * pair + l] & 0x0F : qs[32 * pair + l] >> 4;
                 if (qh) q |= (qh[l] >> j & 1) << 4;
@@ -128,6 +117,16 @@ float largest(const float* x, int n) {
 }
 
 } // namespace
+
+void k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0x0F) | (s[j - 4] >> 6) << 4;
+        m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
 
 void dequantize_q4_k_ref(const uint8_t* blocks, float* out, int64_t n) {
     check_n(n);

@@ -28,6 +28,9 @@ namespace tandem {
 // are; clear, q is the two bits minus 4 (q in -4..3). Its 6-bit scale is (low | high << 4) - 32,
 // low the low nibble of scales[s] (s < 8) or the high nibble of scales[s - 8], high bits
 // 2 (s / 4), 2 (s / 4) + 1 of scales[8 + s % 4]; x = d * sc * q.
+// Q4_K/Q5_K sub-block j's (0..7) 6-bit scale and min from the 12 packed bytes at `scales`.
+void k_scale_min(const uint8_t* scales, int j, int& sc, int& m);
+
 void dequantize_q2_k_ref(const uint8_t* blocks, float* out, int64_t n);
 void dequantize_q3_k_ref(const uint8_t* blocks, float* out, int64_t n);
 void dequantize_q4_k_ref(const uint8_t* blocks, float* out, int64_t n);

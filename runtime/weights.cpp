@@ -2,6 +2,7 @@
 #include "runtime/weights.hpp"
 
 #include "cpu/thread_pool.hpp"
+#include "cpu/weight_convert.hpp"
 #include "quant/int8.hpp"
 #include "quant/blocks.hpp"
 #include "runtime/error.hpp"
@@ -29,8 +30,8 @@ std::string shape_str(const std::vector<int64_t>& ne) {
 
 // Row r (of n_in elements) of a 2-D tensor, or the whole of a 1-D one (r = 0), as F32.
 void row_to_f32(const gguf::tensor_info& t, int64_t r, int64_t n_in, float* out) {
-    if (is_block_format(t.type)) {
-        dequantize_blocks_ref(t.type, t.data + r * int64_t(block_bytes_of(t.type, n_in)), out, n_in);
+    if (is_block_format(t.type)) { // the reference's floats, by AVX2 where there is a kernel
+        cpu::blocks_to_f32(t.type, t.data + r * int64_t(block_bytes_of(t.type, n_in)), out, n_in);
         return;
     }
     switch (t.type) {
@@ -107,18 +108,31 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
         if (t->type == dtype::i8) { // pre-quantized: used in place, no copy
             w.q_ext = reinterpret_cast<const int8_t*>(t->data) + r0 * n_in;
             w.scale_ext = scale_tensor(f, *t, ne[1]) + r0;
+            compute_row_sums(w, opt.pool);
         } else {
+            // Each row straight to INT8 with its sum (Q8_0 fused; the others through an F32 row
+            // in L1), the reference's bytes at every ISA level (cpu/weight_convert.hpp).
             w.q_store.resize(size_t(n_out * n_in));
             w.scale_store.resize(size_t(n_out));
+            w.q_sum.resize(size_t(n_out));
+            const bool blocks = is_block_format(t->type);
+            const size_t row_bytes = blocks ? block_bytes_of(t->type, n_in) : 0;
             for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
                 std::vector<float> row(static_cast<size_t>(n_in));
                 for (int64_t r = b; r < e; ++r) {
-                    row_to_f32(*t, r0 + r, n_in, row.data());
-                    w.scale_store[size_t(r)] = quantize_row_i8_ref(row.data(), &w.q_store[size_t(r * n_in)], n_in);
+                    int8_t* q = &w.q_store[size_t(r * n_in)];
+                    float& scale = w.scale_store[size_t(r)];
+                    int32_t& sum = w.q_sum[size_t(r)];
+                    if (blocks) {
+                        scale = cpu::blocks_to_i8(t->type, t->data + (r0 + r) * int64_t(row_bytes), q, &sum,
+                                                  row.data(), n_in);
+                    } else {
+                        row_to_f32(*t, r0 + r, n_in, row.data());
+                        scale = cpu::row_to_i8(row.data(), q, &sum, n_in);
+                    }
                 }
             });
         }
-        compute_row_sums(w, opt.pool);
         if (t->type != dtype::i8 && last_part) release_pages(*t);
         return w;
     }
@@ -161,11 +175,12 @@ weight quantize_weight(const float* data, int64_t n_out, int64_t n_in, cpu::thre
     w.n_in = n_in;
     w.q_store.resize(size_t(n_out * n_in));
     w.scale_store.resize(size_t(n_out));
+    w.q_sum.resize(size_t(n_out));
     for_rows(pool, n_out, n_in, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r)
-            w.scale_store[size_t(r)] = quantize_row_i8_ref(data + r * n_in, &w.q_store[size_t(r * n_in)], n_in);
+            w.scale_store[size_t(r)] =
+                cpu::row_to_i8(data + r * n_in, &w.q_store[size_t(r * n_in)], &w.q_sum[size_t(r)], n_in);
     });
-    compute_row_sums(w, pool);
     return w;
 }
 
