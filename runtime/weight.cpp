@@ -2,8 +2,26 @@
 #include "runtime/weight.hpp"
 
 #include <cstring>
+#include <sys/mman.h>
 
 namespace tandem {
+namespace {
+
+constexpr size_t huge_page = size_t(2) << 20;
+constexpr size_t huge_min = 2 * huge_page; // below this the alignment would waste too much
+
+std::align_val_t align_for(size_t bytes) { return std::align_val_t(bytes >= huge_min ? huge_page : 64); }
+
+} // namespace
+
+void* allocate_cachelines(size_t bytes) {
+    void* p = ::operator new(bytes, align_for(bytes));
+    // Only whole 2 MiB pages inside the block: a huge page past its end would be memory no one uses.
+    if (bytes >= huge_min) (void)::madvise(p, bytes / huge_page * huge_page, MADV_HUGEPAGE);
+    return p;
+}
+
+void free_cachelines(void* p, size_t bytes) { ::operator delete(p, align_for(bytes)); }
 
 void weight::row_f32(int64_t i, float* out) const {
     if (!is_i8()) {

@@ -5,21 +5,30 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace tandem {
 
 // Storage on 64-byte boundaries: the kernels load 64 bytes at a time, and a load that straddles
 // two cache lines costs two (the decode GEMV ran ~40% faster on L2-resident rows once its
-// activation rows were aligned).
+// activation rows were aligned). Blocks of 4 MiB and more sit on 2 MiB boundaries with their
+// whole 2 MiB pages marked for transparent huge pages (a loaded model faults in 2 MiB at a
+// time, not 4 KiB). Elements are default-initialized: a resize writes nothing (every user
+// fills what it asks for), so a model's INT8 rows are written once, by the threads converting
+// them, instead of zeroed first on one thread.
+void* allocate_cachelines(size_t bytes);
+void free_cachelines(void* p, size_t bytes);
+
 template <class T>
 struct cacheline_allocator {
     using value_type = T;
-    static constexpr std::align_val_t align{64};
     cacheline_allocator() = default;
     template <class U> cacheline_allocator(const cacheline_allocator<U>&) {}
-    T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), align)); }
-    void deallocate(T* p, size_t) { ::operator delete(p, align); }
+    T* allocate(size_t n) { return static_cast<T*>(allocate_cachelines(n * sizeof(T))); }
+    void deallocate(T* p, size_t n) { free_cachelines(p, n * sizeof(T)); }
+    template <class U> void construct(U* p) { ::new (static_cast<void*>(p)) U; }
+    template <class U, class... A> void construct(U* p, A&&... a) { ::new (static_cast<void*>(p)) U(std::forward<A>(a)...); }
     template <class U> bool operator==(const cacheline_allocator<U>&) const { return true; }
 };
 
