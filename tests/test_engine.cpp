@@ -501,8 +501,10 @@ namespace {
 struct windowed_model {
     test::scratch_dir dir{"swa"};
     model_bundle b;
-    explicit windowed_model(int32_t window, load_options lo = {weight_format::f32, kv_dtype::f32}) {
+    explicit windowed_model(int32_t window, load_options lo = {weight_format::f32, kv_dtype::f32},
+                            const std::string& arch = "llama") {
         synth_params p = synth_preset("tiny");
+        p.arch = arch;
         p.sliding_window = window;
         p.n_ctx = 512;
         p.seed = 17;
@@ -712,4 +714,38 @@ TEST_CASE("windowed model: prefix-cache hits, preemption and recompute, and n > 
     CHECK(most.load() >= 1);
     CHECK(most.load() <= 3);
     solo->stop();
+}
+
+TEST_CASE("windowed model with global layers (Gemma 2's pattern): every page stays") {
+    // Gemma 2 windows its even layers only: the odd ones read the whole context, so kv_window()
+    // is 0 and the scheduler releases nothing; a 10-token prompt and 64 tokens hold 5 pages.
+    windowed_model wm(8, {}, "gemma2");
+    model_bundle& b = wm.b;
+    REQUIRE(b.mdl->config().sliding_window == 8);
+    REQUIRE(b.mdl->config().kv_window() == 0);
+    engine_options o;
+    o.n_threads = 1;
+    auto eng = make_local_engine(*b.mdl, *b.tok, o);
+    engine_request r;
+    r.prompt = random_tokens(10, b.mdl->config().n_vocab, 3);
+    r.max_tokens = 64;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    std::atomic<bool> finished{false};
+    std::atomic<int> most{0};
+    collector c;
+    REQUIRE(eng->submit(r, c.sink()).status == submit_status::ok);
+    std::thread poll([&] {
+        while (!finished) {
+            most = std::max(most.load(), eng->stats().n_pages_used);
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+    });
+    REQUIRE(c.wait());
+    finished = true;
+    poll.join();
+    CHECK(c.finish == "length");
+    CHECK(most.load() >= 4); // a window of 8 on every layer would keep at most ceil(7 / 16) + 1 = 2
+    CHECK(eng->stats().n_pages_used == 0);
+    eng->stop();
 }
