@@ -749,3 +749,57 @@ TEST_CASE("windowed model with global layers (Gemma 2's pattern): every page sta
     CHECK(eng->stats().n_pages_used == 0);
     eng->stop();
 }
+
+TEST_CASE("windowed model: verify steps with rejected drafts stay within the pages kept; the output is plain decoding's") {
+    // Drafts replayed from the plain output with every third one wrong: verify steps of up to
+    // 5 tokens, some drafts rejected (truncated back to the sampled token). The released pages
+    // lag the window by decode_tokens - 1 = 4 positions, so a rejection never needs a released
+    // page; a sequence holds at most ceil((23 + 2 * 4) / 16) + 1 = 3 pages.
+    windowed_model wm(24, {});
+    model_bundle& b = wm.b;
+    engine_request r;
+    r.prompt = random_tokens(10, b.mdl->config().n_vocab, 4);
+    r.max_tokens = 96;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    r.draft_tokens = 0;
+    engine_options plain;
+    plain.n_threads = 1;
+    std::vector<token_id> want;
+    {
+        auto eng = make_local_engine(*b.mdl, *b.tok, plain);
+        collector c;
+        REQUIRE(eng->submit(r, c.sink()).status == submit_status::ok);
+        REQUIRE(c.wait());
+        want = c.ids;
+        eng->stop();
+    }
+    engine_options o = plain;
+    o.max_draft_tokens = 4;
+    o.draft_cost = 0.05;
+    r.draft_tokens = 4;
+    r.drafts = draft_source::replay;
+    r.replay = want;
+    for (size_t i = 0; i < r.replay.size(); i += 3) r.replay[i] = (r.replay[i] + 1) % b.mdl->config().n_vocab;
+    auto eng = make_local_engine(*b.mdl, *b.tok, o);
+    std::atomic<bool> finished{false};
+    std::atomic<int> most{0};
+    collector c;
+    REQUIRE(eng->submit(r, c.sink()).status == submit_status::ok);
+    std::thread poll([&] {
+        while (!finished) {
+            most = std::max(most.load(), eng->stats().n_pages_used);
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+    });
+    REQUIRE(c.wait());
+    finished = true;
+    poll.join();
+    CHECK(c.ids == want);
+    CHECK(c.n_draft_tokens > 0);
+    CHECK(c.n_accepted_tokens > 0);
+    CHECK(c.n_accepted_tokens < c.n_draft_tokens);
+    CHECK(most.load() <= 3);
+    CHECK(eng->stats().n_pages_used == 0);
+    eng->stop();
+}
