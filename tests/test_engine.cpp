@@ -701,13 +701,15 @@ TEST_CASE("windowed model: prefix-cache hits, preemption and recompute, and n > 
     collector longest;
     engine_request r_long = request(0, 96);
     r_long.prompt.resize(10); // shorter than a page: prefill holds one page, decode at most 3
-    REQUIRE(solo->submit(r_long, longest.sink()).status == submit_status::ok);
+    // The poll runs before the request is in and without sleeping: on a loaded machine a
+    // sleeping poll could miss a whole tiny request.
     std::thread poll([&] {
         while (!finished) {
             most = std::max(most.load(), solo->stats().n_pages_used);
-            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            std::this_thread::yield();
         }
     });
+    REQUIRE(solo->submit(r_long, longest.sink()).status == submit_status::ok);
     REQUIRE(longest.wait());
     finished = true;
     poll.join();
