@@ -6,7 +6,6 @@
 #include "quant/int8.hpp"
 #include "quant/blocks.hpp"
 #include "runtime/error.hpp"
-#include "runtime/fp16.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/quantize_file.hpp"
 
@@ -37,16 +36,7 @@ void row_to_f32(const gguf::tensor_info& t, int64_t r, int64_t n_in, float* out)
     switch (t.type) {
     case dtype::f32: std::memcpy(out, t.data + r * n_in * 4, size_t(n_in) * sizeof(float)); return;
     case dtype::f16:
-    case dtype::bf16: {
-        const bool half = t.type == dtype::f16;
-        const uint8_t* p = t.data + r * n_in * 2;
-        for (int64_t i = 0; i < n_in; ++i) {
-            uint16_t h;
-            std::memcpy(&h, p + 2 * i, 2);
-            out[i] = half ? fp16_to_f32(h) : bf16_to_f32(h);
-        }
-        return;
-    }
+    case dtype::bf16: cpu::halves_to_f32(t.type, t.data + r * n_in * 2, out, n_in); return;
     default: break; // I8 (mapped in place, not converted)
     }
     fail("tensor {} has type {}, which the loader does not convert", t.name, name_of(t.type));

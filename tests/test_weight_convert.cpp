@@ -308,6 +308,42 @@ TEST_CASE("F32 rows to INT8: fast equals quantize_row_i8_ref at every length, wi
     });
 }
 
+TEST_CASE("F16 and BF16 rows: every 16-bit pattern (NaNs, signaling ones included) and every tail") {
+    std::vector<uint8_t> all(size_t(2) << 16);
+    for (uint32_t v = 0; v < (1u << 16); ++v) put_half(&all[2 * size_t(v)], uint16_t(v));
+    // NaNs among ordinary values, so that a group of 8 with one NaN meets the others
+    std::vector<uint8_t> mixed = random_bytes(2 * 999, 5);
+    for (size_t k = 0; k < 999; k += 37) put_half(&mixed[2 * k], uint16_t(0x7c01 + k)); // signaling NaNs
+    at_each_level([&] {
+        INFO("isa=", level_name());
+        for (dtype t : {dtype::f16, dtype::bf16}) {
+            CAPTURE(name_of(t));
+            const auto reference = [t](const uint8_t* p, int64_t n) {
+                std::vector<float> y(static_cast<size_t>(n));
+                for (int64_t i = 0; i < n; ++i) {
+                    uint16_t h;
+                    std::memcpy(&h, p + 2 * i, 2);
+                    y[size_t(i)] = t == dtype::f16 ? fp16_to_f32(h) : bf16_to_f32(h);
+                }
+                return y;
+            };
+            std::vector<float> got(size_t(1) << 16, -1.0f);
+            cpu::halves_to_f32(t, all.data(), got.data(), int64_t(got.size()));
+            const std::vector<float> want = reference(all.data(), int64_t(got.size()));
+            CHECK_MESSAGE(same_bits(got, want), "differs first at pattern ", first_difference(got, want));
+            for (int64_t n = 1; n <= 40; ++n) { // every tail length, from an odd (unaligned) start
+                CAPTURE(n);
+                std::vector<float> g(static_cast<size_t>(n), -1.0f);
+                cpu::halves_to_f32(t, mixed.data() + 2 * 3, g.data(), n);
+                CHECK(same_bits(g, reference(mixed.data() + 2 * 3, n)));
+            }
+            std::vector<float> g(999);
+            cpu::halves_to_f32(t, mixed.data(), g.data(), 999);
+            CHECK(same_bits(g, reference(mixed.data(), 999)));
+        }
+    });
+}
+
 TEST_CASE("the loader gives the same INT8 and F32 weights at every ISA level") {
     test::scratch_dir dir("weight-convert");
     synth_params p = synth_preset("tiny");
