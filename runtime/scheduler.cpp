@@ -171,7 +171,7 @@ void scheduler::note_evicted() {
 bool scheduler::try_admit(seq& s) {
     const int32_t ps = o_.page_size;
     const int32_t n_tok = int32_t(s.tokens.size());
-    std::vector<int32_t> match;
+    std::vector<int32_t> match; // the cached page of each matched full page, or no_page
     std::vector<uint64_t> hashes;
     if (o_.prefix_cache) {
         uint64_t parent = o_.prefix_seed;
@@ -180,11 +180,25 @@ bool scheduler::try_admit(seq& s) {
             const auto chunk = std::span(s.tokens).subspan(size_t(j) * size_t(ps), size_t(ps));
             const uint64_t h = prefix_hash(parent, chunk);
             const auto p = pool_.lookup(h);
-            if (!p || !page_matches(*p, parent, chunk)) break;
-            match.push_back(*p);
+            const bool cached = p && page_matches(*p, parent, chunk);
+            if (!cached && o_.kv_window <= 0) break; // (a window may not need this page: go on)
+            match.push_back(cached ? *p : no_page);
             hashes.push_back(h);
-            parent = h;
+            parent = h; // the chain's hashes come from the tokens, cached or not
         }
+        // The longest match whose pages the first computed token reads are all cached: every
+        // page without a window; with one, only those its window (and a verify step's slack)
+        // reaches, the earlier ones staying no_page.
+        int32_t m = int32_t(match.size());
+        for (; m > 0; --m) {
+            const int32_t from = first_kept_page(std::min(m * ps, n_tok - 1));
+            if (std::all_of(match.begin() + from, match.begin() + m, [](int32_t p) { return p != no_page; })) {
+                std::fill(match.begin(), match.begin() + from, no_page);
+                break;
+            }
+        }
+        match.resize(size_t(m));
+        hashes.resize(size_t(m));
     }
     // At least the last token is computed again: its logits are what the request needs.
     const int32_t reuse = std::min(int32_t(match.size()) * ps, n_tok - 1);
@@ -192,7 +206,7 @@ bool scheduler::try_admit(seq& s) {
     const bool cow = reuse % ps != 0; // the match ends inside a cached page: copy it
     const int32_t n_new = pages_for(n_tok) - n_shared;
     int32_t n_revive = 0;
-    for (int32_t j = 0; j < n_shared; ++j) n_revive += pool_.ref_count(match[size_t(j)]) == 0;
+    for (int32_t j = 0; j < n_shared; ++j) n_revive += match[size_t(j)] != no_page && pool_.ref_count(match[size_t(j)]) == 0;
     const int32_t cow_src = cow ? match[size_t(n_shared)] : -1;
     const int32_t n_hold_src = cow && pool_.ref_count(cow_src) == 0 ? 1 : 0;
     // Pages are taken as the tokens are computed (plan), so a sequence holds at most one
@@ -202,7 +216,8 @@ bool scheduler::try_admit(seq& s) {
     for (const seq* o : running_) n_promised += std::max(0, pages_for(int64_t(o->tokens.size())) - int32_t(o->pages.size()));
     if (n_new + n_revive + n_hold_src > pool_.n_free() - n_promised) return false;
 
-    for (int32_t j = 0; j < n_shared + cow; ++j) pool_.add_ref(match[size_t(j)]);
+    for (int32_t j = 0; j < n_shared + cow; ++j)
+        if (match[size_t(j)] != no_page) pool_.add_ref(match[size_t(j)]);
     s.pages.assign(match.begin(), match.begin() + n_shared + cow);
     s.hashes.assign(hashes.begin(), hashes.begin() + n_shared);
     if (cow) copy_on_write(s, n_shared); // the admission check counted its page
@@ -264,12 +279,16 @@ void scheduler::free_pages(seq& s) {
     s.n_computed = 0;
 }
 
-void scheduler::release_behind_window(seq& s) {
-    if (o_.kv_window <= 0) return;
+int32_t scheduler::first_kept_page(int32_t n_computed) const {
+    if (o_.kv_window <= 0) return 0;
     // The next token (position n_computed) sees n_computed - kv_window + 1 on; a verify step's
     // rejected drafts may move n_computed back by up to decode_tokens - 1 (truncate).
-    const int32_t keep_from = s.n_computed - (o_.kv_window - 1) - (o_.decode_tokens - 1);
-    const int32_t n_dead = std::min(std::max(0, keep_from) / o_.page_size, int32_t(s.pages.size()));
+    return std::max(0, n_computed - (o_.kv_window - 1) - (o_.decode_tokens - 1)) / o_.page_size;
+}
+
+void scheduler::release_behind_window(seq& s) {
+    if (o_.kv_window <= 0) return;
+    const int32_t n_dead = std::min(first_kept_page(s.n_computed), int32_t(s.pages.size()));
     std::vector<int32_t> dead;
     for (int32_t j = n_dead - 1; j >= 0 && s.pages[size_t(j)] != no_page; --j) { // the last released before
         dead.push_back(s.pages[size_t(j)]);

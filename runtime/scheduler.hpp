@@ -155,6 +155,8 @@ private:
     void preempt(seq& s);
     void free_pages(seq& s);
     void release_behind_window(seq& s); // kv_window: the pages no token of s reads again
+    // kv_window: the first page a sequence with n_computed positions must still hold (0 without one).
+    int32_t first_kept_page(int32_t n_computed) const;
     void publish_full_pages(seq& s);
     void note_evicted();
     bool page_matches(int32_t page, uint64_t parent, std::span<const token_id> tokens) const;

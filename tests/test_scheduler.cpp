@@ -782,11 +782,11 @@ TEST_CASE("scheduler: with a window, rejected drafts stay within the pages kept;
     CHECK(s.pool().n_free() == 32);
 }
 
-TEST_CASE("scheduler: with a window, a prefix hit needs every page of the prefix cached; released pages stay cached") {
+TEST_CASE("scheduler: with a window, released pages stay cached and a prefix hit needs only the window's pages") {
     // The rule: pages released behind the window keep their prefix hash and stay on the free
     // list as cached pages (least recently used first), like any released page. A new request
-    // matches pages from its first one, as without a window, so a hit needs all of them still
-    // cached; the matched pages before its first computed token's window go back at once.
+    // takes the longest match whose pages from its first computed token's window on are cached;
+    // the matched pages before that window go back at once (or are no_page from the start).
     fake_store st(4);
     scheduler_options o = opts(12, 4);
     o.kv_window = 6;
@@ -813,7 +813,8 @@ TEST_CASE("scheduler: with a window, a prefix hit needs every page of the prefix
     st.run(b);
     s.complete(0, true);
     s.remove(2);
-    // Evict the prefix's first page (a request of all other tokens fills the pool): no hit.
+    // Evict every cached page of the prompt (a request of other tokens as long as the pool
+    // takes, releasing behind its window as it goes, cycles through every page): no hit.
     s.add(3, seq_tokens(44, 9), 0, clock_type::now());
     s.admit(clock_type::now());
     prefill_all(s, st, 3);
@@ -823,6 +824,41 @@ TEST_CASE("scheduler: with a window, a prefix hit needs every page of the prefix
     CHECK(s.reused_tokens(4) == 0);
     s.remove(4);
     CHECK(s.pool().n_free() == 12);
+}
+
+TEST_CASE("scheduler: with a window, a prompt whose first pages were evicted still hits on its window's pages") {
+    // Window 6, pages of 4, a pool of 9. The 26-token prompt leaves pages 0..5 cached (released
+    // behind the window in the order 0, 1, 3, 2, 4, then 5 at removal) and its partial page 6
+    // free. A 16-token request takes the three uncached pages, then evicts the oldest cached
+    // page: the prompt's page 0. The prompt again reuses 24 positions: its first computed token
+    // (24) reads 19..23, pages 4 and 5, which are cached; pages 0..3 stay no_page.
+    fake_store st(4);
+    scheduler_options o = opts(9, 4);
+    o.kv_window = 6;
+    o.step_tokens = 8;
+    scheduler s(o, &st);
+    const auto prompt = seq_tokens(26, 3);
+    s.add(1, prompt, 0, clock_type::now());
+    s.admit(clock_type::now());
+    prefill_all(s, st, 1);
+    s.remove(1);
+    CHECK(s.stats().n_pages_cached == 6);
+    s.add(2, seq_tokens(16, 7), 0, clock_type::now());
+    s.admit(clock_type::now());
+    prefill_all(s, st, 2);
+    s.remove(2);
+    s.add(3, prompt, 0, clock_type::now());
+    s.admit(clock_type::now());
+    CHECK(s.reused_tokens(3) == 24);
+    const auto b = seqs_of(s.plan(0, work_kind::prefill));
+    REQUIRE(b.size() == 1);
+    CHECK(b[0].n_past == 24);
+    for (int32_t j = 0; j < 4; ++j) CHECK(b[0].block_table[size_t(j)] == no_page);
+    CHECK(holds_from(st, b[0].block_table, s.tokens(3), 19, 24)); // the cached pages hold the prompt's K/V
+    st.run(b);
+    s.complete(0, true);
+    s.remove(3);
+    CHECK(s.pool().n_free() == 9);
 }
 
 TEST_CASE("scheduler: windowed random workloads with forks, drafts, losses and preemption drain and keep every seen position right") {
