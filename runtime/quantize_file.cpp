@@ -2,6 +2,7 @@
 #include "runtime/quantize_file.hpp"
 
 #include "cpu/thread_pool.hpp"
+#include "cpu/weight_convert.hpp"
 #include "quant/int8.hpp"
 #include "runtime/error.hpp"
 #include "runtime/gguf.hpp"
@@ -44,9 +45,10 @@ quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu:
             q->scale_store.resize(size_t(n_out));
             pool.parallel_for(n_out, cpu::thread_pool::grain_for(n_in * 4, 16), [&](int64_t b, int64_t e) {
                 std::vector<float> r(static_cast<size_t>(n_in));
+                int32_t sum = 0; // (the loader sums a file's rows itself)
                 for (int64_t i = b; i < e; ++i) {
                     tensor_row_to_f32(f, t, i, r.data());
-                    q->scale_store[size_t(i)] = quantize_row_i8_ref(r.data(), &q->q_store[size_t(i * n_in)], n_in);
+                    q->scale_store[size_t(i)] = cpu::row_to_i8(r.data(), &q->q_store[size_t(i * n_in)], &sum, n_in);
                 }
             });
         };
