@@ -31,7 +31,6 @@ uint16_t load_u16(const uint8_t* p) {
     return h;
 }
 
-float half_at(const uint8_t* p) { return fp16_to_f32(load_u16(p)); } // the reference's conversion
 
 // Four vectors of 8 int32 (values 0..31 of a group, in order) -> 32 int8 codes in order,
 // clamped to [-127, 127] as the reference clamps (the packs saturate at 127 and -128).
@@ -112,7 +111,7 @@ __attribute__((target("avx2"))) void q8_0_to_f32_avx2(const uint8_t* blocks, flo
     for (int64_t b = 0; b < n / q8_0_block; ++b) {
         const uint8_t* p = blocks + b * int64_t(q8_0_block_bytes);
         float* y = out + b * q8_0_block;
-        const float d = half_at(p);
+        const float d = load_f16(p);
         __m256 f[4];
         codes_to_f32(p + 2, f);
         for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(f[k], _mm256_set1_ps(d)));
@@ -129,7 +128,7 @@ __attribute__((target("avx2"))) float q8_0_to_i8_avx2(const uint8_t* blocks, int
     float amax = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = blocks + b * int64_t(q8_0_block_bytes);
-        const float d = half_at(p);
+        const float d = load_f16(p);
         if (!std::isfinite(d)) return blocks_to_i8_ref(dtype::q8_0, blocks, q, sum, tmp, n);
         const __m256i a = _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))); // -128: 0x80
         __m128i m = _mm_max_epu8(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
@@ -145,7 +144,7 @@ __attribute__((target("avx2"))) float q8_0_to_i8_avx2(const uint8_t* blocks, int
     __m256i acc = _mm256_setzero_si256();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = blocks + b * int64_t(q8_0_block_bytes);
-        const __m256 d = _mm256_set1_ps(half_at(p));
+        const __m256 d = _mm256_set1_ps(load_f16(p));
         __m256 f[4];
         codes_to_f32(p + 2, f);
         __m256i c[4];
@@ -165,7 +164,7 @@ __attribute__((target("avx2"))) void q4_k_to_f32_avx2(const uint8_t* blocks, flo
     for (int64_t i = 0; i < n / 256; ++i) {
         const uint8_t* b = blocks + i * 144;
         float* y = out + i * 256;
-        const float d = half_at(b), dmin = half_at(b + 2);
+        const float d = load_f16(b), dmin = load_f16(b + 2);
         const uint8_t* qs = b + 16;
         for (int pair = 0; pair < 4; ++pair) {
             int sc0, m0, sc1, m1;
@@ -189,7 +188,7 @@ __attribute__((target("avx2"))) void q6_k_to_f32_avx2(const uint8_t* blocks, flo
     const __m256i three = _mm256_set1_epi32(3), low4 = _mm256_set1_epi32(0x0F), bias = _mm256_set1_epi32(32);
     for (int64_t i = 0; i < n / 256; ++i) {
         const uint8_t* b = blocks + i * 210;
-        const float d = half_at(b + 208);
+        const float d = load_f16(b + 208);
         for (int h = 0; h < 2; ++h) { // two halves of 128 values
             const uint8_t* ql = b + 64 * h;
             const uint8_t* qh = b + 128 + 32 * h;

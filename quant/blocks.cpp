@@ -31,12 +31,6 @@ layout layout_of(dtype t) {
     fail("{} is not a 4- or 5-bit block format", name_of(t));
 }
 
-uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
-
 } // namespace
 
 bool is_block_format(dtype t) {
@@ -63,8 +57,8 @@ void dequantize_blocks_ref(dtype t, const uint8_t* blocks, float* out, int64_t n
     const int offset = l.has_min ? 0 : 1 << (l.bits - 1);
     for (int64_t b = 0; b < n / 32; ++b) {
         const uint8_t* p = blocks + b * int64_t(l.bytes());
-        const float d = fp16_to_f32(load_u16(p));
-        const float m = l.has_min ? fp16_to_f32(load_u16(p + 2)) : 0.0f;
+        const float d = load_f16(p);
+        const float m = l.has_min ? load_f16(p + 2) : 0.0f;
         const uint8_t* rest = p + (l.has_min ? 4 : 2);
         uint32_t qh = 0;
         if (l.bits == 5) {

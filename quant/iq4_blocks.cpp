@@ -11,17 +11,6 @@
 namespace tandem {
 namespace {
 
-float half_at(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return fp16_to_f32(h);
-}
-
-void put_half(uint8_t* p, float v) {
-    const uint16_t h = f32_to_fp16(v);
-    std::memcpy(p, &h, 2);
-}
-
 // 32 values from 16 bytes of codes, scaled by d.
 void decode32(const uint8_t* qs, float d, float* y) {
     for (int j = 0; j < 16; ++j) {
@@ -57,15 +46,15 @@ float step_of(const float* x) {
 
 void dequantize_iq4_nl_ref(const uint8_t* blocks, float* out, int64_t n) {
     TANDEM_ASSERT(n % 32 == 0, "IQ4_NL: n = {} is not a multiple of 32", n);
-    for (int64_t i = 0; i < n / 32; ++i) decode32(blocks + i * 18 + 2, half_at(blocks + i * 18), out + i * 32);
+    for (int64_t i = 0; i < n / 32; ++i) decode32(blocks + i * 18 + 2, load_f16(blocks + i * 18), out + i * 32);
 }
 
 void quantize_iq4_nl_ref(const float* x, uint8_t* blocks, int64_t n) {
     TANDEM_ASSERT(n % 32 == 0, "IQ4_NL: n = {} is not a multiple of 32", n);
     for (int64_t i = 0; i < n / 32; ++i) {
         uint8_t* b = blocks + i * 18;
-        put_half(b, step_of(x + i * 32));
-        encode32(x + i * 32, half_at(b), b + 2);
+        store_f16(b, step_of(x + i * 32));
+        encode32(x + i * 32, load_f16(b), b + 2);
     }
 }
 
@@ -73,7 +62,7 @@ void dequantize_iq4_xs_ref(const uint8_t* blocks, float* out, int64_t n) {
     TANDEM_ASSERT(n % 256 == 0, "IQ4_XS: n = {} is not a multiple of 256", n);
     for (int64_t i = 0; i < n / 256; ++i) {
         const uint8_t* b = blocks + i * 136;
-        const float d = half_at(b);
+        const float d = load_f16(b);
         uint16_t scales_h;
         std::memcpy(&scales_h, b + 2, 2); // little-endian, as the file stores it
         const uint8_t* scales_l = b + 4;
@@ -94,8 +83,8 @@ void quantize_iq4_xs_ref(const float* x, uint8_t* blocks, int64_t n) {
             step[j] = step_of(xb + 32 * j);
             amax = std::max(amax, std::fabs(step[j]));
         }
-        put_half(b, amax / 31);
-        const float d = half_at(b); // what the decoder will use
+        store_f16(b, amax / 31);
+        const float d = load_f16(b); // what the decoder will use
         uint16_t scales_h = 0;
         uint8_t* scales_l = b + 4;
         std::memset(scales_l, 0, 4);

@@ -13,17 +13,6 @@ namespace {
 
 constexpr int64_t qk = 256;
 
-float half_at(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return fp16_to_f32(h);
-}
-
-void put_half(uint8_t* p, float v) {
-    const uint16_t h = f32_to_fp16(v);
-    std::memcpy(p, &h, 2);
-}
-
 void check_n(int64_t n) { TANDEM_ASSERT(n % qk == 0, "K-quants: n = {} is not a multiple of {}", n, qk); }
 
 // The inverse: eight 6-bit scales and mins into 12 bytes.
@@ -38,7 +27,7 @@ void pack_scale_min(uint8_t* s, const int* sc, const int* m) {
 
 // Q4_K and Q5_K (bits 4 or 5): every value of one super-block.
 void dequantize_k_minmax(const uint8_t* b, float* y, int bits) {
-    const float d = half_at(b), dmin = half_at(b + 2);
+    const float d = load_f16(b), dmin = load_f16(b + 2);
     const uint8_t* scales = b + 4;
     const uint8_t* qh = bits == 5 ? b + 16 : nullptr;
     const uint8_t* qs = b + 16 + (bits == 5 ? 32 : 0);
@@ -66,9 +55,9 @@ void quantize_k_minmax(const float* x, uint8_t* b, int bits) {
     }
     const float max_scale = *std::max_element(scale, scale + 8), max_min = -*std::min_element(minv, minv + 8);
     const float d = max_scale / 63, dmin = max_min / 63;
-    put_half(b, d);
-    put_half(b + 2, dmin);
-    const float dq = half_at(b), dminq = half_at(b + 2); // what the decoder will use
+    store_f16(b, d);
+    store_f16(b + 2, dmin);
+    const float dq = load_f16(b), dminq = load_f16(b + 2); // what the decoder will use
     int sc[8], m[8];
     for (int j = 0; j < 8; ++j) {
         sc[j] = dq > 0 ? std::clamp(int(std::lround(scale[j] / dq)), 0, 63) : 0;
@@ -152,7 +141,7 @@ void dequantize_q6_k_ref(const uint8_t* blocks, float* out, int64_t n) {
     check_n(n);
     for (int64_t i = 0; i < n / qk; ++i) {
         const uint8_t* b = blocks + i * 210;
-        const float d = half_at(b + 208);
+        const float d = load_f16(b + 208);
         for (int h = 0; h < 2; ++h) { // two halves of 128 values
             const uint8_t* ql = b + 64 * h;
             const uint8_t* qh = b + 128 + 32 * h;
@@ -181,8 +170,8 @@ void quantize_q6_k_ref(const float* x, uint8_t* blocks, int64_t n) {
         }
         float amax = 0;
         for (float s : scale) amax = std::max(amax, std::fabs(s));
-        put_half(b + 208, amax / 127);
-        const float d = half_at(b + 208);
+        store_f16(b + 208, amax / 127);
+        const float d = load_f16(b + 208);
         int8_t* sc = reinterpret_cast<int8_t*>(b + 192);
         for (int s = 0; s < 16; ++s) sc[s] = int8_t(d > 0 ? std::clamp(int(std::lround(scale[s] / d)), -127, 127) : 0);
         std::memset(b, 0, 192);
@@ -206,7 +195,7 @@ void dequantize_q2_k_ref(const uint8_t* blocks, float* out, int64_t n) {
         const uint8_t* b = blocks + i * 84;
         const uint8_t* scales = b;
         const uint8_t* qs = b + 16;
-        const float d = half_at(b + 80), dmin = half_at(b + 82);
+        const float d = load_f16(b + 80), dmin = load_f16(b + 82);
         for (int v = 0; v < int(qk); ++v) {
             const k2_pos p = k2_pos_of(v);
             const int q = qs[p.byte] >> p.shift & 3;
@@ -228,9 +217,9 @@ void quantize_q2_k_ref(const float* x, uint8_t* blocks, int64_t n) {
             scale[s] = (*hi - minv[s]) / 3;
         }
         const float max_scale = *std::max_element(scale, scale + 16), max_min = -*std::min_element(minv, minv + 16);
-        put_half(b + 80, max_scale / 15);
-        put_half(b + 82, max_min / 15);
-        const float d = half_at(b + 80), dmin = half_at(b + 82); // what the decoder will use
+        store_f16(b + 80, max_scale / 15);
+        store_f16(b + 82, max_min / 15);
+        const float d = load_f16(b + 80), dmin = load_f16(b + 82); // what the decoder will use
         int sc[16], m[16];
         for (int s = 0; s < 16; ++s) {
             sc[s] = d > 0 ? std::clamp(int(std::lround(scale[s] / d)), 0, 15) : 0;
@@ -256,7 +245,7 @@ void dequantize_q3_k_ref(const uint8_t* blocks, float* out, int64_t n) {
         const uint8_t* hmask = b;
         const uint8_t* qs = b + 32;
         const uint8_t* scales = b + 96;
-        const float d = half_at(b + 108);
+        const float d = load_f16(b + 108);
         for (int v = 0; v < int(qk); ++v) {
             const k2_pos p = k2_pos_of(v);
             const int q = (qs[p.byte] >> p.shift & 3) - (hmask[v % 32] >> p.hbit & 1 ? 0 : 4);
@@ -276,8 +265,8 @@ void quantize_q3_k_ref(const float* x, uint8_t* blocks, int64_t n) {
             scale[s] = largest(xb + 16 * s, 16) / -4;
             amax = std::max(amax, std::fabs(scale[s]));
         }
-        put_half(b + 108, amax / 31);
-        const float d = half_at(b + 108);
+        store_f16(b + 108, amax / 31);
+        const float d = load_f16(b + 108);
         int sc[16];
         uint8_t* scales = b + 96;
         std::memset(b, 0, 108);

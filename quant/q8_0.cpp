@@ -37,9 +37,7 @@ void dequantize_q8_0_ref(const uint8_t* blocks, float* out, int64_t n) {
     TANDEM_ASSERT(n % q8_0_block == 0, "q8_0: n = {} is not a multiple of {}", n, q8_0_block);
     for (int64_t b = 0; b < n / q8_0_block; ++b) {
         const uint8_t* in = blocks + b * int64_t(q8_0_block_bytes);
-        uint16_t dh;
-        std::memcpy(&dh, in, 2);
-        const float d = fp16_to_f32(dh);
+        const float d = load_f16(in);
         for (int64_t i = 0; i < q8_0_block; ++i) out[b * q8_0_block + i] = d * float(int8_t(in[2 + i]));
     }
 }

@@ -3,6 +3,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 namespace tandem {
 
@@ -49,6 +50,19 @@ inline uint16_t f32_to_fp16(float f) {
     const uint32_t rem = abs & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
     return uint16_t(sign | h);
+}
+
+// A little-endian f16 at p (any alignment), as GGUF's blocks store their scales.
+inline float load_f16(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return fp16_to_f32(h);
+}
+
+// Stores v at p as a little-endian f16 (round to nearest even).
+inline void store_f16(uint8_t* p, float v) {
+    const uint16_t h = f32_to_fp16(v);
+    std::memcpy(p, &h, 2);
 }
 
 inline float bf16_to_f32(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
