@@ -151,15 +151,22 @@ TEST_CASE("engine: an embedding is the same alone, beside generations, preempted
     o.step_tokens = 2;
     o.n_ctx = 96;
     o.n_pages = 6;
-    auto eng = make_local_engine(*b.mdl, *b.tok, o);
-    collector g, e;
-    REQUIRE(eng->submit(greedy("Once upon a time", 88), g.sink()).status == submit_status::ok);
-    REQUIRE(eng->submit(embed_request(story, pooling_type::mean), e.sink()).status == submit_status::ok);
-    REQUIRE(g.wait());
-    REQUIRE(e.wait());
-    CHECK(g.finish == "length");
-    CHECK(e.finish == "stop");
-    CHECK(eng->stats().n_preemptions > 0);
-    CHECK(max_diff(e.embedding, alone) < 1e-5);
-    eng->stop();
+    // The preemption needs the embedding in before the generation ends (88 steps): a thread
+    // descheduled that long on a loaded machine misses it, so the pair runs again (fresh engine)
+    // until one was preempted; every run's results are checked.
+    bool preempted = false;
+    for (int attempt = 0; attempt < 5 && !preempted; ++attempt) {
+        auto eng = make_local_engine(*b.mdl, *b.tok, o);
+        collector g, e;
+        REQUIRE(eng->submit(greedy("Once upon a time", 88), g.sink()).status == submit_status::ok);
+        REQUIRE(eng->submit(embed_request(story, pooling_type::mean), e.sink()).status == submit_status::ok);
+        REQUIRE(g.wait());
+        REQUIRE(e.wait());
+        CHECK(g.finish == "length");
+        CHECK(e.finish == "stop");
+        CHECK(max_diff(e.embedding, alone) < 1e-5);
+        preempted = eng->stats().n_preemptions > 0;
+        eng->stop();
+    }
+    CHECK(preempted);
 }
