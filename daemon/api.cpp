@@ -1374,6 +1374,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
             j["running"] = es.n_running;
             j["waiting"] = es.n_waiting;
             j["kv_pages_used"] = es.n_pages_used;
+            j["kv_pages_peak"] = es.n_pages_peak;
             j["kv_pages_total"] = es.n_pages_total;
             j["kv_page_size"] = es.page_size;
             j["kv_tokens_stored"] = es.n_kv_tokens;

@@ -132,6 +132,8 @@ std::string metrics::render(const engine_stats* e) const {
             "# TYPE tandem_requests_waiting gauge\ntandem_requests_waiting {}\n"
             "# HELP tandem_kv_pages_used KV cache pages in use.\n"
             "# TYPE tandem_kv_pages_used gauge\ntandem_kv_pages_used {}\n"
+            "# HELP tandem_kv_pages_peak The most KV cache pages in use at once since the model was loaded.\n"
+            "# TYPE tandem_kv_pages_peak gauge\ntandem_kv_pages_peak {}\n"
             "# HELP tandem_kv_pages_total KV cache pages in the pool.\n"
             "# TYPE tandem_kv_pages_total gauge\ntandem_kv_pages_total {}\n"
             "# HELP tandem_engine_steps_total Engine steps (one batched forward each).\n"
@@ -160,7 +162,7 @@ std::string metrics::render(const engine_stats* e) const {
             "# TYPE tandem_speculative_draft_tokens_total counter\ntandem_speculative_draft_tokens_total {}\n"
             "# HELP tandem_speculative_accepted_tokens_total Draft tokens the verification kept.\n"
             "# TYPE tandem_speculative_accepted_tokens_total counter\ntandem_speculative_accepted_tokens_total {}\n",
-            e->n_running, e->n_waiting, e->n_pages_used, e->n_pages_total, e->n_steps, e->n_prompt_tokens,
+            e->n_running, e->n_waiting, e->n_pages_used, e->n_pages_peak, e->n_pages_total, e->n_steps, e->n_prompt_tokens,
             e->n_generated_tokens, e->n_prefix_hits, e->n_kv_tokens, e->n_pages_cached, e->n_preemptions,
             e->n_worker_restarts, e->n_kv_upload_bytes, e->n_kv_kept_bytes, e->n_drafts, e->n_draft_tokens,
             e->n_accepted_tokens);

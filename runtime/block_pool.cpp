@@ -3,6 +3,8 @@
 
 #include "runtime/error.hpp"
 
+#include <algorithm>
+
 namespace tandem {
 
 block_pool::block_pool(int32_t n_pages)
@@ -55,6 +57,7 @@ std::optional<std::vector<int32_t>> block_pool::allocate(int32_t n) {
             evicted_.push_back(p);
         }
     }
+    n_used_peak_ = std::max(n_used_peak_, n_pages() - n_free_);
     return out;
 }
 
@@ -63,6 +66,7 @@ void block_pool::add_ref(int32_t p) {
     if (ref_[size_t(p)] == 0) {
         TANDEM_ASSERT(has_hash_[size_t(p)], "add_ref of free page {} without a hash", p);
         unlink(p);
+        n_used_peak_ = std::max(n_used_peak_, n_pages() - n_free_);
     }
     ++ref_[size_t(p)];
 }

@@ -25,6 +25,8 @@ public:
     int32_t n_free() const { return n_free_; }
     // Unreferenced pages that still hold a cached prefix (a subset of n_free).
     int32_t n_cached() const { return n_cached_; }
+    // The most pages referenced at once since the pool was made (its high-water mark).
+    int32_t n_used_peak() const { return n_used_peak_; }
 
     // n pages, each with ref count 1 and no hash, taken from the head of the free list
     // (evicting cached pages if it gets to them); nullopt (and nothing taken) when fewer
@@ -85,6 +87,7 @@ private:
     std::vector<int32_t> evicted_;
     int32_t head_ = none, tail_ = none;
     int32_t n_free_ = 0, n_cached_ = 0;
+    int32_t n_used_peak_ = 0;
 };
 
 // The hash of a full page's whole prefix: chained over pages, so equal hashes mean equal

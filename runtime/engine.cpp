@@ -1047,6 +1047,7 @@ private:
         stats_.n_running = ss.n_running;
         stats_.n_waiting = ss.n_waiting;
         stats_.n_pages_used = ss.n_pages_used;
+        stats_.n_pages_peak = ss.n_pages_peak;
         stats_.n_pages_total = opts_.n_pages;
         stats_.n_pages_cached = ss.n_pages_cached;
         stats_.n_kv_tokens = ss.n_kv_tokens;

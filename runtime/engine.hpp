@@ -161,6 +161,7 @@ struct engine_stats {
     int32_t n_running = 0;
     int32_t n_waiting = 0;
     int32_t n_pages_used = 0;
+    int32_t n_pages_peak = 0;         // the most pages in use at once since the engine started
     int32_t n_pages_total = 0;
     int32_t page_size = 0;
     int32_t n_ctx = 0;

@@ -207,14 +207,13 @@ bool scheduler::try_admit(seq& s) {
     const int32_t n_new = pages_for(n_tok) - n_shared;
     int32_t n_revive = 0;
     for (int32_t j = 0; j < n_shared; ++j) n_revive += match[size_t(j)] != no_page && pool_.ref_count(match[size_t(j)]) == 0;
-    const int32_t cow_src = cow ? match[size_t(n_shared)] : -1;
-    const int32_t n_hold_src = cow && pool_.ref_count(cow_src) == 0 ? 1 : 0;
+    // (a copied page that was free is revived and goes back before its copy is taken: no page)
     // Pages are taken as the tokens are computed (plan), so a sequence holds at most one
     // partly filled page; admission only checks that the pages every admitted sequence
     // will still need for its present tokens are free, so prefill does not thrash.
     int32_t n_promised = 0;
     for (const seq* o : running_) n_promised += std::max(0, pages_for(int64_t(o->tokens.size())) - int32_t(o->pages.size()));
-    if (n_new + n_revive + n_hold_src > pool_.n_free() - n_promised) return false;
+    if (n_new + n_revive > pool_.n_free() - n_promised) return false;
 
     for (int32_t j = 0; j < n_shared + cow; ++j)
         if (match[size_t(j)] != no_page) pool_.add_ref(match[size_t(j)]);
@@ -327,12 +326,17 @@ bool scheduler::make_room(seq& s, int32_t need) {
 
 void scheduler::copy_on_write(seq& s, int32_t j) {
     const int32_t src = s.pages[size_t(j)];
+    const int32_t old[] = {src};
+    // A cached page only s holds (one a verify step filled with drafts since rejected) is
+    // released first: it stays cached at the free list's tail, so a copy still reads it, and
+    // when allocation takes it back (no other page free) it is evicted and kept as it is.
+    const bool sole = pool_.ref_count(src) == 1;
+    if (sole) pool_.release(old);
     auto fresh = pool_.allocate(1);
     TANDEM_ASSERT(fresh.has_value());
     note_evicted();
-    if (store_) store_->copy_page(src, (*fresh)[0]);
-    const int32_t old[] = {src};
-    pool_.release(old);
+    if (store_ && (*fresh)[0] != src) store_->copy_page(src, (*fresh)[0]);
+    if (!sole) pool_.release(old);
     s.pages[size_t(j)] = (*fresh)[0];
 }
 
@@ -341,7 +345,7 @@ bool scheduler::writable(seq& s, int32_t n_end) {
     for (int32_t j = s.n_computed / ps; j < int32_t(s.pages.size()) && j * ps < n_end; ++j) {
         const int32_t p = s.pages[size_t(j)];
         if (pool_.ref_count(p) == 1 && !pool_.hash_of(p)) continue;
-        if (!make_room(s, 1)) return false;
+        if (pool_.ref_count(p) > 1 && !make_room(s, 1)) return false; // a shared page needs a free one
         copy_on_write(s, j);
     }
     return true;
@@ -518,6 +522,7 @@ scheduler_stats scheduler::stats() const {
     st.n_waiting = int32_t(waiting_.size());
     st.n_pages_used = pool_.n_pages() - pool_.n_free();
     st.n_pages_cached = pool_.n_cached();
+    st.n_pages_peak = pool_.n_used_peak();
     st.n_preemptions = n_preemptions_;
     st.n_prefix_hit_tokens = n_hit_tokens_;
     st.n_prompt_tokens = n_prompt_tokens_;

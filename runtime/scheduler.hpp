@@ -58,6 +58,7 @@ enum class work_kind : uint8_t { prefill = 1, decode = 2, both = 3 };
 struct scheduler_stats {
     int32_t n_running = 0, n_waiting = 0;
     int32_t n_pages_used = 0, n_pages_cached = 0;
+    int32_t n_pages_peak = 0;               // the most pages referenced at once so far
     int64_t n_kv_tokens = 0;                // positions stored (or being written) in referenced pages, shared once
     uint64_t n_preemptions = 0;
     uint64_t n_prefix_hit_tokens = 0;       // prompt tokens reused at first admission
@@ -151,7 +152,10 @@ private:
     // s's (the latest arrived of those); false when there is none.
     bool free_slot_for(const seq& s, std::chrono::steady_clock::time_point now);
     bool writable(seq& s, int32_t n_end);  // private pages for positions [n_computed, n_end)
-    void copy_on_write(seq& s, int32_t j); // page j of s becomes a private copy (a page is free)
+    // Page j of s becomes private and unhashed: a shared page is copied into a free one; a
+    // cached page only s holds goes back to the free list first, so it needs no free page and
+    // is taken back (no copy) when it is the one allocation takes.
+    void copy_on_write(seq& s, int32_t j);
     void preempt(seq& s);
     void free_pages(seq& s);
     void release_behind_window(seq& s); // kv_window: the pages no token of s reads again

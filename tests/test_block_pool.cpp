@@ -27,6 +27,11 @@ public:
     int32_t n_cached() const {
         return int32_t(std::count_if(free_.begin(), free_.end(), [&](int32_t p) { return hash_[size_t(p)].has_value(); }));
     }
+    // The most pages referenced at once: the driver calls note_use() after every operation.
+    int32_t n_used_peak() const { return peak_; }
+    void note_use() {
+        peak_ = std::max(peak_, int32_t(std::count_if(ref_.begin(), ref_.end(), [](int32_t r) { return r > 0; })));
+    }
 
     std::optional<std::vector<int32_t>> allocate(int32_t n) {
         if (n < 0 || n > n_free()) return std::nullopt;
@@ -123,6 +128,7 @@ private:
     std::vector<uint32_t> gen_;
     std::deque<int32_t> free_; // front: where allocation takes from
     std::vector<int32_t> evicted_;
+    int32_t peak_ = 0;
 };
 
 // Every observable of the two pools is equal. `hashes` are the values the driver uses.
@@ -130,6 +136,7 @@ void require_same(const block_pool& pool, const naive_pool& ref, uint64_t n_hash
     REQUIRE(pool.n_pages() == ref.n_pages());
     REQUIRE(pool.n_free() == ref.n_free());
     REQUIRE(pool.n_cached() == ref.n_cached());
+    REQUIRE(pool.n_used_peak() == ref.n_used_peak());
     REQUIRE(pool.free_list() == ref.free_list());
     for (int32_t p = 0; p < ref.n_pages(); ++p) {
         REQUIRE(pool.ref_count(p) == ref.ref_count(p));
@@ -225,6 +232,7 @@ void drive(uint32_t seed, int32_t n_pages, int n_steps) {
             break;
         }
         ++counts[op];
+        ref.note_use();
         require_same(pool, ref, n_hashes);
     }
     REQUIRE(pool.take_evicted() == ref.take_evicted());
@@ -232,6 +240,7 @@ void drive(uint32_t seed, int32_t n_pages, int n_steps) {
     ref.release(held);
     require_same(pool, ref, n_hashes);
     CHECK(pool.n_free() == n_pages);
+    CHECK(pool.n_used_peak() > 0);
     for (int c : counts) CHECK(c > 0); // every operation was exercised
 }
 

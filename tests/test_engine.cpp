@@ -14,7 +14,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
@@ -525,6 +524,15 @@ std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
 // double-accumulating reference; relative to the logits' scale.
 constexpr double logits_rel_tol = 1e-4;
 
+// Runs r alone on a fresh engine to its end (into c) and returns the most KV pages it held at
+// once (the pool's high-water mark, which a poll of n_pages_used could miss on a loaded machine).
+int peak_pages(engine& eng, const engine_request& r, collector& c) {
+    REQUIRE(eng.stats().n_pages_peak == 0);
+    REQUIRE(eng.submit(r, c.sink()).status == submit_status::ok);
+    REQUIRE(c.wait());
+    return eng.stats().n_pages_peak;
+}
+
 double rel_diff(const float* got, const std::vector<float>& want) {
     double max_abs = 0, max_diff = 0;
     for (size_t i = 0; i < want.size(); ++i) {
@@ -696,26 +704,15 @@ TEST_CASE("windowed model: prefix-cache hits, preemption and recompute, and n > 
 
     // The engine itself releases (its scheduler has the model's kv_window): a request of four
     // windows' tokens holds at most ceil(23 / 16) + 1 = 3 pages (7 without the release).
-    std::atomic<bool> finished{false};
-    std::atomic<int> most{0};
     collector longest;
     engine_request r_long = request(0, 96);
     r_long.prompt.resize(10); // shorter than a page: prefill holds one page, decode at most 3
-    // The poll runs before the request is in and without sleeping: on a loaded machine a
-    // sleeping poll could miss a whole tiny request.
-    std::thread poll([&] {
-        while (!finished) {
-            most = std::max(most.load(), solo->stats().n_pages_used);
-            std::this_thread::yield();
-        }
-    });
-    REQUIRE(solo->submit(r_long, longest.sink()).status == submit_status::ok);
-    REQUIRE(longest.wait());
-    finished = true;
-    poll.join();
-    CHECK(most.load() >= 1);
-    CHECK(most.load() <= 3);
     solo->stop();
+    auto fresh = make_local_engine(*b.mdl, *b.tok, no_cache);
+    const int most = peak_pages(*fresh, r_long, longest);
+    CHECK(most >= 1);
+    CHECK(most <= 3);
+    fresh->stop();
 }
 
 TEST_CASE("windowed model with global layers (Gemma 2's pattern): every page stays") {
@@ -733,21 +730,10 @@ TEST_CASE("windowed model with global layers (Gemma 2's pattern): every page sta
     r.max_tokens = 64;
     r.sampling.temperature = 0;
     r.ignore_eos = true;
-    std::atomic<bool> finished{false};
-    std::atomic<int> most{0};
     collector c;
-    REQUIRE(eng->submit(r, c.sink()).status == submit_status::ok);
-    std::thread poll([&] {
-        while (!finished) {
-            most = std::max(most.load(), eng->stats().n_pages_used);
-            std::this_thread::sleep_for(std::chrono::microseconds(200));
-        }
-    });
-    REQUIRE(c.wait());
-    finished = true;
-    poll.join();
+    const int most = peak_pages(*eng, r, c);
     CHECK(c.finish == "length");
-    CHECK(most.load() >= 4); // a window of 8 on every layer would keep at most ceil(7 / 16) + 1 = 2
+    CHECK(most >= 4); // a window of 8 on every layer would keep at most ceil(7 / 16) + 1 = 2
     CHECK(eng->stats().n_pages_used == 0);
     eng->stop();
 }
@@ -784,24 +770,13 @@ TEST_CASE("windowed model: verify steps with rejected drafts stay within the pag
     r.replay = want;
     for (size_t i = 0; i < r.replay.size(); i += 3) r.replay[i] = (r.replay[i] + 1) % b.mdl->config().n_vocab;
     auto eng = make_local_engine(*b.mdl, *b.tok, o);
-    std::atomic<bool> finished{false};
-    std::atomic<int> most{0};
     collector c;
-    REQUIRE(eng->submit(r, c.sink()).status == submit_status::ok);
-    std::thread poll([&] {
-        while (!finished) {
-            most = std::max(most.load(), eng->stats().n_pages_used);
-            std::this_thread::sleep_for(std::chrono::microseconds(200));
-        }
-    });
-    REQUIRE(c.wait());
-    finished = true;
-    poll.join();
+    const int most = peak_pages(*eng, r, c);
     CHECK(c.ids == want);
     CHECK(c.n_draft_tokens > 0);
     CHECK(c.n_accepted_tokens > 0);
     CHECK(c.n_accepted_tokens < c.n_draft_tokens);
-    CHECK(most.load() <= 3);
+    CHECK(most <= 3);
     CHECK(eng->stats().n_pages_used == 0);
     eng->stop();
 }

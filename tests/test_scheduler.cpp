@@ -109,6 +109,21 @@ int prefill_all(scheduler& s, fake_store& st, uint64_t id) {
     }
 }
 
+// Adds `id` with `tokens`, admits it and runs its prefill to the end.
+void add_prefilled(scheduler& s, fake_store& st, uint64_t id, const std::vector<token_id>& tokens) {
+    s.add(id, tokens, 0, clock_type::now());
+    s.admit(clock_type::now());
+    prefill_all(s, st, id);
+}
+
+// Options with every layer windowed (window W over pages of 4), 8 tokens a step.
+scheduler_options windowed_opts(int32_t n_pages, int32_t window) {
+    scheduler_options o = opts(n_pages, 4);
+    o.kv_window = window;
+    o.step_tokens = 8;
+    return o;
+}
+
 } // namespace
 
 TEST_CASE("scheduler: chunked prefill takes pages as it goes, decode then grows one page at a time") {
@@ -150,9 +165,7 @@ TEST_CASE("scheduler: a repeated prefix reuses cached pages; a match ending insi
     fake_store st(16);
     scheduler s(opts(32), &st);
     const auto a = seq_tokens(40, 1);
-    s.add(1, a, 0, clock_type::now());
-    s.admit(clock_type::now());
-    prefill_all(s, st, 1);
+    add_prefilled(s, st, 1, a);
     CHECK(s.plan(0, work_kind::prefill).empty()); // nothing left to prefill
     s.complete(0, true);
     CHECK(st.published_hash.size() == 2); // two full pages computed
@@ -269,6 +282,85 @@ TEST_CASE("scheduler: planned generations: a shared cached prefix keeps its own,
     CHECK(s.pool().generation(src) == gens[1]);
     st.run(d);
     s.complete(1, true);
+}
+
+TEST_CASE("scheduler: a cached page only its sequence holds is rewritten without a free page (rejected drafts, a full pool)") {
+    fake_store st(4);
+    scheduler_options o = opts(3, 4);
+    o.decode_tokens = 2; // verify steps of a token and one draft
+    scheduler s(o, &st);
+    add_prefilled(s, st, 1, seq_tokens(6, 1)); // pages 0..3 and 4..5
+    const token_id step[] = {200, 201};        // a verify step: the sampled token and one draft (positions 6, 7)
+    s.append(1, step);
+    s.set_logits_from(1, 6);
+    const auto d = seqs_of(s.plan(1, work_kind::decode));
+    REQUIRE(d.size() == 1);
+    st.run(d);
+    s.complete(1, true);
+    const int32_t page = d[0].block_table[1];
+    REQUIRE(s.pool().hash_of(page).has_value()); // full, so published, with the draft in it
+    add_prefilled(s, st, 2, seq_tokens(3, 2));   // a later request takes the last page
+    REQUIRE(s.pool().n_free() == 0);
+    s.truncate(1, 7); // the draft rejected: position 7 is written again
+    const uint32_t gen = s.pool().generation(page);
+    s.append(1, token_id(300));
+    const auto d2 = seqs_of(s.plan(1, work_kind::decode));
+    REQUIRE(d2.size() == 1);
+    CHECK(d2[0].n_past == 7);
+    // The page went back to the free list and was taken again as it is: no copy, no other
+    // page needed, so nobody was preempted for it (before: request 2 was).
+    CHECK(d2[0].block_table[1] == page);
+    CHECK(s.pool().generation(page) != gen); // its contents change: device copies are stale
+    CHECK_FALSE(s.pool().hash_of(page).has_value());
+    CHECK(st.cleared_pages.contains(page));
+    CHECK(st.copies.empty());
+    CHECK(s.stats().n_preemptions == 0);
+    CHECK(s.stats().n_running == 2);
+    st.run(d2);
+    s.complete(1, true);
+    CHECK(st.holds(d2[0].block_table, s.tokens(1), 8));
+    CHECK(s.pool().n_used_peak() == 3);
+
+    // With a free page the rewritten page is copied and its cached prefix stays on the free list.
+    o.n_pages = 4;
+    scheduler roomy(o, &st);
+    st.copies.clear();
+    add_prefilled(roomy, st, 1, seq_tokens(6, 1));
+    roomy.append(1, step);
+    st.run(seqs_of(roomy.plan(1, work_kind::decode)));
+    roomy.complete(1, true);
+    roomy.truncate(1, 7);
+    roomy.append(1, token_id(300));
+    const auto d3 = seqs_of(roomy.plan(1, work_kind::decode));
+    REQUIRE(st.copies.size() == 1);
+    CHECK(d3[0].block_table[1] == st.copies[0].second);
+    CHECK(roomy.pool().hash_of(st.copies[0].first).has_value());
+    CHECK(roomy.pool().ref_count(st.copies[0].first) == 0);
+    CHECK(roomy.pool().n_used_peak() == 2);
+}
+
+TEST_CASE("scheduler: a prefix hit ending inside a cached page admits with that page as the only one free") {
+    // The prompt is two cached pages exactly: the second is rewritten at its last position. It
+    // is revived, then goes back and is taken again (the only free page), so no copy is needed.
+    fake_store st(4);
+    scheduler s(opts(3, 4), &st);
+    const auto prompt = seq_tokens(8, 5);
+    add_prefilled(s, st, 1, prompt);
+    s.remove(1); // both pages cached, the third plain free
+    add_prefilled(s, st, 2, seq_tokens(3, 6)); // takes the plain page
+    REQUIRE(s.pool().n_free() == 2);
+    s.add(3, prompt, 0, clock_type::now());
+    s.admit(clock_type::now());
+    REQUIRE(s.stats().n_running == 2);
+    CHECK(s.n_computed(3) == 7);
+    CHECK(st.copies.empty());
+    CHECK(s.pool().n_free() == 0);
+    const auto b = seqs_of(s.plan(1, work_kind::decode)); // the prompt's last token
+    REQUIRE(b.size() == 1);
+    CHECK(b[0].n_past == 7);
+    st.run(b);
+    s.complete(1, true);
+    CHECK(st.holds(b[0].block_table, s.tokens(3), 8));
 }
 
 TEST_CASE("scheduler: a fork shares every page; each sequence's first own token copies only the shared last page") {
@@ -690,10 +782,7 @@ TEST_CASE("scheduler: with a window, pages wholly before what the next token see
     // Window 10, pages of 4: a token at position p sees p - 9..p. After n positions are
     // computed the next token (at n) sees n - 9 on, so pages wholly before n - 9 are released.
     fake_store st(4);
-    scheduler_options o = opts(32, 4);
-    o.kv_window = 10;
-    o.step_tokens = 8;
-    scheduler s(o, &st);
+    scheduler s(windowed_opts(32, 10), &st);
     s.add(1, seq_tokens(30, 1), 0, clock_type::now());
     s.admit(clock_type::now());
     int32_t computed = 0;
@@ -753,9 +842,7 @@ TEST_CASE("scheduler: with a window, rejected drafts stay within the pages kept;
     o.kv_window = 6;
     o.decode_tokens = 4; // a verify step: a token and 3 drafts
     scheduler s(o, &st);
-    s.add(1, seq_tokens(21, 1), 0, clock_type::now());
-    s.admit(clock_type::now());
-    prefill_all(s, st, 1);
+    add_prefilled(s, st, 1, seq_tokens(21, 1));
     for (int round = 0; round < 6; ++round) {
         const int32_t n = int32_t(s.tokens(1).size());
         const token_id next[] = {token_id(200 + round), 11, 12, 13}; // the sampled token and 3 drafts
@@ -788,14 +875,9 @@ TEST_CASE("scheduler: with a window, released pages stay cached and a prefix hit
     // takes the longest match whose pages from its first computed token's window on are cached;
     // the matched pages before that window go back at once (or are no_page from the start).
     fake_store st(4);
-    scheduler_options o = opts(12, 4);
-    o.kv_window = 6;
-    o.step_tokens = 8;
-    scheduler s(o, &st);
+    scheduler s(windowed_opts(12, 6), &st);
     const auto prompt = seq_tokens(26, 3);
-    s.add(1, prompt, 0, clock_type::now());
-    s.admit(clock_type::now());
-    prefill_all(s, st, 1);
+    add_prefilled(s, st, 1, prompt);
     // The next token (26) sees 21..26: pages 0..4 are released with their hashes, 5 and 6 held.
     CHECK(s.stats().n_pages_used == 2);
     CHECK(s.stats().n_pages_cached == 5);
@@ -815,9 +897,7 @@ TEST_CASE("scheduler: with a window, released pages stay cached and a prefix hit
     s.remove(2);
     // Evict every cached page of the prompt (a request of other tokens as long as the pool
     // takes, releasing behind its window as it goes, cycles through every page): no hit.
-    s.add(3, seq_tokens(44, 9), 0, clock_type::now());
-    s.admit(clock_type::now());
-    prefill_all(s, st, 3);
+    add_prefilled(s, st, 3, seq_tokens(44, 9));
     s.remove(3);
     s.add(4, prompt, 0, clock_type::now());
     s.admit(clock_type::now());
@@ -833,19 +913,12 @@ TEST_CASE("scheduler: with a window, a prompt whose first pages were evicted sti
     // page: the prompt's page 0. The prompt again reuses 24 positions: its first computed token
     // (24) reads 19..23, pages 4 and 5, which are cached; pages 0..3 stay no_page.
     fake_store st(4);
-    scheduler_options o = opts(9, 4);
-    o.kv_window = 6;
-    o.step_tokens = 8;
-    scheduler s(o, &st);
+    scheduler s(windowed_opts(9, 6), &st);
     const auto prompt = seq_tokens(26, 3);
-    s.add(1, prompt, 0, clock_type::now());
-    s.admit(clock_type::now());
-    prefill_all(s, st, 1);
+    add_prefilled(s, st, 1, prompt);
     s.remove(1);
     CHECK(s.stats().n_pages_cached == 6);
-    s.add(2, seq_tokens(16, 7), 0, clock_type::now());
-    s.admit(clock_type::now());
-    prefill_all(s, st, 2);
+    add_prefilled(s, st, 2, seq_tokens(16, 7));
     s.remove(2);
     s.add(3, prompt, 0, clock_type::now());
     s.admit(clock_type::now());

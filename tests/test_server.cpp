@@ -143,13 +143,13 @@ TEST_CASE("health, models, metrics, status") {
     REQUIRE(st.status == 200);
     CHECK(st.j()["status"] == "ready");
     CHECK(st.j()["kv_pages_total"].get<int>() > 0);
-    for (const char* k : {"kv_tokens_stored", "kv_pages_cached", "prefix_cache_hit_tokens", "preemptions",
+    for (const char* k : {"kv_tokens_stored", "kv_pages_cached", "kv_pages_peak", "prefix_cache_hit_tokens", "preemptions",
                           "worker_restarts", "kv_device_upload_bytes", "kv_device_kept_bytes"})
         CHECK_MESSAGE((st.j().contains(k) && st.j()[k].is_number_integer() && st.j()[k].get<int64_t>() >= 0), k);
     auto met = request(s, "GET", "/metrics");
     REQUIRE(met.status == 200);
     CHECK(met.headers["content-type"].find("text/plain") == 0);
-    for (const char* name : {"tandem_requests_running", "tandem_requests_waiting", "tandem_kv_pages_used",
+    for (const char* name : {"tandem_requests_running", "tandem_requests_waiting", "tandem_kv_pages_used", "tandem_kv_pages_peak",
                              "tandem_kv_pages_total", "tandem_prefix_cache_hits_total", "tandem_prompt_tokens_total",
                              "tandem_generation_tokens_total", "tandem_time_to_first_token_seconds_count",
                              "tandem_inter_token_latency_seconds_count", "tandem_queue_time_seconds_count",
