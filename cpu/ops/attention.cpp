@@ -55,6 +55,42 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) void decode_avx512(con
     ref::kv_read(page, lay, il, is_v, kvh, 0, n, dst);
 }
 
+// The same with AVX2 and F16C, 8 values at a time (CPUs without AVX-512).
+__attribute__((target("avx2,f16c"))) void decode_avx2(const uint8_t* page, const kv_layout& lay, int il, bool is_v,
+                                                      int kvh, int n, float* dst) {
+    const int64_t e0 = lay.offset(il, is_v, kvh);
+    const int64_t total = int64_t(n) * lay.head_dim;
+    if (lay.dtype == kv_dtype::f16) {
+        const uint16_t* src = reinterpret_cast<const uint16_t*>(page) + e0;
+        int64_t i = 0;
+        for (; i + 8 <= total; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+        for (; i < total; ++i) dst[i] = _cvtsh_ss(src[i]);
+        return;
+    }
+    if (lay.dtype == kv_dtype::i8 && lay.head_dim % 8 == 0) {
+        const int8_t* src = reinterpret_cast<const int8_t*>(page) + e0;
+        const float* sc = reinterpret_cast<const float*>(page + lay.scales_begin()) + lay.scale_offset(il, is_v, kvh);
+        for (int j = 0; j < n; ++j) {
+            const __m256 s = _mm256_set1_ps(sc[j]);
+            for (int i = 0; i < lay.head_dim; i += 8) {
+                const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + j * lay.head_dim + i));
+                _mm256_storeu_ps(dst + j * lay.head_dim + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s));
+            }
+        }
+        return;
+    }
+    ref::kv_read(page, lay, il, is_v, kvh, 0, n, dst);
+}
+
+// How a kernel turns F16 and INT8 pages into floats: decode_avx512, decode_avx2, or the
+// reference's kv_read (the same values).
+using kv_decode_fn = void (*)(const uint8_t* page, const kv_layout& lay, int il, bool is_v, int kvh, int n, float* dst);
+
+void decode_ref(const uint8_t* page, const kv_layout& lay, int il, bool is_v, int kvh, int n, float* dst) {
+    ref::kv_read(page, lay, il, is_v, kvh, 0, n, dst);
+}
+
 inline __attribute__((always_inline)) float dot(const float* a, const float* b, int n) {
     float acc[lanes] = {};
     int i = 0;
@@ -96,11 +132,11 @@ struct scratch {
 };
 
 // Attention for token t over kv head kvh (all of its query heads); the body is shared by the
-// plain and AVX-512 builds below, so both vectorize the same loops at their own width.
+// plain, AVX2 and AVX-512 builds below, so each vectorizes the same loops at its own width.
 inline __attribute__((always_inline)) void attend(scratch& w, float* out, const float* q, int64_t t, int kvh,
                                                   int32_t n_past, int n_head, const uint8_t* kv_base,
                                                   const kv_layout& lay, int il, const int32_t* block_table,
-                                                  float scale, const attn_mask& mk, bool fast_decode) {
+                                                  float scale, const attn_mask& mk, kv_decode_fn decode) {
     const int hd = lay.head_dim, n_gqa = n_head / lay.n_head_kv, ps = lay.page_size;
     const int32_t n_ctx = n_past + int32_t(t) + 1;
     const int32_t first = first_seen(n_ctx - 1, mk.window);
@@ -117,13 +153,8 @@ inline __attribute__((always_inline)) void attend(scratch& w, float* out, const 
             kp = reinterpret_cast<const float*>(page) + lay.offset(il, false, kvh);
             vp = reinterpret_cast<const float*>(page) + lay.offset(il, true, kvh);
         } else {
-            if (fast_decode) {
-                decode_avx512(page, lay, il, false, kvh, n, w.kb.data());
-                decode_avx512(page, lay, il, true, kvh, n, w.vb.data());
-            } else {
-                ref::kv_read(page, lay, il, false, kvh, 0, n, w.kb.data());
-                ref::kv_read(page, lay, il, true, kvh, 0, n, w.vb.data());
-            }
+            decode(page, lay, il, false, kvh, n, w.kb.data());
+            decode(page, lay, il, true, kvh, n, w.vb.data());
             kp = w.kb.data();
             vp = w.vb.data();
         }
@@ -160,13 +191,28 @@ inline __attribute__((always_inline)) void attend(scratch& w, float* out, const 
 void attend_plain(scratch& w, float* out, const float* q, int64_t t, int kvh, int32_t n_past, int n_head,
                   const uint8_t* kv_base, const kv_layout& lay, int il, const int32_t* block_table, float scale,
                   const attn_mask& mk) {
-    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, mk, false);
+    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, mk, decode_ref);
+}
+
+__attribute__((target("avx2,f16c,fma"))) void attend_avx2(scratch& w, float* out, const float* q, int64_t t, int kvh,
+                                                           int32_t n_past, int n_head, const uint8_t* kv_base,
+                                                           const kv_layout& lay, int il, const int32_t* block_table,
+                                                           float scale, const attn_mask& mk) {
+    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, mk, decode_avx2);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void attend_avx512(
     scratch& w, float* out, const float* q, int64_t t, int kvh, int32_t n_past, int n_head, const uint8_t* kv_base,
     const kv_layout& lay, int il, const int32_t* block_table, float scale, const attn_mask& mk) {
-    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, mk, true);
+    attend(w, out, q, t, kvh, n_past, n_head, kv_base, lay, il, block_table, scale, mk, decode_avx512);
+}
+
+using attend_fn = decltype(&attend_plain);
+
+// The per-token kernel of the active level.
+attend_fn pick_attend() {
+    const isa level = active_isa();
+    return level >= isa::avx512 ? attend_avx512 : level >= isa::avx2 ? attend_avx2 : attend_plain;
 }
 
 // AVX-512, head_dim a multiple of 16: a block of query tokens shares each decoded page, and
@@ -610,7 +656,7 @@ void attention_seq(thread_pool& pool, float* out, const float* q, int64_t n_tok,
         });
         return;
     }
-    const auto fn = active_isa() >= isa::avx512 ? attend_avx512 : attend_plain;
+    const attend_fn fn = pick_attend();
     const int64_t work = seen * hd * n_gqa * 2; // per job, roughly
     pool.parallel_for(n_tok * n_kv, thread_pool::grain_for(work), [&](int64_t b, int64_t e) {
         scratch w(n_gqa, hd, lay.page_size);
@@ -658,7 +704,7 @@ void attention_decode(thread_pool& pool, float* out, const float* q, int64_t n_s
         });
         return;
     }
-    const auto fn = active_isa() >= isa::avx512 ? attend_avx512 : attend_plain;
+    const attend_fn fn = pick_attend();
     pool.parallel_for_dynamic(n_jobs, chunk, [&](int64_t b, int64_t e) {
         scratch w(n_gqa, hd, lay.page_size);
         for (int64_t job = b; job < e; ++job) {
