@@ -2,6 +2,7 @@
 #include "daemon/cli.hpp"
 
 #include "cpu/dnnl_matmul.hpp"
+#include "cpu/peak.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/error.hpp"
@@ -356,13 +357,25 @@ int cmd_bench(const bench_opts& o) {
     const double decode_tok_s = batch_tok_s.count(1) ? batch_tok_s[1] : batch_tok_s.begin()->second;
     const double peak_rss_mb = proc_status_mb("VmHWM");
 
+    // The layers' matmul shapes (k inputs, n outputs) of one token.
+    const int64_t e = c.n_embd, nq = c.n_embd_q(), kvd = c.n_embd_kv(), ff = c.n_ff, M = o.n_prompt;
+    const std::vector<std::pair<int64_t, int64_t>> per_layer{{e, nq}, {e, kvd}, {e, kvd}, {nq, e}, {e, ff}, {e, ff}, {ff, e}};
+    double macs_per_token = 0;
+    for (auto kn : per_layer) macs_per_token += double(kn.first) * double(kn.second);
+    macs_per_token *= c.n_layer;
+
+    // The compute limit: this machine's int8 peak on every thread (a register-only loop of the
+    // instruction the kernels at this ISA level use) over the ops a prompt token's matmuls take.
+    const cpu::isa level = cpu::active_isa();
+    cpu::int8_peak peak;
+    if (level != cpu::isa::scalar) peak = cpu::measure_int8_peak(pool, level, 0.5);
+    const double limit_tok_s = peak.ops > 0 ? peak.tops() * 1e12 / (2.0 * macs_per_token) : 0;
+
     // oneDNN's raw int8 matmul throughput on this model's prefill shapes, as time for the
     // whole prefill's matmuls: prefill tok/s as a fraction of it excludes everything else.
     double raw_s = 0, raw_tok_s = 0;
     nlohmann::json raw_shapes = nlohmann::json::array();
     if (!o.no_raw) {
-        const int64_t e = c.n_embd, nq = c.n_embd_q(), kvd = c.n_embd_kv(), ff = c.n_ff, M = o.n_prompt;
-        const std::vector<std::pair<int64_t, int64_t>> per_layer{{e, nq}, {e, kvd}, {e, kvd}, {nq, e}, {e, ff}, {e, ff}, {ff, e}};
         std::map<std::pair<int64_t, int64_t>, double> gops;
         for (auto kn : per_layer) {
             if (gops.count(kn)) continue;
@@ -403,6 +416,12 @@ int cmd_bench(const bench_opts& o) {
     j["decode_step_batch"] = max_batch;
     j["decode_step_profiled_s"] = decode_prof_s;
     if (batch_tok_s.count(1) && batch_tok_s.count(16)) j["batch16_speedup"] = batch_tok_s[16] / batch_tok_s[1];
+    if (limit_tok_s > 0) {
+        j["int8_peak_isa"] = std::string(cpu::name_of(level));
+        j["int8_peak_tops"] = peak.tops();
+        j["compute_limit_tok_s"] = limit_tok_s;
+        j["prefill_pct_of_peak"] = 100.0 * prefill_tok_s / limit_tok_s;
+    }
     if (!o.no_raw) {
         j["onednn_raw_shapes"] = raw_shapes;
         j["onednn_raw_prefill_tok_s"] = raw_tok_s;
@@ -431,6 +450,13 @@ int cmd_bench(const bench_opts& o) {
     print_ops(decode_ops, decode_prof_s);
     std::cout << fmt::format("roofline     {:.1f} GB/s / {:.0f} MB per step = {:.2f} tok/s; decode at {:.0f}%\n", bw,
                              double(step_bytes) / 1e6, roofline, 100.0 * decode_tok_s / roofline);
+    if (limit_tok_s > 0)
+        std::cout << fmt::format("compute      int8 peak {:.2f} TOPS ({} register loop, {} threads) / {:.2f} GOP per "
+                                 "token = {:.0f} tok/s; prefill at {:.1f}%\n",
+                                 peak.tops(), cpu::name_of(level), o.threads, 2.0 * macs_per_token * 1e-9, limit_tok_s,
+                                 100.0 * prefill_tok_s / limit_tok_s);
+    else
+        std::cout << "compute      no int8 peak at the scalar level\n";
     std::cout << fmt::format("memory       peak RSS after load {:.0f} MiB ({:.2f}x weights); at load {:.0f} MiB, "
                              "peak during load {:.0f} MiB\n",
                              peak_rss_mb, peak_rss_mb * 1.048576 / weights_mb, rss_load_mb, peak_load_mb);
@@ -854,7 +880,8 @@ void register_bench(CLI::App& app, registry& reg) {
 
     auto bo = std::make_shared<bench_opts>();
     auto* bench = app.add_subcommand(
-        "bench", "load time, prefill and decode speed, roofline, memory; with --serve, a running daemon under load");
+        "bench",
+        "load time, prefill and decode speed, roofline, compute peak, memory; with --serve, a running daemon under load");
     bench->add_option("-m,--model", bo->model, "GGUF model (default: $TANDEM_MODEL)");
     bench->add_option("-p,--n-prompt", bo->n_prompt, "prefill tokens")->check(between(1, 1 << 16));
     bench->add_option("-n,--n-gen", bo->n_gen, "decode steps per batch size (with --beams: tokens a beam)")->check(between(1, 1 << 16));

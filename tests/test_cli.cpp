@@ -237,6 +237,13 @@ TEST_CASE("tandem quantize, perplexity, eval-drift and bench print what they pro
     }
     CHECK(jb["decode_batch_tok_s"]["1"].get<double>() > 0);
     CHECK(jb["decode_batch_tok_s"]["3"].get<double>() > 0);
+    // The compute limit (every machine this runs on has AVX2 at least): the peak over a token's
+    // matmul operations, and prefill as a share of it.
+    REQUIRE(jb.contains("int8_peak_tops"));
+    CHECK(jb["int8_peak_isa"].get<std::string>() != "scalar");
+    CHECK(jb["int8_peak_tops"].get<double>() > 0);
+    CHECK(jb["prefill_pct_of_peak"].get<double>() ==
+          doctest::Approx(100.0 * jb["prefill_tok_s"].get<double>() / jb["compute_limit_tok_s"].get<double>()));
     // The op breakdowns: every op of the profiled forward, their times within its wall time;
     // the decode step at batch 3 stores K/V and attends once per layer for all three sequences,
     // as often as the one-sequence prefill does.
