@@ -3,6 +3,7 @@
 // every iteration, so the compiler cannot hoist the products out of the loop.
 #include "cpu/peak.hpp"
 
+#include "cpu/amx_tile.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/error.hpp"
 
@@ -58,20 +59,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t loop_avx512(int64
 // AMX: tiles 0-3 accumulate (16 rows x 16 int32), 4-5 hold u8 operands, 6-7 s8 operands in
 // the VNNI order (every byte equal, so the order does not matter). Inline asm for the reason
 // cpu/ops/matmul_i8_amx.cpp gives: GCC 12's _tile_* macros have no memory clobbers.
-struct alignas(64) tile_config {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
 int64_t loop_amx(int64_t n_iter, uint8_t a, int8_t b) {
-    tile_config cfg;
-    for (int t = 0; t < 8; ++t) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
+    const tile_config cfg = full_tile_config();
     alignas(64) uint8_t ua[16 * 64];
     alignas(64) int8_t sb[16 * 64];
     std::fill(std::begin(ua), std::end(ua), a);

@@ -18,6 +18,8 @@
 // test_backend_ops runs it for real at isa::amx against the reference.
 #include "cpu/ops/matmul_i8_amx.hpp"
 
+#include "cpu/amx_tile.hpp"
+
 #include "cpu/thread_pool.hpp"
 
 #include <immintrin.h>
@@ -34,27 +36,8 @@ constexpr int tile_n = 16;  // tokens in a B (and C) tile
 constexpr int tile_k = 64;  // bytes of K in an A tile row; B holds them as 16 rows of 4 x 16
 constexpr int64_t pf_dist = 8192; // as the VNNI GEMV: each row's bytes this far ahead, into L1
 
-// The 64 bytes LDTILECFG reads (palette 1). Every tile used here is 16 rows of 64 bytes.
-struct alignas(64) tile_config {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-static_assert(sizeof(tile_config) == 64);
-
 // Tile registers: C (sums) 0-3, A (weights) 4-5, B (activations) 6-7.
 constexpr int tc00 = 0, tc01 = 1, tc10 = 2, tc11 = 3, ta0 = 4, ta1 = 5, tb0 = 6, tb1 = 7;
-
-tile_config make_config() {
-    tile_config c;
-    for (int t = 0; t < 8; ++t) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
-    return c;
-}
 
 // The tile instructions on the CPU. Inline asm rather than GCC 12's _tile_* macros: those have
 // no memory clobber (the compiler may move a tilestored past the reads of what it stored), and
@@ -165,7 +148,7 @@ void amx_blocks(int64_t blk0, int64_t blk1, const int8_t* q, int64_t n_in, const
                 const Epilogue& epilogue) {
     const int64_t n_kc = (n_in + tile_k - 1) / tile_k, n_tb = (n_tok + tile_n - 1) / tile_n;
     const int64_t b_block = n_kc * tile_k * tile_n; // bytes of B per token block
-    static const tile_config cfg = make_config();
+    static const tile_config cfg = full_tile_config();
     Tiles::config(cfg);
     alignas(64) int32_t c[tile_m][tile_n];
     const auto drain = [&](auto store, int64_t o, int64_t t0) {
