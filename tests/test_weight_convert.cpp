@@ -99,7 +99,7 @@ bool same_float(float a, float b) {
     return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) || (std::isnan(a) && std::isnan(b));
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), same_float);
 }
 
@@ -116,7 +116,7 @@ void check_row(dtype t, const uint8_t* blocks, int64_t n) {
     std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), -1.0f);
     dequantize_blocks_ref(t, blocks, want.data(), n);
     cpu::blocks_to_f32(t, blocks, got.data(), n);
-    CHECK_MESSAGE(same_bits(got, want), "F32 differs first at ", first_difference(got, want));
+    CHECK_MESSAGE(same_floats(got, want), "F32 differs first at ", first_difference(got, want));
 
     std::vector<float> tmp(static_cast<size_t>(n));
     std::vector<int8_t> want_q(static_cast<size_t>(n)), got_q(static_cast<size_t>(n), 99);
@@ -338,16 +338,16 @@ TEST_CASE("F16 and BF16 rows: every 16-bit pattern (NaNs, signaling ones include
             std::vector<float> got(size_t(1) << 16, -1.0f);
             cpu::halves_to_f32(t, all.data(), got.data(), int64_t(got.size()));
             const std::vector<float> want = reference(all.data(), int64_t(got.size()));
-            CHECK_MESSAGE(same_bits(got, want), "differs first at pattern ", first_difference(got, want));
+            CHECK_MESSAGE(same_floats(got, want), "differs first at pattern ", first_difference(got, want));
             for (int64_t n = 1; n <= 40; ++n) { // every tail length, from an odd (unaligned) start
                 CAPTURE(n);
                 std::vector<float> g(static_cast<size_t>(n), -1.0f);
                 cpu::halves_to_f32(t, mixed.data() + 2 * 3, g.data(), n);
-                CHECK(same_bits(g, reference(mixed.data() + 2 * 3, n)));
+                CHECK(same_floats(g, reference(mixed.data() + 2 * 3, n)));
             }
             std::vector<float> g(999);
             cpu::halves_to_f32(t, mixed.data(), g.data(), 999);
-            CHECK(same_bits(g, reference(mixed.data(), 999)));
+            CHECK(same_floats(g, reference(mixed.data(), 999)));
         }
     });
 }
@@ -401,7 +401,7 @@ TEST_CASE("the loader gives the same INT8 and F32 weights at every ISA level") {
                         CHECK(std::memcmp(a.scale(), b.scale(), size_t(a.n_out) * sizeof(float)) == 0);
                         CHECK(a.q_sum == b.q_sum);
                     } else {
-                        CHECK(same_bits(a.data, b.data));
+                        CHECK(same_floats(a.data, b.data));
                     }
                 }
             });

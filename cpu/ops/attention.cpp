@@ -1,24 +1,18 @@
 // Causal attention over paged K/V (F32, F16 or INT8 pages) with online softmax, GQA-aware: one
 // pass over the pages per (token, kv head) decodes each page once for all the query heads
 // that share that kv head.
+#include "cpu/intrinsics.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
 #include "cpu/simd_exp.hpp"
 #include "cpu/thread_pool.hpp"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 namespace tandem::cpu {
 namespace {

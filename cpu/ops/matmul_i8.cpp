@@ -1,19 +1,12 @@
 // INT8 matmul on the CPU: W8A8 as a hand-written GEMV/small GEMM for decode that reads each weight
 // byte once per step for the whole batch and oneDNN's int8 matmul for prefill batches.
 #include "cpu/dnnl_matmul.hpp"
+#include "cpu/intrinsics.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/ops/matmul_i8_amx.hpp"
 #include "cpu/ops/ops.hpp"
 #include "cpu/thread_pool.hpp"
 #include "quant/int8.hpp"
-
-#include <immintrin.h>
-
-// GCC 12 flags the _mm512_undefined_* sources inside its own intrinsics as uninitialized.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 #include <algorithm>
 #include <cstring>

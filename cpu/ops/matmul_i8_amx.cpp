@@ -19,7 +19,6 @@
 #include "cpu/ops/matmul_i8_amx.hpp"
 
 #include "cpu/amx_tile.hpp"
-
 #include "cpu/thread_pool.hpp"
 
 #include <immintrin.h>

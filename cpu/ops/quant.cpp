@@ -1,19 +1,12 @@
 // Per-token INT8 activation quantization on the CPU, plain and fused with RMSNorm / SwiGLU, and
 // the KV store (F16 and INT8 pages hold the reference's bytes).
+#include "cpu/intrinsics.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
 #include "cpu/simd_exp.hpp"
 #include "cpu/thread_pool.hpp"
 #include "quant/int8.hpp"
-
-#include <immintrin.h>
-
-// GCC 12 flags the _mm512_undefined_* sources inside its own intrinsics as uninitialized.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 #include <algorithm>
 #include <cmath>
