@@ -225,6 +225,9 @@ TEST_CASE("tandemd batch jobs: a job survives SIGKILL (every custom_id exactly o
     const std::string fid = body_of(upload(sock, completions_file(n, 96) + "not json\n"))["id"];
     const json job = create_batch(sock, fid);
     const json second = create_batch(sock, fid); // waits behind the first
+    // ids sort in creation order (both were made in the same second, most likely: created_at
+    // alone cannot order them, and the runner takes the oldest)
+    CHECK(job["id"].get<std::string>() < second["id"].get<std::string>());
     const json mid = poll_batch(sock, job["id"], [](const json& b) { return b["request_counts"]["completed"] >= 3; });
     ::kill(d.pid, SIGKILL);
     CHECK(d.wait_exit(10) == 128 + SIGKILL);
