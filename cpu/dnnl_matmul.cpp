@@ -5,6 +5,7 @@
 // oneDNN's blocked layout, which would need a second copy of every matrix.
 #include "cpu/dnnl_matmul.hpp"
 
+#include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/error.hpp"
 
@@ -37,8 +38,19 @@ namespace {
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
+// oneDNN picks its own kernels by what the CPU has: on an AMX CPU with TANDEM_ISA=avx512 it
+// would still run the tiles (seen on the H200 machine's Xeon), so it is capped to VNNI there,
+// once, before its first primitive (oneDNN reads the cap then; force_isa later cannot move it).
 dnnl::engine& engine() {
-    static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+    static dnnl::engine e = [] {
+        if (active_isa() == isa::avx512 && detect_isa() == isa::amx) {
+            try {
+                dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_vnni);
+            } catch (const dnnl::error&) { // already fixed by an earlier use: keep oneDNN's choice
+            }
+        }
+        return dnnl::engine(dnnl::engine::kind::cpu, 0);
+    }();
     return e;
 }
 

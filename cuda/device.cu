@@ -165,4 +165,12 @@ void register_host(void* p, size_t bytes) {
 
 void unregister_host(void* p) { CUDA_CHECK(cudaHostUnregister(p)); }
 
+bool try_register_host(void* p, size_t bytes, std::string& why) {
+    const cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (err == cudaSuccess) return true;
+    cudaGetLastError(); // not a sticky error: clear it so later calls start clean
+    why = fmt::format("{} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
+    return false;
+}
+
 } // namespace tandem::cuda

@@ -89,5 +89,9 @@ buffer to_device(const context& ctx, const void* host, size_t bytes);
 // pointer register_host was given.
 void register_host(void* p, size_t bytes);
 void unregister_host(void* p);
+// register_host where a refusal is an answer: false, and the driver's reason in `why`. Linux
+// refuses to pin a writable shared mapping of a file on disk (only tmpfs and hugetlbfs files
+// pin); copies to and from unpinned memory still work, staged by the driver.
+bool try_register_host(void* p, size_t bytes, std::string& why);
 
 } // namespace tandem::cuda

@@ -78,7 +78,7 @@ input read_input(std::string_view text) {
         if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
         if (l.find_first_not_of(" \t") == std::string_view::npos) continue;
         auto parsed = parse_line(l, line);
-        const std::string& id = std::visit([](const auto& p) -> const std::string& { return p.custom_id; }, parsed);
+        const std::string id = std::visit([](const auto& p) { return p.custom_id; }, parsed);
         if (!id.empty()) {
             const auto [it, fresh] = seen.emplace(id, line);
             if (!fresh)

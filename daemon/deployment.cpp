@@ -2,7 +2,9 @@
 #include "daemon/deployment.hpp"
 
 #include "daemon/worker_executor.hpp"
+#include "ipc/kv_pool.hpp"
 #include "runtime/error.hpp"
+#include "runtime/log.hpp"
 #if TANDEM_HAVE_CUDA
 #include "cuda/device.hpp"
 #include "cuda/runner.hpp"
@@ -27,7 +29,11 @@ std::unique_ptr<runner> make_gpu_runner(const worker_spec& s, model& m, kv_cache
     auto run = make_cuda_runner(m, dev, ro);
     // Pinned pages: K/V copies to and from the pool run asynchronously at full bus speed.
     // (This makes the whole pool resident; the worker keeps it registered until it exits.)
-    cuda::register_host(kv.base(), size_t(kv.bytes()));
+    // A pool the kernel will not pin (a file on disk) still works, its copies staged.
+    if (std::string why; !cuda::try_register_host(kv.base(), size_t(kv.bytes()), why))
+        logger(s.role)->warn("cannot page-lock the KV pool {} ({}: {}); K/V copies to and from {} are staged "
+                             "through the driver, slower: put kv_pool on a tmpfs such as /dev/shm",
+                             s.pool, ipc::file_system_name(s.pool), why, s.device);
     return run;
 }
 

@@ -20,7 +20,9 @@
 #include <pwd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -412,6 +414,21 @@ std::string default_kv_pool_path(const std::string& socket_path, const std::stri
     }
     const std::string key = socket_path + '\0' + model_path;
     return fmt::format("{}/tandem-kv-{}-{:012x}", dir, user, fnv1a(key.data(), key.size()) & 0xffffffffffffull);
+}
+
+std::string file_system_name(const std::string& path) {
+    struct statfs st {};
+    if (::statfs(path.c_str(), &st) != 0) return fmt::format("file system unknown: {}", errno_text(errno));
+    switch (st.f_type) {
+    case TMPFS_MAGIC: return "tmpfs";
+    case HUGETLBFS_MAGIC: return "hugetlbfs";
+    case EXT4_SUPER_MAGIC: return "ext4"; // also ext2 and ext3
+    case XFS_SUPER_MAGIC: return "xfs";
+    case BTRFS_SUPER_MAGIC: return "btrfs";
+    case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
+    case NFS_SUPER_MAGIC: return "nfs";
+    default: return fmt::format("file system {:#x}", static_cast<unsigned long>(st.f_type));
+    }
 }
 
 } // namespace tandem::ipc

@@ -93,4 +93,7 @@ private:
 // never meet on one file (and its lock).
 std::string default_kv_pool_path(const std::string& socket_path, const std::string& model_path);
 
+// The kind of file system `path` is on, for messages: "tmpfs", "ext4", ... or its magic number.
+std::string file_system_name(const std::string& path);
+
 } // namespace tandem::ipc

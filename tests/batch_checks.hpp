@@ -17,6 +17,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem::test {
@@ -45,6 +46,58 @@ inline std::vector<float> read_kv(const kv_cache& kv, std::span<const int32_t> t
                 }
     return out;
 }
+
+// One sequence through a runner: forward steps of the given tokens at the sequence's end.
+// `r` may change between steps: another device continues on the same pages.
+struct seq_driver {
+    runner* r;
+    kv_cache& kv;
+    sequence_kv seq;
+    int32_t n_past = 0;
+    std::vector<float> logits;
+    bool generations = false;      // pass the pages' generations (a runner keeping pages uses them)
+    std::vector<uint32_t> gens;
+
+    seq_driver(runner& r_, kv_cache& kv_, int32_t n_vocab) : r(&r_), kv(kv_), seq(kv_), logits(size_t(n_vocab)) {}
+
+    // Returns the argmax of the logits after the last token.
+    token_id step(std::span<const token_id> toks) {
+        REQUIRE(seq.reserve(n_past + int32_t(toks.size())));
+        gens.clear();
+        if (generations)
+            for (int32_t p : seq.block_table()) gens.push_back(kv.pool().generation(p));
+        batch b;
+        b.add_seq(0, n_past, toks, seq.block_table(), gens, n_past + int32_t(toks.size()) - 1);
+        r->forward(b, kv, logits.data());
+        n_past += int32_t(toks.size());
+        return token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    // The gap between the two largest logits of the last step: how near its argmax was a tie.
+    float gap() const {
+        float first = -INFINITY, second = -INFINITY;
+        for (float v : logits) {
+            if (v > first) second = std::exchange(first, v);
+            else if (v > second) second = v;
+        }
+        return first - second;
+    }
+    // The prompt in chunks of `chunk` tokens; the argmax after it.
+    token_id prefill(const std::vector<token_id>& prompt, size_t chunk) {
+        token_id next = -1;
+        for (size_t i = 0; i < prompt.size(); i += chunk)
+            next = step(std::span(prompt).subspan(i, std::min(chunk, prompt.size() - i)));
+        return next;
+    }
+    // n greedy tokens starting from `next` (itself included).
+    std::vector<token_id> decode(token_id next, int n) {
+        std::vector<token_id> out;
+        for (int i = 0; i < n; ++i) {
+            out.push_back(next);
+            next = step(std::span(&out.back(), 1));
+        }
+        return out;
+    }
+};
 
 inline std::vector<token_id> random_ids(int n, int32_t n_vocab, uint32_t seed) {
     std::mt19937 g(seed);

@@ -231,7 +231,7 @@ TEST_CASE("int8 matmul (GEMV, small GEMM, oneDNN for batches >= 64) vs reference
                 for_each_cpu_variant([&](const exec_ctx& ctx) {
                     std::vector<float> out(size_t(n_tok * n_out), NAN);
                     op_mem m(ctx);
-                    ops::matmul_i8(ctx, m.out(out), m.in(qx), m.in(sx), n_tok, m.w(w), with_bias ? &b : nullptr);
+                    ops::matmul_i8(ctx, m.out(out), m.in(qx), m.in(sx), n_tok, m.w(w), with_bias ? &m.w(b) : nullptr);
                     m.finish();
                     return out;
                 }, tol_i8,

@@ -14,6 +14,7 @@
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -26,6 +27,7 @@
 using namespace tandem;
 using test::nmse;
 using test::read_kv;
+using test::seq_driver;
 
 namespace {
 
@@ -124,48 +126,22 @@ TEST_CASE("out of device memory is a clear error, and the context stays usable")
 
 namespace {
 
-// One sequence through a runner: forward steps of the given tokens at the sequence's end.
-// `r` may change between steps: another device continues on the same pages.
-struct seq_driver {
-    runner* r;
-    kv_cache& kv;
-    sequence_kv seq;
-    int32_t n_past = 0;
-    std::vector<float> logits;
-    bool generations = false;      // pass the pages' generations (a runner keeping pages uses them)
-    std::vector<uint32_t> gens;
-
-    seq_driver(runner& r_, kv_cache& kv_, int32_t n_vocab) : r(&r_), kv(kv_), seq(kv_), logits(size_t(n_vocab)) {}
-
-    // Returns the argmax of the logits after the last token.
-    token_id step(std::span<const token_id> toks) {
-        REQUIRE(seq.reserve(n_past + int32_t(toks.size())));
-        gens.clear();
-        if (generations)
-            for (int32_t p : seq.block_table()) gens.push_back(kv.pool().generation(p));
-        batch b;
-        b.add_seq(0, n_past, toks, seq.block_table(), gens, n_past + int32_t(toks.size()) - 1);
-        r->forward(b, kv, logits.data());
-        n_past += int32_t(toks.size());
-        return token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    }
-    // The prompt in chunks of `chunk` tokens; the argmax after it.
-    token_id prefill(const std::vector<token_id>& prompt, size_t chunk) {
-        token_id next = -1;
-        for (size_t i = 0; i < prompt.size(); i += chunk)
-            next = step(std::span(prompt).subspan(i, std::min(chunk, prompt.size() - i)));
-        return next;
-    }
-    // n greedy tokens starting from `next` (itself included).
-    std::vector<token_id> decode(token_id next, int n) {
-        std::vector<token_id> out;
-        for (int i = 0; i < n; ++i) {
-            out.push_back(next);
-            next = step(std::span(&out.back(), 1));
+// NMSE of each position's K/V for a failure's message (where the two runners' pages part):
+// read_kv's rows are head_dim values of one position, n positions per (layer, K|V, head).
+std::string kv_nmse_by_position(const std::vector<float>& a, const std::vector<float>& b, int32_t n, int hd) {
+    std::string s;
+    const size_t row = size_t(hd), runs = a.size() / (row * size_t(n));
+    for (int32_t i = 0; i < n; ++i) {
+        std::vector<float> x, y;
+        for (size_t r = 0; r < runs; ++r) {
+            const auto at = ptrdiff_t((r * size_t(n) + size_t(i)) * row);
+            x.insert(x.end(), a.begin() + at, a.begin() + at + ptrdiff_t(row));
+            y.insert(y.end(), b.begin() + at, b.begin() + at + ptrdiff_t(row));
         }
-        return out;
+        s += fmt::format("{}:{:.1e} ", i, nmse(x, y));
     }
-};
+    return s;
+}
 
 std::string join(const std::vector<token_id>& t) {
     std::string s;
@@ -183,7 +159,7 @@ TEST_CASE("make_cuda_runner without that device is a clear error") {
         make_cuda_runner(*b.mdl, 99);
         FAIL("no throw");
     } catch (const error& e) {
-        MESSAGE(e.what());
+        MESSAGE(std::string(e.what()));
         CHECK(std::string(e.what()).find("no CUDA device 99") == 0);
     }
 }
@@ -211,9 +187,11 @@ TEST_CASE("CUDA runner: greedy tokens on stories260K equal the CPU runner's (eve
             INFO("cpu:  ", join(want));
             INFO("cuda: ", join(got));
             CHECK(got == want);
-            // The pages the CUDA runner wrote hold what the CPU's hold (up to rounding).
+            // The pages the CUDA runner wrote hold what the CPU's hold, up to rounding and the
+            // flips above (on the H200, F32 pages: NMSE 2.9e-6 over the decoded positions).
             const int32_t n = int32_t(prompt.size()) + n_greedy;
-            CHECK(nmse(read_kv(kv_cpu, c.seq.block_table(), n), read_kv(kv_gpu, g.seq.block_table(), n)) < 1e-6);
+            const auto kc = read_kv(kv_cpu, c.seq.block_table(), n), kg = read_kv(kv_gpu, g.seq.block_table(), n);
+            CHECK_MESSAGE(nmse(kc, kg) < runner_tol, "pages' NMSE by position: ", kv_nmse_by_position(kc, kg, n, lay.head_dim));
         }
     }
 }

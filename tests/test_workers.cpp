@@ -49,6 +49,42 @@ generate_result offline(const std::string& prompt, int n, int beams = 0) {
 
 std::string offline_text(const std::string& prompt, int n) { return offline(prompt, n).text; }
 
+// A GPU placement's greedy text against the offline loop's (the CPU's). The emulated device
+// computes what the CPU does: the texts are equal. A real device's kernels round now and then
+// an activation to the neighbouring int8 step (test_cuda: runner_flip_tol), which moves the
+// logits by thousandths: the texts may part where the CPU's two best tokens were that close
+// (seen on an H200: at a gap of 0.0056 in 100 tokens), never elsewhere.
+constexpr float near_tie = 0.05f;
+void check_gpu_text(const std::string& got, const std::string& prompt, int n, const std::string& what) {
+    const std::string want = offline_text(prompt, n);
+#if TANDEM_CUDA_EMULATED
+    CHECK_MESSAGE(got == want, what);
+#else
+    if (got == want) return;
+    const size_t same = size_t(std::mismatch(got.begin(), got.end(), want.begin(), want.end()).first - got.begin());
+    // The CPU's steps again, with the gap between each step's two best logits; the step whose
+    // piece holds the first differing byte is where the device chose otherwise.
+    static model_bundle b = load_model(model_path("stories260K.gguf"));
+    static const std::unique_ptr<runner> cpu = make_cpu_runner(*b.mdl, 1);
+    const auto ptoks = b.tok->encode(prompt, true, false);
+    kv_cache kv(b.mdl->make_kv_layout(16), int32_t((ptoks.size() + size_t(n)) / 16 + 2));
+    seq_driver d(*cpu, kv, b.mdl->config().n_vocab);
+    token_id next = d.prefill(ptoks, ptoks.size());
+    size_t at = 0;
+    for (int i = 0; i < n; ++i) {
+        at += b.tok->piece(next).size();
+        if (at > same) {
+            INFO(what, ": parted from the CPU's text at byte ", same, ", generated token ", i, ", where the CPU's two best "
+                 "logits were ", d.gap(), " apart\n  gpu: ", got, "\n  cpu: ", want);
+            CHECK(d.gap() < near_tie);
+            return;
+        }
+        next = d.step(std::span(&next, 1));
+    }
+    FAIL(what, ": the texts differ past the CPU's ", n, " tokens\n  gpu: ", got, "\n  cpu: ", want);
+#endif
+}
+
 // The pid of the daemon's worker with this role, or -1.
 pid_t worker_pid(pid_t daemon, const std::string& role) {
     DIR* d = ::opendir("/proc");
@@ -147,12 +183,13 @@ std::vector<std::future<streamed>> stream_all(const std::string& sock, size_t co
 
 // Every stream of fs (prompt i, n_of(i) tokens) ended whole, by length, with the offline
 // loop's text.
-void check_equal_offline(std::vector<std::future<streamed>>& fs, const tokens_of& n_of) {
+void check_equal_offline(std::vector<std::future<streamed>>& fs, const tokens_of& n_of, bool on_gpu = false) {
     for (size_t i = 0; i < fs.size(); ++i) {
         const streamed s = fs[i].get();
         CHECK(s.done);
         CHECK(s.finish == "length");
-        CHECK_MESSAGE(s.text == offline_text(prompts[i], n_of(i)), "request ", i);
+        if (on_gpu) check_gpu_text(s.text, prompts[i], n_of(i), fmt::format("request {}", i));
+        else CHECK_MESSAGE(s.text == offline_text(prompts[i], n_of(i)), "request ", i);
     }
 }
 
@@ -178,7 +215,18 @@ bool ready_or_exit(daemon_process& d, int& rc) {
 bool gpu_daemon_up(daemon_process& d, const std::string& placement) {
     REQUIRE_MESSAGE(!d.log.empty(), "gpu_daemon_up reads the daemon's log: set d.log before starting it");
     int rc = -1;
-    if (ready_or_exit(d, rc)) return true;
+    if (ready_or_exit(d, rc)) {
+#if TANDEM_CUDA_EMULATED
+        // A pool the kernel will not pin (the tests keep it beside the socket, in the temp
+        // dir: on disk here, unless that is a tmpfs) serves unpinned, with a warning; the
+        // emulated device refuses what Linux refuses.
+        const std::string pool = d.sock + ".kv";
+        const bool pinnable = ipc::file_system_name(pool) == "tmpfs";
+        INFO("pool ", pool, " on ", ipc::file_system_name(pool));
+        CHECK((read_text(d.log).find("cannot page-lock the KV pool") == std::string::npos) == pinnable);
+#endif
+        return true;
+    }
     const std::string log = read_text(d.log);
 #if TANDEM_CUDA_EMULATED
     FAIL("the emulated device is usable, yet ", placement, " did not start (exit code ", rc, "):\n", log);
@@ -748,7 +796,7 @@ TEST_CASE("workers: CPU prefill + GPU decode keeping its pages gives the cpu/cpu
         for (size_t i = 0; i < fs.size(); ++i) {
             const streamed s = fs[i].get();
             CHECK(s.finish == "length");
-            CHECK_MESSAGE(s.text == offline_text(base + prompts[i], 100), "round ", round, " request ", i);
+            check_gpu_text(s.text, base + prompts[i], 100, fmt::format("round {} request {}", round, i));
         }
     }
     // The decode worker uploaded what the CPU prefill wrote, then decoded mostly from the pages
@@ -928,7 +976,7 @@ TEST_CASE("workers: GPU prefill + CPU or GPU decode gives the cpu/cpu tokens, or
         CHECK(status(d.sock)["placement"]["decode"].get<std::string>().rfind(decode == "gpu" ? "cuda" : "cpu", 0) == 0);
         const tokens_of n48 = [](size_t) { return 48; };
         auto fs = stream_all(d.sock, prompts.size(), n48);
-        check_equal_offline(fs, n48);
+        check_equal_offline(fs, n48, true);
         CHECK(d.stop() == 0);
     }
 }

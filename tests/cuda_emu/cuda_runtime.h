@@ -13,11 +13,16 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
+#include <string>
 #include <utility>
 
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 enum cudaError_t {
@@ -101,6 +106,29 @@ inline bool sticky_fault() {
 }
 inline cudaError_t synchronized() {
     return sticky_fault() ? fail_with(cudaErrorIllegalAddress) : cudaSuccess;
+}
+// Whether Linux would refuse to pin p long-term for writing, as the real cudaHostRegister
+// does (seen on an H200 machine: cudaErrorInvalidValue): p lies in a shared mapping of a file
+// that needs dirty tracking, i.e. one not on tmpfs or hugetlbfs (memfds are tmpfs).
+inline bool unpinnable(const void* p) {
+    std::ifstream maps("/proc/self/maps");
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    for (std::string line; std::getline(maps, line);) {
+        std::istringstream in(line);
+        std::string range, perms, offset, dev, inode, path;
+        in >> range >> perms >> offset >> dev >> inode;
+        std::getline(in >> std::ws, path);
+        const size_t dash = range.find('-');
+        const uintptr_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
+        const uintptr_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
+        if (at < lo || at >= hi) continue;
+        if (perms.size() < 4 || perms[3] != 's' || path.empty() || path[0] != '/' || path.rfind("/memfd:", 0) == 0)
+            return false;
+        struct statfs st {};
+        if (::statfs(path.c_str(), &st) != 0) return false; // removed since: cannot tell
+        return st.f_type != TMPFS_MAGIC && st.f_type != HUGETLBFS_MAGIC;
+    }
+    return false;
 }
 
 } // namespace tandem::cuda_emu
@@ -241,6 +269,7 @@ inline cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t = 
 }
 
 inline cudaError_t cudaHostRegister(void* p, size_t, unsigned) {
+    if (tandem::cuda_emu::unpinnable(p)) return tandem::cuda_emu::fail_with(cudaErrorInvalidValue);
     auto& s = tandem::cuda_emu::rt();
     std::lock_guard lock(s.mu);
     if (!s.registered.insert(p).second) return tandem::cuda_emu::fail_with(cudaErrorHostMemoryAlreadyRegistered);
