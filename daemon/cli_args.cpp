@@ -224,6 +224,10 @@ int usage_error(const CLI::App& app, std::string_view what) {
     return exit_usage;
 }
 
+void add_version_flag(CLI::App& app) {
+    app.set_version_flag("--version", app.get_name() + " " TANDEM_VERSION, "print the version and exit");
+}
+
 std::optional<int> parse_args(CLI::App& app, int argc, const char* const* argv, const rewrite_error& rewrite) {
     try {
         app.parse(argc, argv);

@@ -30,6 +30,9 @@ CLI::Validator named(std::vector<std::pair<std::string, std::string>> names);
 // "no such file: X".
 CLI::Validator existing_file();
 
+// --version on `app`: prints "<app's name> <Tandem's version>" and exits 0 (through parse_args).
+void add_version_flag(CLI::App& app);
+
 // Parses argv. nullopt: parsed, go on. Otherwise the exit code: 0 after --help (printed), or
 // exit_usage after a mistake, printed to stderr as
 //   <prog>: <option>: <problem>

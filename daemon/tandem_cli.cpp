@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
     const auto log_check = cli::one_of({"trace", "debug", "info", "warn", "error", "critical", "off"});
     const char* log_help = "log level: trace, debug, info, warn, error, critical, off (or TANDEM_LOG)";
     app.add_option("--log", log_level, log_help)->check(log_check);
+    cli::add_version_flag(app);
 
     cli::registry reg;
     cli::register_offline(app, reg);

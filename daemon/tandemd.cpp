@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
                  "tandemd"};
     daemon::tandemd_args args;
     daemon::add_options(app, args);
+    cli::add_version_flag(app);
     if (auto rc = cli::parse_args(app, argc, argv)) return *rc; // a mistake: one line and exit code 2
 
     if (args.list_keys) {

@@ -307,7 +307,7 @@ TEST_CASE("int8 matmul on AMX tiles (emulated everywhere, hardware where present
     if (!hw) MESSAGE("AMX hardware rows skipped (this CPU or OS gives the process no AMX tiles); emulated rows run");
     for (int64_t n_in : {64, 65, 100, 128, 257}) {
         for (int64_t n_out : {16, 33, 50}) {
-            for (int64_t n_tok : {1, 2, 16, 17, 32, 33, 63}) {
+            for (int64_t n_tok : {1, 2, 16, 17, 32, 33, 63, 64, 100}) {
                 const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in * 7 + n_out));
                 const weight w = quantize_weight(wf.data(), n_out, n_in);
                 weight b{randn(size_t(n_out), 9), n_out, 1};

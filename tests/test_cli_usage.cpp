@@ -114,6 +114,9 @@ TEST_CASE("tandem help [COMMAND] shows help; --help exits 0") {
     const auto hh = run_tandem({"help", "--help"}); // help about help: the main help
     CHECK(hh.rc == 0);
     CHECK(hh.out == run_tandem({"--help"}).out);
+    const auto v = run_tandem({"--version"});
+    CHECK(v.rc == 0);
+    CHECK(v.out == "tandem " TANDEM_VERSION "\n");
 }
 
 TEST_CASE("tandem --log is global: accepted after the command too") {
@@ -167,4 +170,7 @@ TEST_CASE("tandemd: parse errors are one line and exit 2, --help exits 0") {
     auto h = run_d({"--help"});
     CHECK(h.rc == 0);
     CHECK(h.out.find("Exit codes") != std::string::npos);
+    const auto v = run_d({"--version"});
+    CHECK(v.rc == 0);
+    CHECK(v.out == "tandemd " TANDEM_VERSION "\n");
 }

@@ -9,6 +9,7 @@
 #include "quant/int8.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -374,7 +375,10 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
     const int64_t n_out = w.n_out, n_in = w.n_in;
     const float* sw = w.scale();
     const isa level = active_isa();
-    if (level >= isa::avx512 && n_tok >= dnnl_min_tokens) {
+    // TANDEM_AMX_PREFILL: batches of 64 tokens and more on the tiles too, for measuring them
+    // against oneDNN (level within the noise on the H200 machine's Xeon: docs/cpu.md).
+    static const bool amx_prefill = std::getenv("TANDEM_AMX_PREFILL") != nullptr;
+    if (level >= isa::avx512 && n_tok >= dnnl_min_tokens && !(level == isa::amx && amx_prefill)) {
         // oneDNN takes the rows of whole multiples of dnnl_min_tokens, the rest go below (the same
         // bits): it builds a primitive per row count, and a server's batches come in every size,
         // which grew the prefill worker by 64-130 KiB a size (issue 19's soak), so there are at
