@@ -1,8 +1,8 @@
 // oneDNN (2.x API) int8 matmul: u8 activations x s8 weights -> s32, scaled by the caller.
 // Measured here (oneDNN 2.6.3, 2 threads, 512x2048x2048): u8 src with s32 dst runs on
 // brg:avx512_core_vnni at ~1.3 TOPS, while runtime output scales drop it to gemm:jit at
-// ~0.15-0.35 TOPS and s8 src costs ~20%; the plain [n, k] weight rows cost ~5-10% vs
-// oneDNN's blocked layout, which would need a second copy of every matrix.
+// ~0.15-0.35 TOPS and s8 src costs ~20%; plain [n, k] weight rows cost ~5-10% against
+// oneDNN's blocked layout, which is Tandem's own from the VNNI level up (runtime/weight.hpp).
 #include "cpu/dnnl_matmul.hpp"
 
 #include "cpu/isa.hpp"
@@ -60,17 +60,22 @@ struct prim {
     std::string impl;      // oneDNN's name for the implementation it chose
 };
 
-std::mutex cache_mu;
-std::map<std::tuple<int64_t, int64_t, int64_t, bool>, prim> cache; // kept for the process's life
+// How the primitive gets its weights: as Tandem holds them (rows, or the blocked layout, which
+// is oneDNN's BA16a64b4a), or in whatever layout oneDNN prefers (the raw figure of bench).
+enum class wei { rows, blocked, any };
 
-// One primitive per (m, k, n, packed): matmul_i8 asks for m in multiples of 64 only, so a
+std::mutex cache_mu;
+std::map<std::tuple<int64_t, int64_t, int64_t, wei>, prim> cache; // kept for the process's life
+
+// One primitive per (m, k, n, weights): matmul_i8 asks for m in multiples of 64 only, so a
 // model has a few per weight shape.
-prim& get_prim(int64_t m, int64_t k, int64_t n, bool packed) {
+prim& get_prim(int64_t m, int64_t k, int64_t n, wei how) {
     std::lock_guard lock(cache_mu);
-    auto key = std::make_tuple(m, k, n, packed);
+    auto key = std::make_tuple(m, k, n, how);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
     const dnnl::memory::desc src({m, k}, dt::u8, tag::ab);
-    const dnnl::memory::desc wts({k, n}, dt::s8, packed ? tag::any : tag::ba); // ba: the [n, k] rows as stored
+    const tag wt = how == wei::rows ? tag::ba : how == wei::blocked ? tag::BA16a64b4a : tag::any;
+    const dnnl::memory::desc wts({k, n}, dt::s8, wt);
     const dnnl::memory::desc dst({m, n}, dt::s32, tag::ab);
     prim p;
     DNNL_CHECK({
@@ -82,54 +87,46 @@ prim& get_prim(int64_t m, int64_t k, int64_t n, bool packed) {
     return cache.emplace(key, std::move(p)).first->second;
 }
 
-// A blocked copy of a weight, owned by weight::packed.
-struct packed_weight {
-    dnnl::memory mem;
-};
+wei wei_of(const weight& w) { return w.layout == q_layout::blocked ? wei::blocked : wei::rows; }
 
 } // namespace
 
-void dnnl_pack(weight& w) {
-    TANDEM_ASSERT(w.is_i8());
-    // The layout depends on m only through the implementation's choice; a typical prefill m.
-    prim& p = get_prim(512, w.n_in, w.n_out, true);
-    auto pw = std::make_shared<packed_weight>();
-    DNNL_CHECK({
-        dnnl::memory plain({{w.n_in, w.n_out}, dt::s8, tag::ba}, engine(), const_cast<int8_t*>(w.q()));
-        pw->mem = dnnl::memory(p.wd, engine());
-        dnnl::stream s(engine());
-        dnnl::reorder(plain, pw->mem).execute(s, plain, pw->mem);
-        s.wait();
-    });
-    w.packed = pw;
-}
-
 bool dnnl_matmul_u8s8(thread_pool& pool, int32_t* out, const uint8_t* xu, int64_t m, const weight& w) {
-    const auto* pw = static_cast<const packed_weight*>(w.packed.get());
-    prim& p = get_prim(m, w.n_in, w.n_out, pw != nullptr);
-    if (pw && pw->mem.get_desc() != p.wd) pw = nullptr; // another m chose another layout
-    prim& q = pw ? p : get_prim(m, w.n_in, w.n_out, false);
+    prim& p = get_prim(m, w.n_in, w.n_out, wei_of(w));
+    // oneDNN's BA16a64b4a pads as weight.hpp's blocked layout does: the same bytes, or not ours
+    if (w.layout == q_layout::blocked && p.wd.get_size() != size_t(w.q_bytes())) return false;
     omp_set_num_threads(pool.n_threads()); // no more threads than the pool: the cores are shared
     DNNL_CHECK({
         dnnl::memory src({{m, w.n_in}, dt::u8, tag::ab}, engine(), const_cast<uint8_t*>(xu));
-        dnnl::memory wts = pw ? pw->mem : dnnl::memory(q.wd, engine(), const_cast<int8_t*>(w.q()));
+        dnnl::memory wts(p.wd, engine(), const_cast<int8_t*>(w.q()));
         dnnl::memory dst({{m, w.n_out}, dt::s32, tag::ab}, engine(), out);
         dnnl::stream s(engine());
-        q.mm.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wts}, {DNNL_ARG_DST, dst}});
+        p.mm.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wts}, {DNNL_ARG_DST, dst}});
         s.wait();
     });
     return true;
 }
 
-void dnnl_prepare(int64_t m, const weight& w) {
-    const auto* pw = static_cast<const packed_weight*>(w.packed.get());
-    prim& p = get_prim(m, w.n_in, w.n_out, pw != nullptr);
-    if (pw && pw->mem.get_desc() != p.wd) get_prim(m, w.n_in, w.n_out, false);
+void dnnl_blocked_reference(const weight& w, int8_t* out) {
+    TANDEM_ASSERT(w.is_i8() && w.layout == q_layout::rows);
+    DNNL_CHECK({
+        dnnl::memory plain({{w.n_in, w.n_out}, dt::s8, tag::ba}, engine(), const_cast<int8_t*>(w.q()));
+        dnnl::memory blocked({{w.n_in, w.n_out}, dt::s8, tag::BA16a64b4a}, engine(), out);
+        dnnl::stream s(engine());
+        dnnl::reorder(plain, blocked).execute(s, plain, blocked);
+        s.wait();
+    });
 }
+
+size_t dnnl_blocked_bytes(const weight& w) {
+    return dnnl::memory::desc({w.n_in, w.n_out}, dt::s8, tag::BA16a64b4a).get_size();
+}
+
+void dnnl_prepare(int64_t m, const weight& w) { get_prim(m, w.n_in, w.n_out, wei_of(w)); }
 
 double dnnl_matmul_gops(int n_threads, int64_t m, int64_t k, int64_t n, int reps) {
     omp_set_num_threads(n_threads);
-    prim& p = get_prim(m, k, n, true);
+    prim& p = get_prim(m, k, n, wei::any);
     double best = 0;
     DNNL_CHECK({
         dnnl::memory src({{m, k}, dt::u8, tag::ab}, engine());
@@ -167,9 +164,6 @@ size_t dnnl_primitive_count() {
     return cache.size();
 }
 
-const char* dnnl_impl_name(int64_t m, int64_t k, int64_t n) {
-    prim& p = get_prim(m, k, n, true);
-    return p.impl.c_str();
-}
+const char* dnnl_impl_name(int64_t m, int64_t k, int64_t n) { return get_prim(m, k, n, wei::any).impl.c_str(); }
 
 } // namespace tandem::cpu

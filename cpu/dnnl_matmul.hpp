@@ -11,16 +11,18 @@ namespace tandem::cpu {
 class thread_pool;
 
 // out [m, w.n_out] = xu [m, w.n_in] . q_w^T in int32, with u8 activations (s8 + 128: the
-// caller subtracts 128 * row sum and applies the scales and bias). Runs on pool.n_threads()
-// threads; false if oneDNN cannot.
+// caller subtracts 128 * row sum and applies the scales and bias), reading w in its layout
+// (rows, or blocked as oneDNN's BA16a64b4a). Runs on pool.n_threads() threads; false if
+// oneDNN cannot.
 bool dnnl_matmul_u8s8(thread_pool& pool, int32_t* out, const uint8_t* xu, int64_t m, const weight& w);
 
 // Builds the primitive dnnl_matmul_u8s8 would build on its first call with m rows and w.
 void dnnl_prepare(int64_t m, const weight& w);
 
-// Reorders w's rows into oneDNN's preferred blocked layout for prefill (w.packed). Costs a
-// second copy of the matrix, so it is optional; without it oneDNN reads the rows in place.
-void dnnl_pack(weight& w);
+// oneDNN's own reorder of w's rows into BA16a64b4a, into out [dnnl_blocked_bytes(w)]: what the
+// tests hold weight.hpp's blocked layout against.
+void dnnl_blocked_reference(const weight& w, int8_t* out);
+size_t dnnl_blocked_bytes(const weight& w);
 
 // oneDNN's own u8 x s8 -> s32 matmul throughput in GOPS (2 ops per multiply-add) for
 // [m, k] x [k, n] with weights in its preferred layout, best of `reps` runs.

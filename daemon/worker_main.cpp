@@ -67,6 +67,7 @@ int run_worker(const worker_args_parsed& a) {
     lo.kv = s.kv;
     lo.n_threads = s.n_threads;
     lo.fd = s.model_fd;
+    lo.cpu_layout = s.device == "cpu";
     model_bundle b = load_model(s.model, lo);
     const uint64_t fp = model_fingerprint(*b.file, s.weights, s.kv);
     TANDEM_CHECK(fp == s.fingerprint, "{}: the model file changed since the daemon read it (fingerprint {:016x}, expected {:016x})",

@@ -1,6 +1,7 @@
 // Offline single-sequence generation loop.
 #include "runtime/generate.hpp"
 
+#include "cpu/ops/ops.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/error.hpp"
@@ -35,14 +36,16 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
     b.tok = std::make_unique<tokenizer>(tokenizer::from_gguf(*b.file));
     std::optional<cpu::thread_pool> pool;
     if (opt.n_threads > 0) pool.emplace(opt.n_threads);
-    model_weights w = model_weights::load(*b.file, cfg, {opt.weights, pool ? &*pool : nullptr});
+    const q_layout layout = opt.cpu_layout ? cpu::matmul_i8_layout() : q_layout::rows;
+    model_weights w = model_weights::load(*b.file, cfg, {opt.weights, pool ? &*pool : nullptr, layout});
     TANDEM_CHECK(b.tok->n_vocab() == cfg.n_vocab, "{}: the tokenizer has {} tokens but the model {}", path,
                  b.tok->n_vocab(), cfg.n_vocab);
     b.cfg = cfg;
     b.mdl = std::make_unique<model>(std::move(cfg), std::move(w), opt.kv);
     // Weights converted at load hold nothing in the mapping: give its pages back, so RSS is
-    // the engine's copy alone. (A pre-quantized file is used in place and stays.)
-    const bool in_place = opt.weights == weight_format::int8 &&
+    // the engine's copy alone. (A pre-quantized file is used in place and stays, unless its rows
+    // were laid out anew for the CPU kernels; its scales are still read from it, refaulted.)
+    const bool in_place = opt.weights == weight_format::int8 && layout == q_layout::rows &&
                           std::any_of(b.file->tensors().begin(), b.file->tensors().end(),
                                       [](const gguf::tensor_info& t) { return t.type == dtype::i8; });
     if (!in_place && !b.file->bytes().empty())

@@ -34,6 +34,8 @@ struct load_options {
     int n_threads = 0; // threads that quantize at load; 0: every core
     int fd = -1;       // an open descriptor of the file to read instead of opening the path (a
                        // worker reads the file its supervisor opened, even once replaced on disk)
+    bool cpu_layout = true; // INT8 matrices in the layout this CPU's kernels read (cpu::matmul_i8_layout);
+                            // false: rows, as a GPU worker uploads them
 };
 
 // Throws tandem::error with one line naming the file and the problem.

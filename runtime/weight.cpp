@@ -1,6 +1,7 @@
 // One weight: reading a row back as F32.
 #include "runtime/weight.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <sys/mman.h>
 
@@ -29,9 +30,22 @@ void weight::row_f32(int64_t i, float* out) const {
         return;
     }
     // w = scale * q, as quant/int8's dequantize (a layer above this one) has it.
-    const int8_t* qi = q() + i * n_in;
     const float s = scale()[i];
-    for (int64_t k = 0; k < n_in; ++k) out[k] = s * float(qi[k]);
+    if (layout == q_layout::rows) {
+        const int8_t* qi = q() + i * n_in;
+        for (int64_t k = 0; k < n_in; ++k) out[k] = s * float(qi[k]);
+        return;
+    }
+    for (int64_t k = 0; k < n_in; ++k) out[k] = s * float(q()[blocked_offset(i, k)]);
+}
+
+void weight::q_row(int64_t o, int8_t* out) const {
+    if (layout == q_layout::rows) {
+        std::memcpy(out, q() + o * n_in, size_t(n_in));
+        return;
+    }
+    const int8_t* p = q() + blocked_offset(o, 0); // four bytes every 256
+    for (int64_t k = 0; k < n_in; k += 4) std::memcpy(out + k, p + k * q_block_rows, size_t(std::min<int64_t>(4, n_in - k)));
 }
 
 } // namespace tandem

@@ -35,10 +35,25 @@ struct cacheline_allocator {
 // How matrices are held in memory. Vectors (norms, biases) are always F32.
 enum class weight_format { f32, int8 };
 
-// A weight: a matrix [n_out, n_in] stored row-major (each output's inputs are contiguous,
-// as GGUF stores them), or a vector [n_out] with n_in == 1. Either F32 (`data`) or INT8:
-// q [n_out, n_in] with one f32 scale per row, w[o][i] ~= scale[o] * q[o][i]. INT8 rows
-// live in `q_store` or, for pre-quantized files, in the file's mapping (`q_ext`).
+// The order of an INT8 matrix's bytes.
+//
+// rows: [n_out][n_in], as GGUF stores them.
+// blocked: oneDNN's BA16a64b4a of the [n_in, n_out] matrix, the one layout every CPU kernel
+// from the VNNI level up reads: blocks of 64 outputs, each [k_pad / 4][64][4], so every 64-byte
+// line holds four consecutive inputs of 16 outputs. That line is what `vpdpbusd` multiplies by
+// four broadcast activations (16 sums, one per output, with no horizontal reduction), a row
+// of an AMX B tile (16 of them, 256 bytes apart), and oneDNN's own preferred layout for its
+// int8 matmul, so one copy serves the GEMV, the tiles and oneDNN. n_out is padded to a
+// multiple of 64 and n_in to one of 64 (k_pad) with zeros.
+enum class q_layout { rows, blocked };
+
+inline constexpr int64_t q_block_rows = 64; // outputs in a block
+inline constexpr int64_t q_block_k = 64;    // n_in is padded to a multiple of this
+
+// A weight: a matrix [n_out, n_in] (each output's n_in inputs; for INT8 in `layout`), or a
+// vector [n_out] with n_in == 1. Either F32 (`data`, row-major) or INT8: q with one f32 scale
+// per row, w[o][i] ~= scale[o] * q[o][i]. INT8 bytes live in `q_store` or, for pre-quantized
+// files, in the file's mapping (`q_ext`, rows).
 struct weight {
     std::vector<float> data;          // F32 form
     int64_t n_out = 0;
@@ -49,7 +64,7 @@ struct weight {
     const float* scale_ext = nullptr; // [n_out]
     const float* data_ext = nullptr;  // F32 form held elsewhere (a backend's copy: a device view)
     std::vector<int32_t> q_sum;       // [n_out] sum of each q row (VNNI's u8 offset correction)
-    std::shared_ptr<const void> packed; // a backend's own copy/handle (oneDNN), opaque here
+    q_layout layout = q_layout::rows; // of the INT8 bytes
 
     bool is_i8() const { return q_ext != nullptr || !q_store.empty(); }
     bool is_f32() const { return data_ext != nullptr || !data.empty(); }
@@ -58,9 +73,21 @@ struct weight {
     const float* row(int64_t i) const { return f32() + i * n_in; }
     const int8_t* q() const { return q_ext ? q_ext : q_store.data(); }
     const float* scale() const { return scale_ext ? scale_ext : scale_store.data(); }
-    int64_t bytes() const { return is_i8() ? n_out * n_in + n_out * 4 : is_f32() ? n_out * n_in * 4 : 0; }
+    int64_t bytes() const { return is_i8() ? q_bytes() + n_out * 4 : is_f32() ? n_out * n_in * 4 : 0; }
     // Row i as F32 (dequantized for INT8) into out [n_in].
     void row_f32(int64_t i, float* out) const;
+
+    // The blocked layout's padded sizes, blocks and bytes (of the INT8 bytes in either layout).
+    int64_t k_pad() const { return (n_in + q_block_k - 1) / q_block_k * q_block_k; }
+    int64_t n_blocks() const { return (n_out + q_block_rows - 1) / q_block_rows; }
+    int64_t q_bytes() const { return layout == q_layout::blocked ? n_blocks() * q_block_rows * k_pad() : n_out * n_in; }
+    const int8_t* q_block(int64_t b) const { return q() + b * q_block_rows * k_pad(); }
+    // Where q[o][i] is in q() for the blocked layout.
+    int64_t blocked_offset(int64_t o, int64_t i) const {
+        return (o / q_block_rows) * q_block_rows * k_pad() + (i / 4) * (4 * q_block_rows) + (o % q_block_rows) * 4 + i % 4;
+    }
+    // INT8 row o into out [n_in], in either layout.
+    void q_row(int64_t o, int8_t* out) const;
 };
 
 } // namespace tandem

@@ -123,6 +123,7 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
                 }
             });
         }
+        if (opt.layout == q_layout::blocked) pack_blocked(w, opt.pool);
         if (t->type != dtype::i8 && last_part) release_pages(*t);
         return w;
     }
@@ -180,6 +181,42 @@ void compute_row_sums(weight& w, cpu::thread_pool* pool) {
     for_rows(pool, w.n_out, w.n_in, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) w.q_sum[size_t(r)] = sum_i8_ref(q + r * w.n_in, w.n_in);
     });
+}
+
+void pack_blocked(weight& w, cpu::thread_pool* pool) {
+    if (!w.is_i8() || w.layout == q_layout::blocked) return;
+    const int64_t n_in = w.n_in, kp = w.k_pad(), n_blk = w.n_blocks(), blk_bytes = q_block_rows * kp;
+    const int8_t* src = w.q();
+    // Block b from the rows at `rows` (those of b's outputs that exist) into dst: line g holds
+    // inputs 4g..4g+3 of each of the 64 outputs in turn, zeros past n_out and n_in.
+    const auto pack_block = [&](const int8_t* rows, int64_t b, int8_t* dst) {
+        const int64_t nr = std::min(q_block_rows, w.n_out - b * q_block_rows);
+        std::memset(dst, 0, size_t(blk_bytes));
+        for (int64_t r = 0; r < nr; ++r)
+            for (int64_t k = 0; k < n_in; k += 4)
+                std::memcpy(dst + k * q_block_rows + r * 4, rows + r * n_in + k, size_t(std::min<int64_t>(4, n_in - k)));
+    };
+    const auto each_block = [&](const auto& f) {
+        const auto range = [&](int64_t x, int64_t y) {
+            for (int64_t b = x; b < y; ++b) f(b);
+        };
+        if (pool) pool->parallel_for(n_blk, 1, range);
+        else range(0, n_blk);
+    };
+    if (w.q_ext == nullptr && kp == n_in && n_blk * q_block_rows == w.n_out) {
+        // A block's rows and its packed bytes are the same bytes: re-lay each one in place.
+        each_block([&](int64_t b) {
+            thread_local std::vector<int8_t> rows;
+            rows.assign(w.q_store.begin() + b * blk_bytes, w.q_store.begin() + (b + 1) * blk_bytes);
+            pack_block(rows.data(), b, &w.q_store[size_t(b * blk_bytes)]);
+        });
+    } else {
+        std::vector<int8_t, cacheline_allocator<int8_t>> out(size_t(n_blk * blk_bytes));
+        each_block([&](int64_t b) { pack_block(src + b * q_block_rows * n_in, b, &out[size_t(b * blk_bytes)]); });
+        w.q_store = std::move(out);
+        w.q_ext = nullptr;
+    }
+    w.layout = q_layout::blocked;
 }
 
 int64_t model_weights::bytes() const {

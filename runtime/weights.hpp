@@ -36,6 +36,7 @@ inline constexpr std::array<weight layer_weights::*, 16> layer_weight_fields = {
 struct weight_load_options {
     weight_format format = weight_format::f32;
     cpu::thread_pool* pool = nullptr; // quantizes rows in parallel when set
+    q_layout layout = q_layout::rows; // of the INT8 matrices (blocked: the CPU kernels' from VNNI up)
 };
 
 struct model_weights {
@@ -64,5 +65,8 @@ void tensor_row_to_f32(const gguf::file& f, const gguf::tensor_info& t, int64_t 
 weight quantize_weight(const float* data, int64_t n_out, int64_t n_in, cpu::thread_pool* pool = nullptr);
 // Fills w.q_sum from its rows.
 void compute_row_sums(weight& w, cpu::thread_pool* pool = nullptr);
+// Lays w's INT8 rows out as q_layout::blocked: in place when no padding is needed, else (and
+// for rows in a mapped file) into a new q_store. Does nothing to a blocked or F32 weight.
+void pack_blocked(weight& w, cpu::thread_pool* pool = nullptr);
 
 } // namespace tandem

@@ -3,11 +3,13 @@
 #pragma once
 
 #include "cpu/isa.hpp"
+#include "cpu/ops/ops.hpp"
 #include "cpu/thread_pool.hpp"
 #include "runtime/attn_params.hpp"
 #include "runtime/kv_cache.hpp"
 #include "runtime/ops/dispatch.hpp"
 #include "runtime/weight.hpp"
+#include "runtime/weights.hpp"
 #include "tests/op_data.hpp"
 #if TANDEM_HAVE_CUDA
 #include "cuda/device.hpp"
@@ -61,10 +63,18 @@ public:
     // Read and written by the op: uploaded, and read back by finish().
     template <class T> T* out(std::vector<T>& v) { return dev(v.data(), v.size() * sizeof(T), v.data()); }
 
+    // On the CPU, an INT8 matrix in rows goes in the layout the loader gives it at the active
+    // ISA level (blocked from VNNI up), so the kernels a loaded model runs are the ones tested.
     const weight& w(const weight& host) {
 #if TANDEM_HAVE_CUDA
         if (ctx_.be == backend::cuda) return weights_.emplace_back(*ctx_.cuda, host).view();
 #endif
+        if (ctx_.be == backend::cpu && host.is_i8() && host.layout == q_layout::rows &&
+            cpu::matmul_i8_layout() == q_layout::blocked) {
+            weight& c = laid_out_.emplace_back(host);
+            pack_blocked(c);
+            return c;
+        }
         return host;
     }
 
@@ -114,7 +124,8 @@ private:
         return host;
     }
 
-    [[maybe_unused]] const exec_ctx& ctx_; // unused in builds without CUDA
+    const exec_ctx& ctx_;
+    std::list<weight> laid_out_;
 #if TANDEM_HAVE_CUDA
     std::map<const void*, cuda::buffer> copies_;
     std::map<void*, std::pair<void*, size_t>> reads_;

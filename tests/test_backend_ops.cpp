@@ -266,17 +266,18 @@ TEST_CASE("int8 matmul on shapes large enough to split across threads, and close
 }
 
 // Batch invariance: a token's output is the same bits whichever kernel its batch size picks
-// (the VNNI GEMV for one or two tokens, AMX tiles from three where the CPU has them, oneDNN
-// from 64), so greedy output does not depend on what else is in the batch, and speculation's
+// (the VNNI GEMV up to four tokens, AMX tiles from five where the CPU has them, oneDNN from
+// 64), so greedy output does not depend on what else is in the batch, and speculation's
 // verify steps see plain decoding's logits.
 TEST_CASE("int8 matmul: every batch size gives each token the same bits as alone") {
     const cpu::isa hw = cpu::detect_isa();
     for (int64_t n_in : {64, 100, 257, 2048}) {
         const int64_t n_out = 48 + n_in % 5;
         const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in + 1));
-        const weight w = quantize_weight(wf.data(), n_out, n_in);
+        weight w = quantize_weight(wf.data(), n_out, n_in);
+        if (cpu::matmul_i8_layout() == q_layout::blocked) pack_blocked(w); // as the loader lays it out
         weight b{randn(size_t(n_out), 4), n_out, 1};
-        for (int64_t n_tok : {2, 3, 4, 5, 8, 16, 17, 33, 63, 64, 65, 130}) {
+        for (int64_t n_tok : {2, 3, 4, 5, 8, 9, 16, 17, 33, 63, 64, 65, 130}) {
             const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok * 5 + n_in));
             std::vector<int8_t> qx(x.size());
             std::vector<float> sx(static_cast<size_t>(n_tok));
@@ -299,24 +300,26 @@ TEST_CASE("int8 matmul: every batch size gives each token the same bits as alone
             std::string(cpu::name_of(hw)), ")");
 }
 
-// The AMX kernel (16-row x 64-byte weight tiles, 16-token activation tiles, K tail shifted back,
-// rows past the last 16-row block on the GEMV): on a scalar model of the tiles everywhere, and
-// on the tiles themselves where the CPU has them.
+// The AMX kernel (16-token x 64-byte activation tiles, 16-output weight tiles from the blocked
+// layout, zero padding for every tail): on a scalar model of the tiles everywhere, and on the
+// tiles themselves where the CPU has them. Exact: the reference's bits.
 TEST_CASE("int8 matmul on AMX tiles (emulated everywhere, hardware where present) vs reference") {
     const bool hw = cpu::detect_isa() == cpu::isa::amx;
     if (!hw) MESSAGE("AMX hardware rows skipped (this CPU or OS gives the process no AMX tiles); emulated rows run");
-    for (int64_t n_in : {64, 65, 100, 128, 257}) {
-        for (int64_t n_out : {16, 33, 50}) {
+    for (int64_t n_in : {7, 64, 65, 100, 128, 257}) {
+        for (int64_t n_out : {16, 33, 50, 130}) {
             for (int64_t n_tok : {1, 2, 16, 17, 32, 33, 63, 64, 100}) {
                 const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in * 7 + n_out));
-                const weight w = quantize_weight(wf.data(), n_out, n_in);
+                const weight rows = quantize_weight(wf.data(), n_out, n_in);
+                weight w = rows;
+                pack_blocked(w);
                 weight b{randn(size_t(n_out), 9), n_out, 1};
                 const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok + 3));
                 std::vector<int8_t> qx(x.size());
                 std::vector<float> sx(static_cast<size_t>(n_tok));
                 ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
                 std::vector<float> want(size_t(n_tok * n_out));
-                ops::matmul_i8(exec_ctx{backend::ref}, want.data(), qx.data(), sx.data(), n_tok, w, &b);
+                ops::matmul_i8(exec_ctx{backend::ref}, want.data(), qx.data(), sx.data(), n_tok, rows, &b);
                 const std::string tag =
                     " n_in=" + std::to_string(n_in) + " n_out=" + std::to_string(n_out) + " n_tok=" + std::to_string(n_tok);
                 for (int nt : {1, 3}) {
@@ -324,13 +327,13 @@ TEST_CASE("int8 matmul on AMX tiles (emulated everywhere, hardware where present
                     std::vector<float> got(want.size(), NAN);
                     cpu::matmul_i8_amx_emulated(pool, got.data(), qx.data(), sx.data(), n_tok, w, b.data.data());
                     INFO("amx emulated" << tag << " threads=" << nt);
-                    CHECK(nmse(want, got) <= tol_i8);
+                    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
                     if (hw) {
                         cpu::force_isa(cpu::isa::amx);
                         std::vector<float> got_hw(want.size(), NAN);
                         ops::matmul_i8(exec_ctx{backend::cpu, &pool}, got_hw.data(), qx.data(), sx.data(), n_tok, w, &b);
                         INFO("amx hardware" << tag << " threads=" << nt);
-                        CHECK(nmse(want, got_hw) <= tol_i8);
+                        CHECK(std::memcmp(got_hw.data(), want.data(), want.size() * sizeof(float)) == 0);
                     }
                 }
             }
@@ -359,25 +362,78 @@ TEST_CASE("int8 matmul: oneDNN's primitives are few whatever the batch sizes") {
     CHECK(cpu::dnnl_primitive_count() - before <= 3); // 64, 128 and 192 rows
 }
 
-TEST_CASE("int8 matmul with the weights reordered into oneDNN's blocked layout") {
-    if (cpu::detect_isa() < cpu::isa::avx512) {
-        MESSAGE("oneDNN blocked weights: skipped (the oneDNN path runs at avx512 only)");
-        return;
-    }
-    const int64_t n_in = 96, n_out = 80, n_tok = 512; // dnnl_pack picks the layout for 512 tokens
-    const auto wf = randn(size_t(n_out * n_in), 21);
-    weight w = quantize_weight(wf.data(), n_out, n_in);
-    const auto x = randn(size_t(n_tok * n_in), 22);
-    std::vector<int8_t> qx(x.size());
-    std::vector<float> sx(static_cast<size_t>(n_tok));
-    ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
-    std::vector<float> want(size_t(n_tok * n_out)), got(want.size());
-    ops::matmul_i8(exec_ctx{backend::ref}, want.data(), qx.data(), sx.data(), n_tok, w);
-    cpu::dnnl_pack(w);
-    REQUIRE(w.packed != nullptr);
+// The one INT8 layout of the CPU kernels (runtime/weight.hpp) is oneDNN's BA16a64b4a byte for
+// byte, padding included, so oneDNN reads Tandem's copy in place; rows read back as they were.
+TEST_CASE("blocked INT8 layout: oneDNN's BA16a64b4a, rows read back, in place or padded") {
     cpu::thread_pool pool(2);
-    ops::matmul_i8(exec_ctx{backend::cpu, &pool}, got.data(), qx.data(), sx.data(), n_tok, w);
-    CHECK(nmse(want, got) <= tol_i8);
+    for (const auto& shape : {std::pair<int64_t, int64_t>{64, 64}, {128, 2048}, {80, 96}, {13, 7}, {200, 130},
+                               {64, 66}, {1, 3}}) {
+        const int64_t n_out = shape.first, n_in = shape.second;
+        CAPTURE(n_out);
+        CAPTURE(n_in);
+        const weight rows = quantize_weight(randn(size_t(n_out * n_in), uint32_t(n_out + n_in)).data(), n_out, n_in);
+        weight w = rows;
+        const int8_t* before = w.q();
+        pack_blocked(w, &pool);
+        REQUIRE(w.layout == q_layout::blocked);
+        CHECK((w.q() == before) == (n_out % 64 == 0 && n_in % 64 == 0)); // in place exactly when nothing pads
+        REQUIRE(size_t(w.q_bytes()) == cpu::dnnl_blocked_bytes(rows));
+        std::vector<int8_t> want(cpu::dnnl_blocked_bytes(rows));
+        cpu::dnnl_blocked_reference(rows, want.data());
+        CHECK(std::memcmp(w.q(), want.data(), want.size()) == 0);
+        std::vector<int8_t> row(static_cast<size_t>(n_in));
+        std::vector<float> f(static_cast<size_t>(n_in)), g(static_cast<size_t>(n_in));
+        for (int64_t o = 0; o < n_out; ++o) {
+            w.q_row(o, row.data());
+            REQUIRE(std::memcmp(row.data(), rows.q() + o * n_in, size_t(n_in)) == 0);
+            w.row_f32(o, f.data());
+            rows.row_f32(o, g.data());
+            REQUIRE(std::memcmp(f.data(), g.data(), f.size() * sizeof(float)) == 0);
+        }
+        pack_blocked(w, &pool); // a second time changes nothing
+        CHECK(std::memcmp(w.q(), want.data(), want.size()) == 0);
+    }
+}
+
+// Every kernel and fallback on either layout, at every ISA level this CPU runs, gives the
+// reference's bits: the blocked GEMV's passes (one to four tokens over a whole block, then
+// eight at a time over half of one), oneDNN on each layout from 64 tokens, the row GEMV on
+// rows at the VNNI level, and blocks read back below it.
+TEST_CASE("int8 matmul: both layouts at every ISA level give the reference's bits") {
+    for (int64_t n_in : {7, 64, 100, 257}) {
+        for (int64_t n_out : {13, 64, 70}) {
+            const weight rows = quantize_weight(randn(size_t(n_out * n_in), uint32_t(n_in * 3 + n_out)).data(), n_out, n_in);
+            weight blocked = rows;
+            pack_blocked(blocked);
+            const auto bias = randn(size_t(n_out), 5);
+            for (int64_t n_tok : {1, 3, 4, 5, 8, 9, 16, 17, 64, 65}) {
+                const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok + n_in));
+                std::vector<int8_t> qx(x.size());
+                std::vector<float> sx(static_cast<size_t>(n_tok));
+                ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
+                std::vector<float> want(size_t(n_tok * n_out));
+                cpu::ref::matmul_i8(want.data(), qx.data(), sx.data(), n_tok, rows.q(), rows.scale(), rows.q_sum.data(),
+                                    n_out, n_in, bias.data());
+                for (int lvl = 0; lvl <= int(cpu::detect_isa()); ++lvl) {
+                    const cpu::isa level = cpu::force_isa(cpu::isa(lvl));
+                    cpu::thread_pool pool(2);
+                    for (const weight* w : {&rows, static_cast<const weight*>(&blocked)}) {
+                        std::vector<float> got(want.size(), NAN);
+                        cpu::matmul_i8(pool, got.data(), qx.data(), sx.data(), n_tok, *w, bias.data());
+                        INFO("isa=", std::string(cpu::name_of(level)), w == &rows ? " rows" : " blocked", " n_in=", n_in,
+                             " n_out=", n_out, " n_tok=", n_tok);
+                        CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+                    }
+                    std::vector<float> ref_blocked(want.size(), NAN); // the reference reads blocked weights too
+                    ops::matmul_i8(exec_ctx{backend::ref}, ref_blocked.data(), qx.data(), sx.data(), n_tok, blocked);
+                    std::vector<float> ref_rows(want.size(), NAN);
+                    ops::matmul_i8(exec_ctx{backend::ref}, ref_rows.data(), qx.data(), sx.data(), n_tok, rows);
+                    CHECK(std::memcmp(ref_blocked.data(), ref_rows.data(), want.size() * sizeof(float)) == 0);
+                }
+                cpu::force_isa(cpu::detect_isa());
+            }
+        }
+    }
 }
 
 TEST_CASE("rms_norm vs reference") {

@@ -1,9 +1,13 @@
-// INT8 matmul on the CPU: W8A8 as a hand-written GEMV/small GEMM for decode that reads each weight
-// byte once per step for the whole batch and oneDNN's int8 matmul for prefill batches.
+// INT8 matmul on the CPU: W8A8 on weights in the blocked layout (runtime/weight.hpp) from the
+// VNNI level up: a GEMV/small GEMM for decode that reads each weight byte once per step for the
+// whole batch, the AMX tiles for 5 to 63 tokens where the CPU has them, and oneDNN's int8
+// matmul for prefill batches, all three reading the same bytes. Below VNNI (and for weights in
+// rows) a row-tiled GEMV.
 #include "cpu/dnnl_matmul.hpp"
 #include "cpu/intrinsics.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/ops/matmul_i8_amx.hpp"
+#include "cpu/ops/matmul_i8_sums.hpp"
 #include "cpu/ops/ops.hpp"
 #include "cpu/thread_pool.hpp"
 #include "quant/int8.hpp"
@@ -16,28 +20,14 @@
 namespace tandem::cpu {
 namespace {
 
+// ---- Weights in rows, and every weight below the VNNI level ----
+
 constexpr int tile_rows = 4; // weight rows sharing each activation load
 constexpr int tile_tok = 4;  // tokens sharing each weight load
 
-// What a tile pass prefetches for each 64 bytes of K it walks. One pass (one token block, the
-// memory-bound case): each of its own rows pf_dist bytes ahead, into L1. Several passes: the
-// next tile's rows (contiguous), `lines` cache lines a step from p on, into L2, the driver
-// spreading the next tile over the passes.
-struct prefetch_plan {
-    bool in_row = false;
-    const int8_t* p = nullptr;
-    int lines = 0;
-};
-
-// Measured on the 1.1B shape with one thread, batch-1 decode went from 71% to 88% of the read
-// roofline with 8 KiB (16 KiB: the same; 2 KiB: 77%). Fetching the next tile in order instead
-// (the same bytes at n_in 2048) ran batch 1 10% slower.
-constexpr int64_t pf_dist = 8192;
-
 // acc[t][r] = dot(w + r * n_in, x + t * n_in) for r < tile_rows, t < T; rows past the
 // matrix's end point at its last row (their sums are dropped by the caller).
-void tile_scalar(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, const prefetch_plan&,
-                 int32_t acc[tile_tok][tile_rows]) {
+void tile_scalar(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, int32_t acc[tile_tok][tile_rows]) {
     for (int r = 0; r < tile_rows; ++r)
         for (int t = 0; t < nt; ++t) acc[t][r] = dot_i8_ref(w[r], x + t * n_in, n_in);
 }
@@ -76,8 +66,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2_t(const int8_t* const* w, con
     }
 }
 
-void tile_avx2(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, const prefetch_plan&,
-               int32_t acc[tile_tok][tile_rows]) {
+void tile_avx2(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, int32_t acc[tile_tok][tile_rows]) {
     switch (nt) {
     case 1: tile_avx2_t<1>(w, x, n_in, acc); return;
     case 2: tile_avx2_t<2>(w, x, n_in, acc); return;
@@ -86,245 +75,170 @@ void tile_avx2(const int8_t* const* w, const int8_t* x, int64_t n_in, int nt, co
     }
 }
 
-// VNNI: vpdpbusd multiplies u8 by s8, so activations go in as u8 = s8 + 128 (the caller flips
-// the sign bits once per call) and the caller subtracts 128 * sum(w row). The K tail is a
-// masked load of zeros.
+// The row GEMV's driver: tiles of tile_rows weight rows x tile_tok tokens, each tile's rows kept
+// in L1 while every token block passes over them, chunks of ~128 KiB of weights handed out
+// dynamically (the cores may be shared); a matrix too small to be worth a second thread runs on
+// one. Blocked weights are read back a tile's rows at a time (what a test that forces a lower
+// ISA level on a loaded model meets; the loader lays them out in rows there).
+// epilogue(t, o, sum) writes one output.
+template <class Tile, class Epilogue>
+void tiled_rows(thread_pool& pool, const weight& w, const int8_t* x, int64_t n_tok, Tile tile, const Epilogue& epilogue) {
+    const int64_t n_out = w.n_out, n_in = w.n_in;
+    const int64_t chunk =
+        std::max<int64_t>(tile_rows, (int64_t(1) << 17) / std::max<int64_t>(1, n_in) / tile_rows * tile_rows);
+    const auto body = [&](int64_t o0, int64_t o1) {
+        thread_local std::vector<int8_t> unpacked;
+        int32_t acc[tile_tok][tile_rows];
+        for (int64_t o = o0; o < o1; o += tile_rows) {
+            const int nr = int(std::min<int64_t>(tile_rows, o1 - o));
+            const int8_t* rows[tile_rows];
+            if (w.layout == q_layout::rows) {
+                for (int r = 0; r < tile_rows; ++r) rows[r] = w.q() + (o + std::min(r, nr - 1)) * n_in;
+            } else {
+                unpacked.resize(size_t(tile_rows * n_in));
+                for (int r = 0; r < nr; ++r) w.q_row(o + r, &unpacked[size_t(r * n_in)]);
+                for (int r = 0; r < tile_rows; ++r) rows[r] = &unpacked[size_t(std::min(r, nr - 1) * n_in)];
+            }
+            for (int64_t t0 = 0; t0 < n_tok; t0 += tile_tok) {
+                const int nt = int(std::min<int64_t>(tile_tok, n_tok - t0));
+                tile(rows, x + t0 * n_in, n_in, nt, acc);
+                for (int t = 0; t < nt; ++t)
+                    for (int r = 0; r < nr; ++r) epilogue(t0 + t, o + r, acc[t][r]);
+            }
+        }
+    };
+    if (n_out * n_in * n_tok < thread_pool::min_parallel_work) body(0, n_out);
+    else pool.parallel_for_dynamic(n_out, chunk, body);
+}
+
+void row_gemm(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
+              const float* bias, isa level) {
+    const int64_t n_out = w.n_out;
+    const float* sw = w.scale();
+    const auto epilogue = [&](int64_t t, int64_t o, int32_t a) {
+        out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
+    };
+    if (level >= isa::avx2) tiled_rows(pool, w, qx, n_tok, tile_avx2, epilogue);
+    else tiled_rows(pool, w, qx, n_tok, tile_scalar, epilogue);
+}
+
+// ---- Blocked weights from the VNNI level up ----
+
+// VNNI: vpdpbusd multiplies u8 by s8, so activations go in as u8 = s8 + 128 (flipped once per
+// call) and the epilogue subtracts 128 * sum(w row).
 #define TANDEM_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define TANDEM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 // acc += dot4(u8 x, s8 w) per lane. In asm because GCC 12 ties the intrinsic's accumulator
-// badly: it copies each one to a spare register and back around every vpdpbusd, which ran the
-// 4x4 tile at a third of the core's vpdpbusd rate (2.3x slower than this at 16 tokens).
+// badly: it copies each one to a spare register and back around every vpdpbusd, which ran a
+// register-blocked tile at a third of the core's vpdpbusd rate.
 TANDEM_VNNI inline __attribute__((always_inline)) void dpbusd(__m512i& acc, __m512i xu, __m512i w) {
     __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(xu), "v"(w));
 }
 
-#define TANDEM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
-
-// Sums of 16 vectors in one: lane j = sum of v[j]'s int32 lanes. Four levels that each halve
-// the width and pair up vectors (15 adds and 30 shuffles for 16 sums, against ~8 ops per sum
-// one vector at a time); the order of the inputs in reduce16 makes the output lanes come out
-// in order.
-TANDEM_AVX512 inline __m512i halve_512(__m512i a, __m512i b) { // [a0+a2 a1+a3 | b0+b2 b1+b3] (128-bit blocks)
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xee));
-}
-TANDEM_AVX512 inline __m512i halve_256(__m512i a, __m512i b) { // [a0+a1 | a2+a3 | b0+b1 | b2+b3]
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
-}
-TANDEM_AVX512 inline __m512i halve_128(__m512i a, __m512i b) { // per 128-bit block: [a0+a2 a1+a3 b0+b2 b1+b3]
-    return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
-}
-TANDEM_AVX512 inline __m512i halve_64(__m512i a, __m512i b) { // per 128-bit block: [a0+a1 a2+a3 b0+b1 b2+b3]
-    const __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
-    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0x88)),
-                            _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0xdd)));
-}
-TANDEM_AVX512 inline __m512i reduce16(const __m512i v[16]) {
-    const __m512i a0 = halve_512(v[0], v[4]), a1 = halve_512(v[1], v[5]), a2 = halve_512(v[2], v[6]),
-                  a3 = halve_512(v[3], v[7]), a8 = halve_512(v[8], v[12]), a9 = halve_512(v[9], v[13]),
-                  a10 = halve_512(v[10], v[14]), a11 = halve_512(v[11], v[15]);
-    return halve_64(halve_128(halve_256(a0, a8), halve_256(a1, a9)),
-                    halve_128(halve_256(a2, a10), halve_256(a3, a11)));
-}
-
-// The plan in registers for one tile pass (the hot loops read nothing else from memory).
-struct prefetcher {
-    bool in_row;
-    const char* p; // next-tile mode: where step 0's lines start
-    int lines;     // 1 or 2 in next-tile mode (a pass is one of at least two)
-
-    explicit prefetcher(const prefetch_plan& pf)
-        : in_row(pf.in_row), p(reinterpret_cast<const char*>(pf.p)), lines(pf.p ? pf.lines : 0) {}
-
-    inline __attribute__((always_inline)) void step(const int8_t* const w[tile_rows], int64_t i) const {
-        if (in_row) {
-            for (int r = 0; r < tile_rows; ++r)
-                _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + pf_dist), _MM_HINT_T0);
-        } else if (lines > 0) {
-            const char* q = p + (i >> 6) * lines * 64;
-            _mm_prefetch(q, _MM_HINT_T1);
-            if (lines > 1) _mm_prefetch(q + 64, _MM_HINT_T1);
-        }
-    }
+// One pass of the blocked GEMV over a 64-output block: its four 16-output groups for tokens
+// [t0, t0 + T) and the steps of K (four inputs each) [g0, g1). Each step reads one 64-byte line
+// per group (four inputs of 16 outputs) and broadcasts four inputs of each token against
+// them, so the 4 x T accumulators hold 16 outputs' sums each, with nothing to reduce across
+// lanes. A pass that does not start at K's start adds to the sums in `partial`, one that does
+// not end at k_pad leaves them there; the last one writes the outputs. The activations are
+// read up to k_pad (the weights are zero past n_in; flip_to_u8 pads the buffer's end).
+struct block_pass {
+    const int8_t* blk;  // the block's bytes
+    int64_t o0;         // its first output
+    int64_t n_g;        // steps of K in all: k_pad / 4
+    int64_t g0, g1;     // this pass's
+    const uint8_t* x;   // token t0's u8 activations; rows n_in apart
+    int64_t n_in;
+    int64_t t0;
+    int32_t* partial;   // [n_tok][4][16] sums between passes
+    bool prefetch;      // one pass per block (memory-bound): ask for the lines 8 KiB ahead
 };
 
-// One 64-byte step of K for the tile: a[t * tile_rows + r] += w[r][i..] . x[t][i..]
-template <int T, bool masked>
-TANDEM_VNNI inline __attribute__((always_inline)) void vnni_step(__m512i a[16], const int8_t* const w[tile_rows],
-                                                                 const uint8_t* x, int64_t n_in, int64_t i,
-                                                                 __mmask64 m, const prefetcher& pf) {
-    pf.step(w, i);
-    __m512i wv[tile_rows];
-#pragma GCC unroll 4
-    for (int r = 0; r < tile_rows; ++r) {
-        wv[r] = masked ? _mm512_maskz_loadu_epi8(m, w[r] + i) : _mm512_loadu_si512(w[r] + i);
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) {
-        const __m512i xu = masked ? _mm512_maskz_loadu_epi8(m, x + t * n_in + i) : _mm512_loadu_si512(x + t * n_in + i);
-#pragma GCC unroll 4
-        for (int r = 0; r < tile_rows; ++r) dpbusd(a[t * tile_rows + r], xu, wv[r]);
-    }
-}
+constexpr int64_t pf_dist = 8192;
 
-// x: u8 activations (s8 + 128). acc[t][r] is lane t * tile_rows + r of the reduced tile.
 template <int T>
-TANDEM_VNNI void tile_vnni_t(const int8_t* const* w, const uint8_t* x, int64_t n_in, const prefetch_plan& pf,
-                             int32_t acc[tile_tok][tile_rows]) {
-    static_assert(tile_rows * tile_tok == 16, "one reduce16 per tile");
-    __m512i a[16];
+TANDEM_VNNI void vnni_block(const block_pass& p, const i8_sums_out& sums) {
+    constexpr int S = 4;
+    __m512i acc[S * T];
 #pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_si512();
-    const int8_t* const rows[tile_rows] = {w[0], w[1], w[2], w[3]};
-    const prefetcher pre(pf);
-    int64_t i = 0;
-    for (; i + 128 <= n_in; i += 128) { // two steps an iteration: the loop's own uops are a tenth, not a fifth
-        vnni_step<T, false>(a, rows, x, n_in, i, 0, pre);
-        vnni_step<T, false>(a, rows, x, n_in, i + 64, 0, pre);
+    for (int j = 0; j < S * T; ++j)
+        acc[j] = p.g0 == 0 ? _mm512_setzero_si512() : _mm512_load_si512(p.partial + ((p.t0 + j % T) * S + j / T) * 16);
+    const int8_t* line = p.blk + p.g0 * 4 * q_block_rows;
+#pragma GCC unroll 2
+    for (int64_t g = p.g0; g < p.g1; ++g, line += 4 * q_block_rows) {
+        if (p.prefetch)
+#pragma GCC unroll 4
+            for (int s = 0; s < S; ++s) _mm_prefetch(reinterpret_cast<const char*>(line + s * 64 + pf_dist), _MM_HINT_T0);
+        __m512i wv[S];
+#pragma GCC unroll 4
+        for (int s = 0; s < S; ++s) wv[s] = _mm512_load_si512(line + s * 64);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {
+            int32_t x4;
+            std::memcpy(&x4, p.x + t * p.n_in + 4 * g, 4);
+            const __m512i xb = _mm512_set1_epi32(x4);
+#pragma GCC unroll 4
+            for (int s = 0; s < S; ++s) dpbusd(acc[s * T + t], xb, wv[s]);
+        }
     }
-    if (i + 64 <= n_in) {
-        vnni_step<T, false>(a, rows, x, n_in, i, 0, pre);
-        i += 64;
-    }
-    if (i < n_in) vnni_step<T, true>(a, rows, x, n_in, i, (__mmask64(1) << (n_in - i)) - 1, pre);
-    _mm512_storeu_si512(&acc[0][0], reduce16(a));
+    // unrolled, as every loop over acc: an index the compiler cannot fold puts acc on the stack
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {
+            if (p.g1 == p.n_g) sums.store(p.o0 + s * 16, p.t0 + t, acc[s * T + t]);
+            else _mm512_store_si512(p.partial + ((p.t0 + t) * S + s) * 16, acc[s * T + t]);
+        }
 }
 
-void tile_vnni(const int8_t* const* w, const uint8_t* x, int64_t n_in, int nt, const prefetch_plan& pf,
-               int32_t acc[tile_tok][tile_rows]) {
-    switch (nt) {
-    case 1: tile_vnni_t<1>(w, x, n_in, pf, acc); return;
-    case 2: tile_vnni_t<2>(w, x, n_in, pf, acc); return;
-    case 3: tile_vnni_t<3>(w, x, n_in, pf, acc); return;
-    default: tile_vnni_t<4>(w, x, n_in, pf, acc); return;
-    }
-}
+using vnni_block_fn = void (*)(const block_pass&, const i8_sums_out&);
+constexpr vnni_block_fn vnni_blocks[] = {nullptr, vnni_block<1>, vnni_block<2>, vnni_block<3>, vnni_block<4>};
 
-// Batches from this size go to oneDNN; both read the weights once per call. Measured with two
-// threads (OMP_WAIT_POLICY=PASSIVE, as tandem runs) on the 1.1B down projection, 2048 x 5632,
-// two runs each: 32 tokens took 1.4-1.6 ms on the VNNI small GEMM and 1.8-2.3 on oneDNN, 64
-// tokens 2.5-2.9 against 2.2-3.4, 128 tokens 4.9-6.1 against 3.8-4.6. Batch-16 decode passes
-// 32 rows to the down projection (two int8 terms), which went to oneDNN at the old bound of 32.
-constexpr int64_t dnnl_min_tokens = 64;
+// Steps of K a pass takes when several token passes share a block: 16 KiB of weights, which
+// stay in L1 while every 4 tokens go over them (a whole block, 128-352 KiB for the 1.1B shape,
+// came from L2 for each: batch 16 ran 40% slower that way on Zen 4).
+constexpr int64_t k_chunk_steps = 64;
 
-// Batches from this size go to the AMX tiles where the CPU has them; one or two tokens run
-// faster on the VNNI GEMV. Measured on the 1.1B shape, two threads (issue 15, helper runs of
-// 2026-12-02): the AMX kernel for every size made the one-token step 45-47 ms against 40-42
-// on the GEMV; from 3 tokens it made a 5-token verify step 1.23x a one-token step against
-// 1.31-1.33x, and batch-16 decode 220-229 tok/s against 200-201. Bit for bit the same sums
-// and epilogue as the GEMV (test_backend_ops: every batch size gives each token the same bits
-// as alone).
-constexpr int64_t amx_min_tokens = 5;
-
-// The driver both GEMVs share: tiles of tile_rows weight rows x tile_tok tokens, each tile's
-// rows (a few KiB) kept in L1 while every token block passes over them, and chunks of
-// ~128 KiB of weights handed out dynamically (the cores may be shared); a matrix too small
-// to be worth a second thread runs on one. epilogue(o, t0, nr, nt, acc) writes a tile's sums
-// out: acc[t * tile_rows + r] is for row o + r, token t0 + t (r < nr, t < nt).
-// With several passes (token blocks) per tile, they prefetch the next tile's rows into L2,
-// spread evenly over the passes: with 16 tokens (four passes) and one thread, the gate/up
-// matrices of the 1.1B shape took 62 ms a step this way against 80 ms with each pass
-// prefetching 8 KiB ahead in its own rows (the first pass then asks for everything and the
-// other three for lines already there).
-template <class Acc, class X, class Tile, class Epilogue>
-void tiled_rows(thread_pool& pool, const weight& w, const X* x, int64_t n_tok, Tile tile, const Epilogue& epilogue,
-                int64_t o_begin = 0) {
-    const int64_t n_out = w.n_out, n_in = w.n_in;
-    const int8_t* q = w.q();
-    const int64_t chunk =
-        std::max<int64_t>(tile_rows, (int64_t(1) << 17) / std::max<int64_t>(1, n_in) / tile_rows * tile_rows);
-    const auto body = [&](int64_t o0, int64_t o1) {
-        Acc acc[tile_tok][tile_rows];
-        for (int64_t o = o0; o < o1; o += tile_rows) {
-            const int nr = int(std::min<int64_t>(tile_rows, o1 - o));
-            const int8_t* rows[tile_rows];
-            for (int r = 0; r < tile_rows; ++r) rows[r] = q + (o + std::min(r, nr - 1)) * n_in;
-            const int8_t* next = o + tile_rows < n_out ? q + (o + tile_rows) * n_in : nullptr;
-            for (int64_t t0 = 0; t0 < n_tok; t0 += tile_tok) {
-                const int nt = int(std::min<int64_t>(tile_tok, n_tok - t0));
-                // pass p of n_pass fetches `lines` rows' worth of the next tile
-                const int64_t pass = t0 / tile_tok, n_pass = (n_tok + tile_tok - 1) / tile_tok;
-                const int lines = int(std::max<int64_t>(1, (tile_rows + n_pass - 1) / n_pass));
-                prefetch_plan pf;
-                if (n_pass == 1) pf.in_row = true;
-                else if (next && pass * lines < tile_rows) pf = {false, next + pass * lines * n_in, lines};
-                tile(rows, x + t0 * n_in, n_in, nt, pf, acc);
-                epilogue(o, t0, nr, nt, &acc[0][0]);
+void vnni_gemm(thread_pool& pool, const uint8_t* xu, int64_t n_tok, const weight& w, const i8_sums_out& sums) {
+    const int64_t kp = w.k_pad(), n_blk = w.n_blocks(), n_g = kp / 4;
+    const auto body = [&](int64_t b0, int64_t b1) {
+        thread_local std::vector<int32_t, cacheline_allocator<int32_t>> partial;
+        if (n_tok > 4) partial.resize(size_t(n_tok * 4 * 16));
+        for (int64_t b = b0; b < b1; ++b) {
+            block_pass p{w.q_block(b), b * q_block_rows, n_g, 0, n_g, xu, w.n_in, 0, partial.data(), n_tok <= 4};
+            if (n_tok <= 4) {
+                vnni_blocks[n_tok](p, sums);
+                continue;
+            }
+            for (p.g0 = 0; p.g0 < n_g; p.g0 = p.g1) {
+                p.g1 = std::min(n_g, p.g0 + k_chunk_steps);
+                for (p.t0 = 0; p.t0 < n_tok; p.t0 += 4) {
+                    p.x = xu + p.t0 * w.n_in;
+                    vnni_blocks[std::min<int64_t>(4, n_tok - p.t0)](p, sums);
+                }
             }
         }
     };
-    const int64_t n_rows = n_out - o_begin;
-    if (n_rows <= 0) return;
-    const auto rows_from = [&](int64_t b, int64_t e) { body(o_begin + b, o_begin + e); };
-    if (n_rows * n_in * n_tok < thread_pool::min_parallel_work) rows_from(0, n_rows);
-    else pool.parallel_for_dynamic(n_rows, chunk, rows_from);
+    // chunks of ~128 KiB of weights, handed out dynamically
+    const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 17) / (q_block_rows * kp));
+    if (n_blk * q_block_rows * kp * n_tok < thread_pool::min_parallel_work) body(0, n_blk);
+    else pool.parallel_for_dynamic(n_blk, chunk, body);
 }
 
-// A tile epilogue from an element one, f(t, o, sum).
-template <class F>
-auto per_element(const F& f) {
-    return [&f](int64_t o, int64_t t0, int nr, int nt, const auto* acc) {
-        for (int t = 0; t < nt; ++t)
-            for (int r = 0; r < nr; ++r) f(t0 + t, o + r, acc[t * tile_rows + r]);
-    };
-}
-
-// Writes v (lane t * tile_rows + r) to out[t0 + t][o + r] for r < nr, t < nt: a token's four
-// rows are one 128-bit block.
-TANDEM_AVX512 inline void store_tile(float* out, int64_t n_out, int64_t o, int64_t t0, int nr, int nt, __m512 v) {
-    const __mmask8 rm = __mmask8((1u << nr) - 1);
-    float* p = out + t0 * n_out + o;
-    _mm_mask_storeu_ps(p, rm, _mm512_castps512_ps128(v));
-    if (nt > 1) _mm_mask_storeu_ps(p + n_out, rm, _mm512_extractf32x4_ps(v, 1));
-    if (nt > 2) _mm_mask_storeu_ps(p + 2 * n_out, rm, _mm512_extractf32x4_ps(v, 2));
-    if (nt > 3) _mm_mask_storeu_ps(p + 3 * n_out, rm, _mm512_extractf32x4_ps(v, 3));
-}
-
-// Four per-row values of rows [o, o + nr) in every 128-bit block (zeros past nr).
-TANDEM_AVX512 inline __m512 row_values(const float* v, int64_t o, int nr) {
-    return _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(__mmask8((1u << nr) - 1), v + o));
-}
-
-// The VNNI tile's epilogue, vectorized (the per-element one cost as much as a fifth of a
-// small GEMM at 16 tokens): out = float(acc - 128 * q_sum[o]) * sx[t] * sw[o] + bias[o], the
-// reference's expression and order (multiplies and an add, no FMA), so results are the same.
-struct vnni_epilogue {
-    float* out;
-    int64_t n_out;
-    const float* sx;
-    const float* sw;
-    const int32_t* q_sum;
-    const float* bias;
-
-    TANDEM_AVX512 void operator()(int64_t o, int64_t t0, int nr, int nt, const int32_t* acc) const {
-        const __mmask8 rm = __mmask8((1u << nr) - 1);
-        const __m512i corr = _mm512_slli_epi32(_mm512_broadcast_i32x4(_mm_maskz_loadu_epi32(rm, q_sum + o)), 7);
-        const __m512 s = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                                               _mm512_castps128_ps512(_mm_maskz_loadu_ps(__mmask8((1u << nt) - 1), sx + t0)));
-        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(acc), corr));
-        v = _mm512_mul_ps(_mm512_mul_ps(v, s), row_values(sw, o, nr));
-        v = _mm512_add_ps(v, bias ? row_values(bias, o, nr) : _mm512_setzero_ps());
-        store_tile(out, n_out, o, t0, nr, nt, v);
-    }
-};
-
-// oneDNN's int32 sums of one token, turned into floats in place: the VNNI epilogue's expression
-// float(acc - 128 * q_sum[o]) * sx * sw[o] + bias[o], 16 outputs at a time.
-TANDEM_AVX512 void scale_row(float* row, int64_t n_out, float sx, const float* sw, const int32_t* q_sum,
-                             const float* bias) {
-    const __m512 s = _mm512_set1_ps(sx);
-    for (int64_t o = 0; o < n_out; o += 16) {
-        const __mmask16 m = n_out - o >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n_out - o)) - 1);
-        const __m512i a = _mm512_maskz_loadu_epi32(m, row + o); // the int32 sum in the float's bytes
-        const __m512i corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, q_sum + o), 7);
-        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a, corr)), s),
-                                 _mm512_maskz_loadu_ps(m, sw + o));
-        v = _mm512_add_ps(v, bias ? _mm512_maskz_loadu_ps(m, bias + o) : _mm512_setzero_ps());
-        _mm512_mask_storeu_ps(row + o, m, v);
-    }
+// oneDNN's int32 sums of tokens [t0, t1), turned into floats in place (same bytes per element).
+TANDEM_AVX512 void finish_rows(const i8_sums_out& sums, int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+        for (int64_t o = 0; o < sums.n_out; o += 16) {
+            const int64_t left = sums.n_out - o;
+            const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+            sums.store(o, t, _mm512_maskz_loadu_epi32(m, sums.out + t * sums.n_out + o));
+        }
 }
 
 // The activations as u8 (s8 + 128) for the kernels that take them so, in a buffer of the
-// calling thread's (workers only see the pointer).
+// calling thread's (workers only see the pointer), with 64 zero bytes after the last row (the
+// blocked GEMV reads a row up to k_pad).
 TANDEM_AVX512 void flip_range(uint8_t* xu, const int8_t* qx, int64_t b, int64_t e) {
     const __m512i sign = _mm512_set1_epi8(char(0x80));
     int64_t i = b;
@@ -337,71 +251,66 @@ TANDEM_AVX512 void flip_range(uint8_t* xu, const int8_t* qx, int64_t b, int64_t 
 }
 
 const uint8_t* flip_to_u8(thread_pool& pool, const int8_t* qx, int64_t n) {
-    thread_local std::vector<uint8_t, cacheline_allocator<uint8_t>> buf; // rows on cache lines (n_in % 64 == 0)
-    buf.resize(size_t(n));
+    thread_local std::vector<uint8_t, cacheline_allocator<uint8_t>> buf;
+    buf.resize(size_t(n + q_block_k));
     uint8_t* xu = buf.data();
+    std::memset(xu + n, 0, q_block_k);
     if (n < (int64_t(1) << 18)) flip_range(xu, qx, 0, n);
     else pool.parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) { flip_range(xu, qx, b, e); });
     return xu;
 }
 
-} // namespace
+// Batches from this size go to oneDNN (either layout; it reads the blocked one as its own
+// BA16a64b4a). Measured with two threads (OMP_WAIT_POLICY=PASSIVE, as tandem runs) on the 1.1B
+// down projection, 2048 x 5632, two runs each, against the row GEMV of the time: 32 tokens took
+// 1.4-1.6 ms on it and 1.8-2.3 on oneDNN, 64 tokens 2.5-2.9 against 2.2-3.4, 128 tokens 4.9-6.1
+// against 3.8-4.6.
+constexpr int64_t dnnl_min_tokens = 64;
 
-namespace {
+// Batches from this size go to the AMX tiles where the CPU has them; fewer tokens run faster
+// on the VNNI GEMV. Measured on the 1.1B shape, two threads (issue 15, helper runs of
+// 2026-12-02, with weights in rows: the tiles' kernel then read them as A tiles): the AMX
+// kernel for every size made the one-token step 45-47 ms against 40-42 on the GEMV; from 3
+// tokens it made a 5-token verify step 1.23x a one-token step against 1.31-1.33x, and
+// batch-16 decode 220-229 tok/s against 200-201.
+constexpr int64_t amx_min_tokens = 5;
 
-// The GEMV / small GEMM of one ISA level (scalar, avx2 or the VNNI avx512) for the output rows
-// [o_begin, n_out).
-void small_gemm_rows(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
-                     const float* bias, isa level, int64_t o_begin) {
-    const int64_t n_out = w.n_out, n_in = w.n_in;
-    const float* sw = w.scale();
-    if (level < isa::avx512) {
-        const auto epilogue = [&](int64_t t, int64_t o, int32_t a) {
-            out[t * n_out + o] = float(a) * sx[t] * sw[o] + (bias ? bias[o] : 0.0f);
-        };
-        tiled_rows<int32_t>(pool, w, qx, n_tok, level == isa::avx2 ? tile_avx2 : tile_scalar, per_element(epilogue),
-                            o_begin);
-        return;
-    }
-    const uint8_t* xu = flip_to_u8(pool, qx, n_tok * n_in); // u8 activations: subtract 128 * row sum
-    tiled_rows<int32_t>(pool, w, xu, n_tok, tile_vnni, vnni_epilogue{out, n_out, sx, sw, w.q_sum.data(), bias},
-                        o_begin);
+// oneDNN on the rows of whole multiples of dnnl_min_tokens (the rest go to the kernels above,
+// the same bits): it builds a primitive per row count, and a server's batches come in every
+// size, which grew the prefill worker by 64-130 KiB a size (issue 19's soak), so there are at
+// most step_tokens / 64 per weight shape. Its int32 sums land in `out` itself and are turned
+// into floats in place with the GEMV's expression. Returns the tokens it did.
+int64_t dnnl_tokens(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
+                    const float* bias) {
+    const int64_t m = n_tok - n_tok % dnnl_min_tokens;
+    const i8_sums_out sums{out, w.n_out, sx, w.scale(), bias, w.q_sum.data()};
+    if (!dnnl_matmul_u8s8(pool, reinterpret_cast<int32_t*>(out), flip_to_u8(pool, qx, m * w.n_in), m, w)) return 0;
+    pool.parallel_for(m, thread_pool::grain_for(w.n_out), [&](int64_t t0, int64_t t1) { finish_rows(sums, t0, t1); });
+    return m;
 }
 
 } // namespace
 
+q_layout matmul_i8_layout() { return active_isa() >= isa::avx512 ? q_layout::blocked : q_layout::rows; }
+
 void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const float* bias) {
-    const int64_t n_out = w.n_out, n_in = w.n_in;
-    const float* sw = w.scale();
     const isa level = active_isa();
+    const bool blocked = level >= isa::avx512 && w.layout == q_layout::blocked;
     // TANDEM_AMX_PREFILL: batches of 64 tokens and more on the tiles too, for measuring them
     // against oneDNN (level within the noise on the H200 machine's Xeon: docs/cpu.md).
     static const bool amx_prefill = std::getenv("TANDEM_AMX_PREFILL") != nullptr;
-    if (level >= isa::avx512 && n_tok >= dnnl_min_tokens && !(level == isa::amx && amx_prefill)) {
-        // oneDNN takes the rows of whole multiples of dnnl_min_tokens, the rest go below (the same
-        // bits): it builds a primitive per row count, and a server's batches come in every size,
-        // which grew the prefill worker by 64-130 KiB a size (issue 19's soak), so there are at
-        // most step_tokens / 64 per weight shape. It takes u8 activations too; the int32 sums land
-        // in `out` itself and are turned into floats in place with the GEMV's expression.
-        const int64_t m = n_tok - n_tok % dnnl_min_tokens;
-        const uint8_t* xu = flip_to_u8(pool, qx, m * n_in);
-        int32_t* acc = reinterpret_cast<int32_t*>(out); // same size, converted element by element
-        if (dnnl_matmul_u8s8(pool, acc, xu, m, w)) {
-            pool.parallel_for(m, thread_pool::grain_for(n_out), [&](int64_t t0, int64_t t1) {
-                for (int64_t t = t0; t < t1; ++t) scale_row(out + t * n_out, n_out, sx[t], sw, w.q_sum.data(), bias);
-            });
-            if (m == n_tok) return;
-            out += m * n_out;
-            qx += m * n_in;
-            sx += m;
-            n_tok -= m;
-        }
+    if (level >= isa::avx512 && n_tok >= dnnl_min_tokens && !(blocked && level == isa::amx && amx_prefill)) {
+        const int64_t m = dnnl_tokens(pool, out, qx, sx, n_tok, w, bias);
+        out += m * w.n_out;
+        qx += m * w.n_in;
+        sx += m;
+        n_tok -= m;
+        if (n_tok == 0) return;
     }
-    int64_t done = 0; // rows the AMX kernel took; the GEMV does the rest
-    if (level == isa::amx && n_tok >= amx_min_tokens && amx_fits(w))
-        done = matmul_i8_amx(pool, out, qx, sx, n_tok, w, bias, amx_exec::hardware);
-    small_gemm_rows(pool, out, qx, sx, n_tok, w, bias, std::min(level, isa::avx512), done);
+    if (!blocked) row_gemm(pool, out, qx, sx, n_tok, w, bias, level);
+    else if (level == isa::amx && n_tok >= amx_min_tokens) matmul_i8_amx(pool, out, qx, sx, n_tok, w, bias, amx_exec::hardware);
+    else vnni_gemm(pool, flip_to_u8(pool, qx, n_tok * w.n_in), n_tok, w, {out, w.n_out, sx, w.scale(), bias, w.q_sum.data()});
 }
 
 void prepare_matmul_i8(const weight& w, int64_t max_tok) {
@@ -411,9 +320,7 @@ void prepare_matmul_i8(const weight& w, int64_t max_tok) {
 
 void matmul_i8_amx_emulated(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,
                             const weight& w, const float* bias) {
-    int64_t done = 0;
-    if (amx_fits(w)) done = matmul_i8_amx(pool, out, qx, sx, n_tok, w, bias, amx_exec::emulated);
-    small_gemm_rows(pool, out, qx, sx, n_tok, w, bias, std::min(active_isa(), isa::avx512), done);
+    matmul_i8_amx(pool, out, qx, sx, n_tok, w, bias, amx_exec::emulated);
 }
 
 } // namespace tandem::cpu

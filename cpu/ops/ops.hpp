@@ -40,6 +40,10 @@ void matmul_i8(thread_pool& pool, float* out, const int8_t* qx, const float* sx,
 // primitive for each multiple of 64 rows), so that a server's memory reaches its steady
 // state at start rather than in steps as batches of new sizes arrive.
 void prepare_matmul_i8(const weight& w, int64_t max_tok);
+// The layout of INT8 matrices matmul_i8 reads fastest at the active ISA level: blocked from the
+// VNNI level up (every kernel there reads it; rows go to the AVX2 GEMV), rows below (blocked
+// weights work there too, unpacked a block at a time).
+q_layout matmul_i8_layout();
 // matmul_i8 with its AMX kernel's tile instructions run on a scalar model of the tiles (any
 // CPU): for tests of the AMX tiling where the CPU has none. Slow.
 void matmul_i8_amx_emulated(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,

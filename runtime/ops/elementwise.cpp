@@ -68,6 +68,11 @@ struct add_impl : add_op {
 
 void embed(const exec_ctx& ctx, float* out, const int32_t* tokens, int64_t n_tok, const weight& table) {
     TANDEM_ASSERT(n_tok >= 0 && !table.empty() && table.n_in > 1, "embed needs an embedding matrix");
+    if (table.is_i8() && table.layout == q_layout::blocked) { // a table tied to the logits, in host memory
+        TANDEM_ASSERT(ctx.be != backend::cuda, "a device's weights are rows");
+        for (int64_t t = 0; t < n_tok; ++t) table.row_f32(tokens[t], out + t * table.n_in);
+        return;
+    }
     dispatch<embed_impl>(ctx, out, tokens, n_tok, table.is_i8() ? table.q() : nullptr,
                          table.is_i8() ? table.scale() : nullptr, table.f32(), table.n_in);
 }

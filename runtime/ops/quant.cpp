@@ -5,6 +5,8 @@
 #include "cpu/ref/ops_ref.hpp"
 #include "runtime/ops/op_defs.hpp"
 
+#include <vector>
+
 namespace tandem::ops {
 namespace {
 
@@ -27,7 +29,19 @@ struct swiglu_quant_impl : swiglu_quant_op {
 };
 struct matmul_i8_impl : matmul_i8_op {
     static void ref(float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w, const float* bias) {
-        ::tandem::cpu::ref::matmul_i8(out, qx, sx, n_tok, w.q(), w.scale(), w.q_sum.data(), w.n_out, w.n_in, bias);
+        if (w.layout == q_layout::rows) {
+            ::tandem::cpu::ref::matmul_i8(out, qx, sx, n_tok, w.q(), w.scale(), w.q_sum.data(), w.n_out, w.n_in, bias);
+            return;
+        }
+        // Blocked: the same reference one output at a time, on its row read back.
+        std::vector<int8_t> row(size_t(w.n_in));
+        std::vector<float> col(static_cast<size_t>(n_tok));
+        for (int64_t o = 0; o < w.n_out; ++o) {
+            w.q_row(o, row.data());
+            ::tandem::cpu::ref::matmul_i8(col.data(), qx, sx, n_tok, row.data(), w.scale() + o, w.q_sum.data() + o, 1,
+                                          w.n_in, bias ? bias + o : nullptr);
+            for (int64_t t = 0; t < n_tok; ++t) out[t * w.n_out + o] = col[size_t(t)];
+        }
     }
     // The CPU path takes the whole weight: it may carry a oneDNN handle.
     static constexpr auto cpu = ::tandem::cpu::matmul_i8;
