@@ -253,10 +253,13 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
     for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
         TANDEM_CHECK(!f.find_tensor(name), "{}: {} is Phi-3's LongRoPE, which Tandem does not support", f.path(), name);
     model_weights w;
-    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, opt);
+    weight_load_options rows = opt; // the embedding table is read by rows, unless it is the logits' matrix too
+    rows.layout = q_layout::rows;
+    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, rows);
     w.output_norm = load_tensor(f, "output_norm.weight", {e}, opt);
     w.output = load_tensor(f, "output.weight", {e, v}, opt, /*optional=*/true);
     c.tied_output = w.output.empty();
+    if (c.tied_output && opt.layout == q_layout::blocked) pack_blocked(w.tok_embd, opt.pool);
     w.rope_freqs = load_tensor(f, "rope_freqs.weight", {c.n_rot / 2}, opt, /*optional=*/true);
     if (!w.rope_freqs.empty())
         for (const float x : w.rope_freqs.data)

@@ -6,6 +6,8 @@
 #include "cpu/thread_pool.hpp"
 #include "runtime/ops/op_defs.hpp"
 
+#include <vector>
+
 namespace tandem::ops {
 namespace {
 
@@ -70,7 +72,16 @@ void embed(const exec_ctx& ctx, float* out, const int32_t* tokens, int64_t n_tok
     TANDEM_ASSERT(n_tok >= 0 && !table.empty() && table.n_in > 1, "embed needs an embedding matrix");
     if (table.is_i8() && table.layout == q_layout::blocked) { // a table tied to the logits, in host memory
         TANDEM_ASSERT(ctx.be != backend::cuda, "a device's weights are rows");
-        for (int64_t t = 0; t < n_tok; ++t) table.row_f32(tokens[t], out + t * table.n_in);
+        // the tokens' rows read back, then the op on them as a table of n_tok rows
+        std::vector<int8_t> rows(size_t(n_tok * table.n_in));
+        std::vector<float> scales(static_cast<size_t>(n_tok));
+        std::vector<int32_t> ids(static_cast<size_t>(n_tok));
+        for (int64_t t = 0; t < n_tok; ++t) {
+            table.q_row(tokens[t], &rows[size_t(t * table.n_in)]);
+            scales[size_t(t)] = table.scale()[tokens[t]];
+            ids[size_t(t)] = int32_t(t);
+        }
+        dispatch<embed_impl>(ctx, out, ids.data(), n_tok, rows.data(), scales.data(), nullptr, table.n_in);
         return;
     }
     dispatch<embed_impl>(ctx, out, tokens, n_tok, table.is_i8() ? table.q() : nullptr,
