@@ -153,18 +153,19 @@ public:
     int concurrency() const { return concurrency_; }
     const std::string& dir() const { return dir_.path; }
 
-    // Waits until the model is loaded and the socket answers (true), or Ctrl-C (false);
-    // throws why it never will.
+    // Waits until the model is loaded and the socket listens (true), or Ctrl-C (false);
+    // throws why it never will. It asks the server, not its socket: a server that failed
+    // leaves a connection it accepted in its last moment open and unanswered (its io
+    // context has stopped), and a probe on it would wait for ever.
     bool wait_ready() {
-        const ipc::client c(socket_);
         for (;;) {
+            if (srv_->ready()) return true;
             if (ended_) {
                 thread_.join();
                 throw error(fmt::format("the model did not load: {}",
                                         !failure_.empty() ? failure_ : srv_->load_error()));
             }
             if (interrupted) return false;
-            if (c.get("/health").ok()) return true;
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
     }

@@ -292,6 +292,7 @@ void server::start_loading() {
             const std::string status =
                 fmt::format("serving {} ({} threads, context {})", st_.ms->id, st_.ms->threads, st_.ms->n_ctx);
             log->info("ready: {}", status);
+            ready_ = true;
             if (managed_) systemd::notify_ready(status);
             sessions_.state_changed(); // requests held for the model go on
         });

@@ -51,6 +51,8 @@ public:
     void stop();
     // Why the model did not load, once run() has returned 1 for that.
     const std::string& load_error() const { return load_error_; }
+    // The model is loaded and the socket listening; from any thread.
+    bool ready() const { return ready_; }
 
 private:
     using acceptor_type = asio::basic_socket_acceptor<asio::generic::stream_protocol>;
@@ -79,6 +81,7 @@ private:
     std::thread loader_;
     std::unique_ptr<batch_jobs> jobs_; // (after loader_: it goes first)
     std::atomic<bool> abort_loading_{false}; // set on SIGTERM: a loader waiting for workers gives up
+    std::atomic<bool> ready_{false};
     std::string socket_path_;      // the file we created (removed on exit); "" under activation
     std::string socket_name_;      // the Unix socket served (systemd's, under activation): names the KV pool
     size_t n_passed_ = 0;          // acceptors_[0, n_passed_) are the sockets systemd passed

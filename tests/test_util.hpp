@@ -90,11 +90,12 @@ inline std::string shell_quote(const std::string& s) {
 
 // Runs the built program `name` (under daemon/) with `args` (each quoted), `stdin_text` on its
 // standard input and `env` ("NAME=value ...", unquoted) before it, capturing stdout, stderr and
-// the exit code.
+// the exit code. A run past 300 s is killed (rc 124): a hang fails its test with its stderr
+// rather than as ctest's timeout of the whole file.
 inline run_result run_built(const std::string& name, const std::vector<std::string>& args,
                             const std::string& stdin_text = "", const std::string& env = "") {
     static scratch_dir dir("tandem-io");
-    std::string cmd = env + " " + shell_quote(binary_dir().append("/daemon/").append(name));
+    std::string cmd = env + " timeout -k 5 300 " + shell_quote(binary_dir().append("/daemon/").append(name));
     for (const auto& a : args) {
         cmd.push_back(' ');
         cmd.append(shell_quote(a));
