@@ -6,8 +6,11 @@
 namespace tandem {
 
 // Scheme name and version written into `tandem quantize` files; a reader refuses others.
+// Version 2 may hold matrices in the CPU kernels' blocked layout (runtime/weight.hpp), named by
+// the file; version 1 (every matrix in rows) still loads.
 inline constexpr const char* int8_scheme = "tandem.int8.rowwise";
-inline constexpr uint32_t int8_scheme_version = 1;
+inline constexpr uint32_t int8_scheme_version = 2;
+inline constexpr uint32_t int8_scheme_min_version = 1;
 
 // Quantizes one row of n floats: scale = max|x| / 127, q = round(x / scale) in [-127, 127].
 // NaN becomes 0, infinities saturate; an all-zero row gets scale 0. Returns the scale.

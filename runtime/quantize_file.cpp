@@ -1,4 +1,4 @@
-// Streams a GGUF into its INT8 form (scheme tandem.int8.rowwise, version 1).
+// Streams a GGUF into its INT8 form (scheme tandem.int8.rowwise, version 2).
 #include "runtime/quantize_file.hpp"
 
 #include "cpu/thread_pool.hpp"
@@ -9,6 +9,7 @@
 #include "runtime/weights.hpp"
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace tandem {
@@ -17,7 +18,9 @@ quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu:
     const gguf::file f = gguf::file::open(in);
     gguf::writer w;
     for (const auto& kv : f.metadata()) {
-        if (kv.key == "general.alignment" || kv.key == quant_scheme_key || kv.key == quant_version_key) continue;
+        if (kv.key == "general.alignment" || kv.key == quant_scheme_key || kv.key == quant_version_key ||
+            kv.key == quant_blocked_key)
+            continue;
         w.set(kv.key, kv.val);
     }
     w.set_string(quant_scheme_key, int8_scheme);
@@ -25,6 +28,8 @@ quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu:
     w.set_alignment(64); // rows and scales used in place from the mapping: keep them aligned
 
     quantize_stats st;
+    const bool tied = f.find_tensor("output.weight") == nullptr; // the logits read the embedding table
+    std::vector<std::string> blocked;
     for (const auto& t : f.tensors()) {
         const bool matrix = t.ne.size() == 2 && t.ne[0] > 1;
         if (t.name.ends_with(".scale") && t.type == dtype::f32) continue; // rewritten with its matrix
@@ -35,9 +40,11 @@ quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu:
             continue;
         }
         const int64_t n_in = t.ne[0], n_out = t.ne[1];
+        const bool block = n_in % q_block_k == 0 && n_out % q_block_rows == 0 && (t.name != "token_embd.weight" || tied);
+        if (block) blocked.push_back(t.name);
         // Quantized when the writer asks for the rows, so one matrix is in memory at a time.
         auto q = std::make_shared<weight>();
-        auto ensure = [&f, &t, &pool, q, n_in, n_out] {
+        auto ensure = [&f, &t, &pool, q, n_in, n_out, block] {
             if (q->is_i8()) return;
             q->n_out = n_out;
             q->n_in = n_in;
@@ -51,6 +58,7 @@ quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu:
                     q->scale_store[size_t(i)] = cpu::row_to_i8(r.data(), &q->q_store[size_t(i * n_in)], &sum, n_in);
                 }
             });
+            if (block) pack_blocked(*q, &pool); // (in place: whole blocks)
         };
         w.add_tensor(t.name, dtype::i8, t.ne, [ensure, q](std::span<uint8_t> o) {
             ensure();
@@ -63,6 +71,7 @@ quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu:
         });
         ++st.n_quantized;
     }
+    w.set_string_array(quant_blocked_key, blocked);
     w.write(out);
     st.out_bytes = int64_t(gguf::file::open(out).bytes().size());
     return st;

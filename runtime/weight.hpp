@@ -52,15 +52,15 @@ inline constexpr int64_t q_block_k = 64;    // n_in is padded to a multiple of t
 
 // A weight: a matrix [n_out, n_in] (each output's n_in inputs; for INT8 in `layout`), or a
 // vector [n_out] with n_in == 1. Either F32 (`data`, row-major) or INT8: q with one f32 scale
-// per row, w[o][i] ~= scale[o] * q[o][i]. INT8 bytes live in `q_store` or, for pre-quantized
-// files, in the file's mapping (`q_ext`, rows).
+// per row, w[o][i] ~= scale[o] * q[o][i]. INT8 bytes live in `q_store` or elsewhere (`q_ext`: a
+// view whose owner outlives the weight).
 struct weight {
     std::vector<float> data;          // F32 form
     int64_t n_out = 0;
     int64_t n_in = 0;
     std::vector<int8_t, cacheline_allocator<int8_t>> q_store; // [n_out, n_in] when quantized at load
     std::vector<float> scale_store;   // [n_out]
-    const int8_t* q_ext = nullptr;    // [n_out, n_in] in a mapped file (outlives the weight)
+    const int8_t* q_ext = nullptr;    // [n_out, n_in] held elsewhere, in `layout`
     const float* scale_ext = nullptr; // [n_out]
     const float* data_ext = nullptr;  // F32 form held elsewhere (a backend's copy: a device view)
     std::vector<int32_t> q_sum;       // [n_out] sum of each q row (VNNI's u8 offset correction)

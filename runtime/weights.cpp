@@ -68,6 +68,27 @@ const float* scale_tensor(const gguf::file& f, const gguf::tensor_info& t, int64
     return reinterpret_cast<const float*>(s->data);
 }
 
+// The I8 tensor t of a `tandem quantize` file (checked to be a matrix) as a weight pointing
+// into the mapping: in rows, or in the blocked layout where the file lists it so (whole blocks
+// only: anything else would read past the tensor).
+weight i8_view(const gguf::file& f, const gguf::tensor_info& t) {
+    weight w;
+    w.n_in = t.ne[0];
+    w.n_out = t.ne[1];
+    w.q_ext = reinterpret_cast<const int8_t*>(t.data);
+    w.scale_ext = scale_tensor(f, t, w.n_out);
+    const gguf::array_value* listed = f.get_array(quant_blocked_key);
+    if (listed && std::any_of(listed->items.begin(), listed->items.end(), [&](const gguf::value& v) {
+            return v.as_string() && *v.as_string() == t.name;
+        })) {
+        TANDEM_CHECK(w.n_in % q_block_k == 0 && w.n_out % q_block_rows == 0,
+                     "{}: I8 tensor {} {} is listed in {} but is not whole blocks of {} outputs x {} inputs", f.path(),
+                     t.name, shape_str(t.ne), quant_blocked_key, q_block_rows, q_block_k);
+        w.layout = q_layout::blocked;
+    }
+    return w;
+}
+
 // Rows [row0, row0 + n_rows) of a matrix tensor (all of them by default): a fused tensor is
 // loaded as its parts.
 struct row_range {
@@ -95,9 +116,27 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
     if (matrix && opt.format == weight_format::int8) {
         w.n_out = n_out;
         w.n_in = n_in;
-        if (t->type == dtype::i8) { // pre-quantized: used in place, no copy
-            w.q_ext = reinterpret_cast<const int8_t*>(t->data) + r0 * n_in;
-            w.scale_ext = scale_tensor(f, *t, ne[1]) + r0;
+        if (t->type == dtype::i8) {
+            // Pre-quantized: copied, never re-quantized, into memory of 2 MiB pages. Straight
+            // from the file's mapping (4 KiB pages, unless the page cache happens to hold the
+            // file in large folios) decode ran 30-45% slower on the Zen 4 VM (docs/cpu.md).
+            // Where the file's layout is the one asked for, a plain copy (64 rows of n_in
+            // bytes hold one block of them); else a row at a time.
+            const weight src = i8_view(f, *t);
+            const bool whole_blocks = r0 % q_block_rows == 0 && n_out % q_block_rows == 0;
+            const bool same = src.layout == opt.layout && (src.layout == q_layout::rows || whole_blocks);
+            w.q_store.resize(size_t(n_out * n_in));
+            w.layout = same ? src.layout : q_layout::rows;
+            for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
+                if (same)
+                    std::memcpy(&w.q_store[size_t(b * n_in)], src.q() + (r0 + b) * n_in, size_t((e - b) * n_in));
+                else
+                    for (int64_t r = b; r < e; ++r) src.q_row(r0 + r, &w.q_store[size_t(r * n_in)]);
+            });
+            // The scales too: read by every matmul from the mapping, each would fault its
+            // neighbours back in (a whole large folio of the page cache, 160 MB over the 1.1B
+            // shape's matrices on the Zen 4 VM).
+            w.scale_store.assign(src.scale_ext + r0, src.scale_ext + r0 + n_out);
             compute_row_sums(w, opt.pool);
         } else {
             // Each row straight to INT8 with its sum (Q8_0 fused; the others through an F32 row
@@ -124,18 +163,16 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
             });
         }
         if (opt.layout == q_layout::blocked) pack_blocked(w, opt.pool);
-        if (t->type != dtype::i8 && last_part) release_pages(*t);
+        if (last_part) release_pages(*t);
         return w;
     }
     w.n_in = matrix ? n_in : 1;
     w.n_out = matrix ? n_out : ne[0];
     w.data.resize(size_t(matrix ? n_out * n_in : t->n_elements()));
     if (t->type == dtype::i8) {
-        const float* sc = scale_tensor(f, *t, ne[1]);
-        const int8_t* q = reinterpret_cast<const int8_t*>(t->data);
+        const weight src = i8_view(f, *t);
         for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r)
-                dequantize_row_i8_ref(q + (r0 + r) * n_in, sc[r0 + r], &w.data[size_t(r * n_in)], n_in);
+            for (int64_t r = b; r < e; ++r) src.row_f32(r0 + r, &w.data[size_t(r * n_in)]);
         });
     } else if (matrix) {
         for_rows(opt.pool, n_out, n_in, [&](int64_t b, int64_t e) {
@@ -153,8 +190,7 @@ void tensor_row_to_f32(const gguf::file& f, const gguf::tensor_info& t, int64_t 
     TANDEM_ASSERT(t.ne.size() == 2 && r >= 0 && r < t.ne[1]);
     const int64_t n_in = t.ne[0];
     if (t.type == dtype::i8) {
-        const float* sc = scale_tensor(f, t, t.ne[1]);
-        dequantize_row_i8_ref(reinterpret_cast<const int8_t*>(t.data) + r * n_in, sc[r], out, n_in);
+        i8_view(f, t).row_f32(r, out);
         return;
     }
     row_to_f32(t, r, n_in, out);
@@ -178,9 +214,26 @@ weight quantize_weight(const float* data, int64_t n_out, int64_t n_in, cpu::thre
 void compute_row_sums(weight& w, cpu::thread_pool* pool) {
     w.q_sum.resize(size_t(w.n_out));
     const int8_t* q = w.q();
-    for_rows(pool, w.n_out, w.n_in, [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) w.q_sum[size_t(r)] = sum_i8_ref(q + r * w.n_in, w.n_in);
-    });
+    if (w.layout == q_layout::rows) {
+        for_rows(pool, w.n_out, w.n_in, [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r) w.q_sum[size_t(r)] = sum_i8_ref(q + r * w.n_in, w.n_in);
+        });
+        return;
+    }
+    // A block at a time: each 64-byte line adds four inputs to each of 16 outputs' sums (the
+    // padding's zeros add nothing).
+    const auto sum_blocks = [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+            int32_t s[q_block_rows] = {};
+            const int8_t* p = w.q_block(b);
+            for (int64_t g = 0; g < w.k_pad() / 4; ++g, p += 4 * q_block_rows)
+                for (int64_t r = 0; r < q_block_rows; ++r) s[r] += p[4 * r] + p[4 * r + 1] + p[4 * r + 2] + p[4 * r + 3];
+            const int64_t nr = std::min(q_block_rows, w.n_out - b * q_block_rows);
+            std::copy(s, s + nr, &w.q_sum[size_t(b * q_block_rows)]);
+        }
+    };
+    if (pool) pool->parallel_for(w.n_blocks(), 1, sum_blocks);
+    else sum_blocks(0, w.n_blocks());
 }
 
 void pack_blocked(weight& w, cpu::thread_pool* pool) {
@@ -235,10 +288,14 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
     // I8 tensors are only trusted in a file that names the scheme this loader implements.
     if (std::any_of(f.tensors().begin(), f.tensors().end(), [](const auto& t) { return t.type == dtype::i8; })) {
         const auto scheme = f.get_string(quant_scheme_key);
-        const auto version = f.get_int(quant_version_key);
-        TANDEM_CHECK(scheme == std::string(int8_scheme) && version == int64_t(int8_scheme_version),
-                     "{}: I8 tensors with quantization scheme {} version {}; this build reads {} version {}", f.path(),
-                     scheme.value_or("(none)"), version.value_or(0), int8_scheme, int8_scheme_version);
+        const int64_t version = f.get_int(quant_version_key).value_or(0);
+        TANDEM_CHECK(scheme == std::string(int8_scheme) && version >= int8_scheme_min_version &&
+                         version <= int8_scheme_version,
+                     "{}: I8 tensors with quantization scheme {} version {}; this build reads {} versions {} to {}",
+                     f.path(), scheme.value_or("(none)"), version, int8_scheme, int8_scheme_min_version,
+                     int8_scheme_version);
+        TANDEM_CHECK(version >= 2 || !f.get_array(quant_blocked_key), "{}: {} in a version {} file", f.path(),
+                     quant_blocked_key, version);
     }
 
     const gguf::tensor_info* emb = f.find_tensor("token_embd.weight");
@@ -255,11 +312,10 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
     model_weights w;
     weight_load_options rows = opt; // the embedding table is read by rows, unless it is the logits' matrix too
     rows.layout = q_layout::rows;
-    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, rows);
+    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, f.find_tensor("output.weight") ? rows : opt);
     w.output_norm = load_tensor(f, "output_norm.weight", {e}, opt);
     w.output = load_tensor(f, "output.weight", {e, v}, opt, /*optional=*/true);
     c.tied_output = w.output.empty();
-    if (c.tied_output && opt.layout == q_layout::blocked) pack_blocked(w.tok_embd, opt.pool);
     w.rope_freqs = load_tensor(f, "rope_freqs.weight", {c.n_rot / 2}, opt, /*optional=*/true);
     if (!w.rope_freqs.empty())
         for (const float x : w.rope_freqs.data)
