@@ -186,12 +186,10 @@ TEST_CASE("tandem quantize files load without re-quantizing, to the same model")
     CHECK(qf.find_tensor("blk.0.attn_norm.weight")->type == dtype::f32);
     // Matrices of whole 64 x 64 blocks in the kernels' layout; stories' 32-row K and V, its
     // 172-wide FFN and its embedding table (untied: the embed op reads rows) in rows.
-    CHECK(listed_blocked(qf, "blk.0.attn_q.weight"));
-    CHECK(listed_blocked(qf, "blk.4.attn_output.weight"));
-    CHECK(listed_blocked(qf, "output.weight"));
-    CHECK_FALSE(listed_blocked(qf, "blk.0.attn_k.weight"));
-    CHECK_FALSE(listed_blocked(qf, "blk.0.ffn_down.weight"));
-    CHECK_FALSE(listed_blocked(qf, "token_embd.weight"));
+    const std::pair<const char*, bool> expect[] = {
+        {"blk.0.attn_q.weight", true},  {"blk.4.attn_output.weight", true}, {"output.weight", true},
+        {"blk.0.attn_k.weight", false}, {"blk.0.ffn_down.weight", false},   {"token_embd.weight", false}};
+    for (const auto& [name, blocked] : expect) CHECK_MESSAGE(listed_blocked(qf, name) == blocked, name);
 
     model_bundle a = load_model(stories); // quantized at load
     model_bundle b = load_model(out);     // copied (the blocks, or the rows laid out anew), not re-quantized
