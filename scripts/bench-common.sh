@@ -12,8 +12,8 @@ need_programs() {
 }
 
 # Makes the synthetic TinyLlama-1.1B at PATH unless it is there: random weights at the real
-# shape (tandem synth), pre-quantized (tandem quantize) so that every process maps the same
-# INT8 weights. Never committed: it lives in the build tree.
+# shape (tandem synth), pre-quantized (tandem quantize) so that every process loads the same
+# INT8 weights without converting them. Never committed: it lives in the build tree.
 synth_tinyllama() {
   local path="$1"
   [[ -f "$path" ]] && return 0
