@@ -189,7 +189,7 @@ TEST_CASE("tandem quantize files load without re-quantizing, to the same model")
     const std::pair<const char*, bool> expect[] = {
         {"blk.0.attn_q.weight", true},  {"blk.4.attn_output.weight", true}, {"output.weight", true},
         {"blk.0.attn_k.weight", false}, {"blk.0.ffn_down.weight", false},   {"token_embd.weight", false}};
-    for (const auto& [name, blocked] : expect) CHECK_MESSAGE(listed_blocked(qf, name) == blocked, name);
+    for (const auto& e : expect) CHECK_MESSAGE(listed_blocked(qf, e.first) == e.second, e.first);
 
     model_bundle a = load_model(stories); // quantized at load
     model_bundle b = load_model(out);     // copied (the blocks, or the rows laid out anew), not re-quantized
