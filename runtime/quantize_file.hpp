@@ -25,8 +25,8 @@ struct quantize_stats {
 // 2-D tensor `name` becomes I8 [same shape] with `name.scale` F32 [rows]; everything else,
 // metadata included, is copied. Matrices stream through one at a time, rows on the pool.
 // A matrix of whole 64 x 64 blocks is stored in the blocked layout the CPU kernels read from
-// the VNNI level up, so that there it is used in place (the embedding table only when the
-// logits use it too: the embed op reads rows); the others, in rows.
+// the VNNI level up, so that there loading it is a plain copy (the embedding table only when
+// the logits use it too: the embed op reads rows); the others, in rows.
 quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu::thread_pool& pool);
 
 } // namespace tandem
