@@ -42,13 +42,9 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
                  b.tok->n_vocab(), cfg.n_vocab);
     b.cfg = cfg;
     b.mdl = std::make_unique<model>(std::move(cfg), std::move(w), opt.kv);
-    // Weights converted at load hold nothing in the mapping: give its pages back, so RSS is
-    // the engine's copy alone. (A pre-quantized file is used in place and stays, unless its rows
-    // were laid out anew for the CPU kernels; its scales are still read from it, refaulted.)
-    const bool in_place = opt.weights == weight_format::int8 && layout == q_layout::rows &&
-                          std::any_of(b.file->tensors().begin(), b.file->tensors().end(),
-                                      [](const gguf::tensor_info& t) { return t.type == dtype::i8; });
-    if (!in_place && !b.file->bytes().empty())
+    // Every weight is in memory of its own after load (converted, or copied from a pre-quantized
+    // file): give the mapping's pages back, so RSS is the engine's copy alone.
+    if (!b.file->bytes().empty())
         ::madvise(const_cast<uint8_t*>(b.file->bytes().data()), b.file->bytes().size(), MADV_DONTNEED);
     b.load_s = seconds_since(t0);
     const auto& c = b.mdl->config();

@@ -25,10 +25,9 @@ quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu:
     }
     w.set_string(quant_scheme_key, int8_scheme);
     w.set_u32(quant_version_key, int8_scheme_version);
-    w.set_alignment(64); // rows and scales used in place from the mapping: keep them aligned
+    w.set_alignment(64); // the loader reads the scales as floats from the mapping, copies the rows by lines
 
     quantize_stats st;
-    const bool tied = f.find_tensor("output.weight") == nullptr; // the logits read the embedding table
     std::vector<std::string> blocked;
     for (const auto& t : f.tensors()) {
         const bool matrix = t.ne.size() == 2 && t.ne[0] > 1;
@@ -40,7 +39,7 @@ quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu:
             continue;
         }
         const int64_t n_in = t.ne[0], n_out = t.ne[1];
-        const bool block = n_in % q_block_k == 0 && n_out % q_block_rows == 0 && (t.name != "token_embd.weight" || tied);
+        const bool block = n_in % q_block_k == 0 && n_out % q_block_rows == 0 && read_by_matmul(f, t.name);
         if (block) blocked.push_back(t.name);
         // Quantized when the writer asks for the rows, so one matrix is in memory at a time.
         auto q = std::make_shared<weight>();

@@ -186,6 +186,10 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
 
 } // namespace
 
+bool read_by_matmul(const gguf::file& f, const std::string& name) {
+    return name != "token_embd.weight" || !f.find_tensor("output.weight");
+}
+
 void tensor_row_to_f32(const gguf::file& f, const gguf::tensor_info& t, int64_t r, float* out) {
     TANDEM_ASSERT(t.ne.size() == 2 && r >= 0 && r < t.ne[1]);
     const int64_t n_in = t.ne[0];
@@ -310,9 +314,9 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
     for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
         TANDEM_CHECK(!f.find_tensor(name), "{}: {} is Phi-3's LongRoPE, which Tandem does not support", f.path(), name);
     model_weights w;
-    weight_load_options rows = opt; // the embedding table is read by rows, unless it is the logits' matrix too
+    weight_load_options rows = opt;
     rows.layout = q_layout::rows;
-    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, f.find_tensor("output.weight") ? rows : opt);
+    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, read_by_matmul(f, "token_embd.weight") ? opt : rows);
     w.output_norm = load_tensor(f, "output_norm.weight", {e}, opt);
     w.output = load_tensor(f, "output.weight", {e, v}, opt, /*optional=*/true);
     c.tied_output = w.output.empty();

@@ -53,10 +53,15 @@ struct model_weights {
     // cfg.n_vocab, cfg.qkv_bias and cfg.tied_output. Throws tandem::error naming the tensor.
     // Phi-3's fused tensors (attn_qkv, ffn_up holding gate and up) are split into wq/wk/wv and
     // w_gate/w_up here, so the forward has one shape of layer.
-    // INT8 tensors of a `tandem quantize` file are used in place (the file must outlive
-    // the weights) and need format int8.
+    // INT8 tensors of a `tandem quantize` file are copied as they are for format int8 (never
+    // quantized again) and read back for f32; nothing points into the file after it.
     static model_weights load(const gguf::file& f, model_config& cfg, const weight_load_options& opt = {});
 };
+
+// Whether the matmul kernels read the file's matrix `name`, so that it is laid out for them
+// (blocked from the VNNI level up, and so stored by `tandem quantize`): every matrix but the
+// embedding table, which the embed op reads by rows unless the logits use it too.
+bool read_by_matmul(const gguf::file& f, const std::string& name);
 
 // Row r of a 2-D GGUF tensor of any supported type (I8 with its .scale tensor) as F32 [ne[0]].
 void tensor_row_to_f32(const gguf::file& f, const gguf::tensor_info& t, int64_t r, float* out);
