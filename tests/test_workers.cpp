@@ -11,6 +11,7 @@
 #include "runtime/fingerprint.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/quantize_file.hpp"
 #include "runtime/synth.hpp"
 
 #include <doctest/doctest.h>
@@ -686,6 +687,34 @@ TEST_CASE("workers: a model file rewritten in place or a pool file truncated und
         CHECK_MESSAGE(r.body.find(what == "model" ? "changed on disk" : "was truncated") != std::string::npos, r.body);
         CHECK(d.wait_exit(30) == 1); // for its service manager to start it anew (Restart=on-failure)
         CHECK(read_text(d.log).find("restart tandemd") != std::string::npos);
+    }
+}
+
+TEST_CASE("local: a model file rewritten in place under a daemon without workers: it serves on from its own copy") {
+    // Every weight, a `tandem quantize` file's INT8 rows included, is copied out of the mapping
+    // at load and its pages given back, so nothing reads the file afterwards: no SIGBUS, and
+    // nothing to load again (the workers' case above).
+    for (const bool quantized : {false, true}) {
+        CAPTURE(quantized);
+        const std::string model = scratch().file("local-changed.gguf");
+        std::filesystem::remove(model);
+        if (quantized) {
+            cpu::thread_pool pool(1);
+            quantize_gguf(model_path("stories260K.gguf"), model, pool);
+        } else {
+            std::filesystem::copy_file(model_path("stories260K.gguf"), model);
+            std::filesystem::permissions(model, std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
+        }
+        daemon_process d;
+        d.sock = scratch().file("local-changed.sock");
+        d.log = scratch().file("local-changed.log");
+        d.spawn({"--model", model, "--socket", d.sock, "--threads", "1", "--log", "warn", "--set", "placement=local"});
+        REQUIRE(d.wait_ready());
+        CHECK(completion(d.sock, prompts[0], 8)["choices"][0]["text"] == offline_text(prompts[0], 8));
+        REQUIRE(::truncate(model.c_str(), 4096) == 0);
+        for (int i = 1; i < 3; ++i)
+            CHECK(completion(d.sock, prompts[i], 20)["choices"][0]["text"] == offline_text(prompts[i], 20));
+        CHECK(d.stop() == 0);
     }
 }
 
