@@ -306,39 +306,42 @@ TEST_CASE("int8 matmul: every batch size gives each token the same bits as alone
 TEST_CASE("int8 matmul on AMX tiles (emulated everywhere, hardware where present) vs reference") {
     const bool hw = cpu::detect_isa() == cpu::isa::amx;
     if (!hw) MESSAGE("AMX hardware rows skipped (this CPU or OS gives the process no AMX tiles); emulated rows run");
-    for (int64_t n_in : {7, 64, 65, 100, 128, 257}) {
-        for (int64_t n_out : {16, 33, 50, 130}) {
-            for (int64_t n_tok : {1, 2, 16, 17, 32, 33, 63, 64, 100}) {
-                const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in * 7 + n_out));
-                const weight rows = quantize_weight(wf.data(), n_out, n_in);
-                weight w = rows;
-                pack_blocked(w);
-                weight b{randn(size_t(n_out), 9), n_out, 1};
-                const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok + 3));
-                std::vector<int8_t> qx(x.size());
-                std::vector<float> sx(static_cast<size_t>(n_tok));
-                ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
-                std::vector<float> want(size_t(n_tok * n_out));
-                ops::matmul_i8(exec_ctx{backend::ref}, want.data(), qx.data(), sx.data(), n_tok, rows, &b);
-                const std::string tag =
-                    " n_in=" + std::to_string(n_in) + " n_out=" + std::to_string(n_out) + " n_tok=" + std::to_string(n_tok);
-                for (int nt : {1, 3}) {
-                    cpu::thread_pool pool(nt);
-                    std::vector<float> got(want.size(), NAN);
-                    cpu::matmul_i8_amx_emulated(pool, got.data(), qx.data(), sx.data(), n_tok, w, b.data.data());
-                    INFO("amx emulated" << tag << " threads=" << nt);
-                    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
-                    if (hw) {
-                        cpu::force_isa(cpu::isa::amx);
-                        std::vector<float> got_hw(want.size(), NAN);
-                        ops::matmul_i8(exec_ctx{backend::cpu, &pool}, got_hw.data(), qx.data(), sx.data(), n_tok, w, &b);
-                        INFO("amx hardware" << tag << " threads=" << nt);
-                        CHECK(std::memcmp(got_hw.data(), want.data(), want.size() * sizeof(float)) == 0);
-                    }
-                }
+    const auto check = [&](int64_t n_in, int64_t n_out, int64_t n_tok) {
+        const auto wf = randn(size_t(n_out * n_in), uint32_t(n_in * 7 + n_out));
+        const weight rows = quantize_weight(wf.data(), n_out, n_in);
+        weight w = rows;
+        pack_blocked(w);
+        weight b{randn(size_t(n_out), 9), n_out, 1};
+        const auto x = randn(size_t(n_tok * n_in), uint32_t(n_tok + 3));
+        std::vector<int8_t> qx(x.size());
+        std::vector<float> sx(static_cast<size_t>(n_tok));
+        ops::quantize_rows(exec_ctx{backend::ref}, {qx.data(), sx.data()}, x.data(), n_tok, n_in);
+        std::vector<float> want(size_t(n_tok * n_out));
+        ops::matmul_i8(exec_ctx{backend::ref}, want.data(), qx.data(), sx.data(), n_tok, rows, &b);
+        const std::string tag =
+            " n_in=" + std::to_string(n_in) + " n_out=" + std::to_string(n_out) + " n_tok=" + std::to_string(n_tok);
+        for (int nt : {1, 3}) {
+            cpu::thread_pool pool(nt);
+            std::vector<float> got(want.size(), NAN);
+            cpu::matmul_i8_amx_emulated(pool, got.data(), qx.data(), sx.data(), n_tok, w, b.data.data());
+            INFO("amx emulated" << tag << " threads=" << nt);
+            CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+            if (hw) {
+                cpu::force_isa(cpu::isa::amx);
+                std::vector<float> got_hw(want.size(), NAN);
+                ops::matmul_i8(exec_ctx{backend::cpu, &pool}, got_hw.data(), qx.data(), sx.data(), n_tok, w, &b);
+                INFO("amx hardware" << tag << " threads=" << nt);
+                CHECK(std::memcmp(got_hw.data(), want.data(), want.size() * sizeof(float)) == 0);
             }
         }
-    }
+    };
+    for (int64_t n_in : {7, 64, 65, 100, 128, 257})
+        for (int64_t n_out : {16, 33, 50, 130})
+            for (int64_t n_tok : {1, 2, 16, 17, 32, 33, 63, 64, 100}) check(n_in, n_out, n_tok);
+    // Prefill sizes, whose A tiles do not fit one token block (~512 KiB): blocks of 8 tiles of
+    // 4,096 inputs and a last one of one tile; of 16 tiles of 2,048 and a last one of 3.
+    check(4096, 50, 130);
+    check(2048, 130, 300);
 }
 
 // oneDNN builds a primitive (JIT code, 64-130 KiB) per row count and tandem keeps each: batches
