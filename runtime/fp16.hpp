@@ -1,6 +1,8 @@
 // Scalar IEEE half and bfloat16 conversions (the reference for any SIMD conversion).
 #pragma once
 
+#include "runtime/fp16_round.hpp"
+
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -29,28 +31,7 @@ inline float fp16_to_f32(uint16_t h) {
 }
 
 // Round to nearest even, with overflow to inf and NaN kept quiet.
-inline uint16_t f32_to_fp16(float f) {
-    const uint32_t x = std::bit_cast<uint32_t>(f);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    const uint32_t abs = x & 0x7fffffffu;
-    if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u); // nan
-    if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u); // overflow (incl. inf)
-    if (abs < 0x38800000u) {                                  // subnormal or zero in half
-        if (abs < 0x33000000u) return uint16_t(sign);         // below half of the smallest subnormal
-        const uint32_t e = abs >> 23;
-        const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-        const uint32_t shift = 126 - e; // 14 - (e - 127) + 13 - 1 + 1
-        uint32_t h = m >> shift;
-        const uint32_t rem = m & ((1u << shift) - 1);
-        const uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1u))) ++h;
-        return uint16_t(sign | h);
-    }
-    uint32_t h = ((abs >> 13) - ((127 - 15) << 10));
-    const uint32_t rem = abs & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-    return uint16_t(sign | h);
-}
+inline uint16_t f32_to_fp16(float f) { return fp16_bits_of_f32_bits(std::bit_cast<uint32_t>(f)); }
 
 // A little-endian f16 at p (any alignment), as GGUF's blocks store their scales.
 inline float load_f16(const uint8_t* p) {

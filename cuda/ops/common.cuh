@@ -5,6 +5,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
+#include "runtime/fp16_round.hpp"
 
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -100,30 +101,8 @@ __device__ __forceinline__ int8_t quantize_one(float x, float inv) {
     return int8_t(fminf(fmaxf(v, -127.0f), 127.0f));
 }
 
-// f32_to_fp16 of runtime/fp16.hpp, bit for bit (round to nearest even, overflow to inf, NaN
-// to a quiet NaN keeping the sign), so pages written here equal the CPU's.
-__device__ __forceinline__ uint16_t f32_to_fp16_bits(float f) {
-    const uint32_t x = __float_as_uint(f);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    const uint32_t abs = x & 0x7fffffffu;
-    if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);
-    if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
-    if (abs < 0x38800000u) {
-        if (abs < 0x33000000u) return uint16_t(sign);
-        const uint32_t e = abs >> 23;
-        const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-        const uint32_t shift = 126 - e;
-        uint32_t h = m >> shift;
-        const uint32_t rem = m & ((1u << shift) - 1);
-        const uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1u))) ++h;
-        return uint16_t(sign | h);
-    }
-    uint32_t h = ((abs >> 13) - ((127 - 15) << 10));
-    const uint32_t rem = abs & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-    return uint16_t(sign | h);
-}
+// f32_to_fp16 of runtime/fp16.hpp, the same code: pages written here equal the CPU's.
+__device__ __forceinline__ uint16_t f32_to_fp16_bits(float f) { return fp16_bits_of_f32_bits(__float_as_uint(f)); }
 
 __device__ __forceinline__ float fp16_bits_to_f32(uint16_t h) {
     return __half2float(__ushort_as_half(h));
