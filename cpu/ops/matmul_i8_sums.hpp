@@ -7,6 +7,14 @@
 
 #include <cstdint>
 
+// GCC 12's AVX-512 intrinsics pass an "undefined" vector (`__m512i __Y = __Y;`) to their
+// builtins, which its -Wmaybe-uninitialized takes for a read where this is inlined into the AMX
+// kernel: a false positive, widely reported, silenced here only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace tandem::cpu {
 
 // Where a matmul's sums go: out [n_tok, n_out] = float(dot) * sx[t] * sw[o] + bias[o], the
@@ -37,3 +45,7 @@ struct i8_sums_out {
 };
 
 } // namespace tandem::cpu
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
