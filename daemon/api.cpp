@@ -4,6 +4,8 @@
 
 #include "runtime/grammar/guide.hpp"
 #include "runtime/grammar/tool_call.hpp"
+#include "runtime/json_limits.hpp"
+#include "runtime/log.hpp"
 #include "runtime/tokenizer.hpp"
 
 #include <fmt/format.h>
@@ -26,43 +28,54 @@ api_error bad(std::string msg, std::string param = {}) {
     return e;
 }
 
-// Optional fields: absent or null leave `out` as it is.
-std::optional<api_error> read_number(const json& j, const char* key, double lo, double hi, double& out) {
+// The place of `key` in the object at `where` ("" for the body): "stream_options.include_usage".
+std::string place(std::string_view where, std::string_view key) {
+    return where.empty() ? std::string(key) : fmt::format("{}.{}", where, key);
+}
+
+// Optional fields of the object j at `where`: absent or null leave `out` as it is; a value of
+// the wrong type or out of range is a 400 that names its place.
+std::optional<api_error> read_number(const json& j, const char* key, double lo, double hi, double& out,
+                                     std::string_view where = {}) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return std::nullopt;
-    if (!it->is_number()) return bad(fmt::format("'{}' must be a number", key), key);
+    const std::string q = place(where, key);
+    if (!it->is_number()) return bad(fmt::format("'{}' must be a number", q), q);
     const double v = it->get<double>();
-    if (!(v >= lo && v <= hi)) return bad(fmt::format("'{}' must be between {} and {}", key, lo, hi), key);
+    if (!(v >= lo && v <= hi)) return bad(fmt::format("'{}' must be between {} and {}", q, lo, hi), q);
     out = v;
     return std::nullopt;
 }
 
 // An integer, or a number with an integral value (4.0, as JSON encoders of floats write it).
-std::optional<api_error> read_int(const json& j, const char* key, int64_t lo, int64_t hi, int64_t& out) {
+std::optional<api_error> read_int(const json& j, const char* key, int64_t lo, int64_t hi, int64_t& out,
+                                  std::string_view where = {}) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return std::nullopt;
-    const auto out_of_range = [&] { return bad(fmt::format("'{}' must be between {} and {}", key, lo, hi), key); };
+    const std::string q = place(where, key);
+    const auto out_of_range = [&] { return bad(fmt::format("'{}' must be between {} and {}", q, lo, hi), q); };
     int64_t v = 0;
     if (it->is_number_float()) {
         const double d = it->get<double>();
-        if (d != std::floor(d)) return bad(fmt::format("'{}' must be an integer", key), key);
+        if (d != std::floor(d)) return bad(fmt::format("'{}' must be an integer", q), q);
         if (!(d >= -0x1p63 && d < 0x1p63)) return out_of_range();
         v = int64_t(d);
     } else if (it->is_number_integer()) {
         if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(hi)) return out_of_range();
         v = it->get<int64_t>();
     } else {
-        return bad(fmt::format("'{}' must be an integer", key), key);
+        return bad(fmt::format("'{}' must be an integer", q), q);
     }
     if (v < lo || v > hi) return out_of_range();
     out = v;
     return std::nullopt;
 }
 
-std::optional<api_error> read_bool(const json& j, const char* key, bool& out) {
+std::optional<api_error> read_bool(const json& j, const char* key, bool& out, std::string_view where = {}) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return std::nullopt;
-    if (!it->is_boolean()) return bad(fmt::format("'{}' must be a boolean", key), key);
+    const std::string q = place(where, key);
+    if (!it->is_boolean()) return bad(fmt::format("'{}' must be a boolean", q), q);
     out = it->get<bool>();
     return std::nullopt;
 }
@@ -214,8 +227,10 @@ std::optional<api_error> read_message_calls(const json& calls, const std::string
             return bad(q + ".type must be \"function\"", q + ".type");
         const json& fn = c["function"];
         if (!fn.contains("name") || !fn["name"].is_string()) return bad(q + ".function.name must be a string", q + ".function.name");
-        chat_tool_call call{c.value("id", ""), fn["name"].get<std::string>(), "{}"};
-        if (c.contains("id") && !c["id"].is_string()) return bad(q + ".id must be a string", q + ".id");
+        const auto id = c.find("id");
+        if (id != c.end() && !id->is_null() && !id->is_string()) return bad(q + ".id must be a string", q + ".id");
+        chat_tool_call call{id != c.end() && id->is_string() ? id->get<std::string>() : "", fn["name"].get<std::string>(),
+                            "{}"};
         if (const auto a = fn.find("arguments"); a != fn.end() && !a->is_null()) {
             if (a->is_string()) call.arguments = a->get<std::string>();
             else if (a->is_object()) call.arguments = a->dump();
@@ -268,7 +283,7 @@ std::optional<api_error> read_messages(const json& body, std::vector<chat_messag
         } else if (c->is_array()) { // content parts: text only
             for (size_t k = 0; k < c->size(); ++k) {
                 const json& part = (*c)[k];
-                if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+                if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
                     !part["text"].is_string())
                     return bad(p + ".content parts must be {\"type\": \"text\", \"text\": ...}", p + ".content");
                 TRY(check_keys(part, fmt::format("{}.content[{}]", p, k), {"type", "text"}));
@@ -282,18 +297,20 @@ std::optional<api_error> read_messages(const json& body, std::vector<chat_messag
     return std::nullopt;
 }
 
-std::optional<api_error> read_stop(const json& body, std::vector<std::string>& out) {
+std::optional<api_error> read_stop(const json& body, int32_t max_bytes, std::vector<std::string>& out) {
     auto it = body.find("stop");
     if (it == body.end() || it->is_null()) return std::nullopt;
-    if (it->is_string()) {
-        out.push_back(it->get<std::string>());
-        return std::nullopt;
-    }
-    if (!it->is_array() || it->size() > 16) return bad("'stop' must be a string or an array of up to 16 strings", "stop");
-    for (const auto& s : *it) {
-        if (!s.is_string()) return bad("'stop' must be a string or an array of up to 16 strings", "stop");
+    const auto take = [&](const json& s, const std::string& where) -> std::optional<api_error> {
+        if (!s.is_string()) return bad("'stop' must be a string or an array of up to 16 strings", where);
+        if (int64_t(s.get_ref<const std::string&>().size()) > max_bytes)
+            return bad(fmt::format("a stop string may have at most {} bytes (max_stop_bytes in tandemd.conf)", max_bytes),
+                       where);
         out.push_back(s.get<std::string>());
-    }
+        return std::nullopt;
+    };
+    if (it->is_string()) return take(*it, "stop");
+    if (!it->is_array() || it->size() > 16) return bad("'stop' must be a string or an array of up to 16 strings", "stop");
+    for (size_t i = 0; i < it->size(); ++i) TRY(take((*it)[i], fmt::format("stop[{}]", i)));
     return std::nullopt;
 }
 
@@ -438,7 +455,7 @@ std::optional<api_error> read_speculative(const json& body, const config& cfg, i
     if (limit == 0)
         return bad("speculative decoding is off in this daemon (draft_tokens = 0 in tandemd.conf)", "speculative");
     int64_t k = limit;
-    TRY(read_int(*it, "num_tokens", 1, limit, k));
+    TRY(read_int(*it, "num_tokens", 1, limit, k, "speculative"));
     draft_tokens = int32_t(k);
     drafts = method == "draft" ? draft_source::model : draft_source::ngram;
     return std::nullopt;
@@ -449,23 +466,26 @@ std::optional<api_error> read_speculative(const json& body, const config& cfg, i
 // `grammar`. Each found is (the field that gave it, the constraint).
 using found_constraint = std::pair<std::string, grammar::constraint>;
 
-// A schema given as an object (or true/false), or as JSON text.
-std::optional<api_error> schema_text(const json& v, const std::string& field, std::string& out) {
+// A schema given as an object (or true/false), or as JSON text (parsed under the body's
+// nesting limit: the text is not checked with the body).
+std::optional<api_error> schema_text(const json& v, const std::string& field, int max_depth, std::string& out) {
     if (v.is_object() || v.is_boolean()) {
         out = v.dump();
         return std::nullopt;
     }
     if (v.is_string()) {
-        const json parsed = json::parse(v.get<std::string>(), nullptr, false);
-        if (!parsed.is_discarded() && (parsed.is_object() || parsed.is_boolean())) {
-            out = parsed.dump();
+        std::string why;
+        const std::optional<json> parsed = parse_json_limited<json>(v.get<std::string>(), max_depth, why);
+        if (parsed && (parsed->is_object() || parsed->is_boolean())) {
+            out = parsed->dump();
             return std::nullopt;
         }
+        if (!parsed) return bad(fmt::format("'{}' is a string that is {}", field, why), field);
     }
     return bad(fmt::format("'{}' must be a JSON Schema (an object)", field), field);
 }
 
-std::optional<api_error> read_response_format(const json& rf, std::vector<found_constraint>& found) {
+std::optional<api_error> read_response_format(const json& rf, int max_depth, std::vector<found_constraint>& found) {
     if (!rf.is_object()) return bad("'response_format' must be an object", "response_format");
     const auto type = rf.find("type");
     if (type == rf.end() || !type->is_string())
@@ -486,19 +506,19 @@ std::optional<api_error> read_response_format(const json& rf, std::vector<found_
         return bad("'response_format.json_schema' must be an object with a 'schema'", "response_format.json_schema");
     TRY(check_keys(*js, "response_format.json_schema", {"name", "schema", "strict", "description"}));
     grammar::constraint c{grammar::constraint::kind::json_schema, ""};
-    TRY(schema_text((*js)["schema"], "response_format.json_schema.schema", c.text));
+    TRY(schema_text((*js)["schema"], "response_format.json_schema.schema", max_depth, c.text));
     found.push_back({"response_format", std::move(c)});
     return std::nullopt;
 }
 
 // One structured-outputs form, `key` of `field` (json, regex, choice, grammar, json_object).
 std::optional<api_error> read_structured(const std::string& field, const std::string& key, const json& v,
-                                         std::vector<found_constraint>& found) {
+                                         int max_depth, std::vector<found_constraint>& found) {
     using kind = grammar::constraint::kind;
     grammar::constraint c;
     if (key == "json") {
         c.k = kind::json_schema;
-        TRY(schema_text(v, field, c.text));
+        TRY(schema_text(v, field, max_depth, c.text));
     } else if (key == "regex" || key == "grammar") {
         if (!v.is_string()) return bad(fmt::format("'{}' must be a string", field), field);
         c.k = key == "regex" ? kind::regex : kind::gbnf;
@@ -519,23 +539,23 @@ std::optional<api_error> read_structured(const std::string& field, const std::st
     return std::nullopt;
 }
 
-std::optional<api_error> read_constraint(const json& body, std::optional<found_constraint>& out) {
+std::optional<api_error> read_constraint(const json& body, int max_depth, std::optional<found_constraint>& out) {
     std::vector<found_constraint> found;
     const auto given = [&](const char* key) {
         const auto it = body.find(key);
         return it != body.end() && !it->is_null() ? &*it : nullptr;
     };
-    if (const json* rf = given("response_format")) TRY(read_response_format(*rf, found));
+    if (const json* rf = given("response_format")) TRY(read_response_format(*rf, max_depth, found));
     if (const json* so = given("structured_outputs")) {
         if (!so->is_object()) return bad("'structured_outputs' must be an object", "structured_outputs");
         for (const auto& [key, value] : so->items())
-            if (!value.is_null()) TRY(read_structured("structured_outputs." + key, key, value, found));
+            if (!value.is_null()) TRY(read_structured("structured_outputs." + key, key, value, max_depth, found));
     }
     for (const char* key : {"json", "regex", "choice", "grammar"})
         if (const json* v = given(fmt::format("guided_{}", key).c_str()))
-            TRY(read_structured(fmt::format("guided_{}", key), key, *v, found));
-    if (const json* v = given("json_schema")) TRY(read_structured("json_schema", "json", *v, found));
-    if (const json* v = given("grammar")) TRY(read_structured("grammar", "grammar", *v, found));
+            TRY(read_structured(fmt::format("guided_{}", key), key, *v, max_depth, found));
+    if (const json* v = given("json_schema")) TRY(read_structured("json_schema", "json", *v, max_depth, found));
+    if (const json* v = given("grammar")) TRY(read_structured("grammar", "grammar", *v, max_depth, found));
     if (found.size() > 1)
         return bad(fmt::format("one output constraint per request: '{}' and '{}' are both given", found[0].first,
                                found[1].first),
@@ -572,7 +592,8 @@ std::optional<api_error> read_beam(const json& body, int64_t width, beam_params&
 
 // documents (chat): [{"text", "id"?, "title"?}] (ids default to the index), and
 // citation_options: {"mode": "fast" | "strict" | "off", "min_tokens"}.
-std::optional<api_error> read_grounding(const json& body, grounding& out) {
+std::optional<api_error> read_grounding(const json& body, int64_t max_bytes, grounding& out) {
+    int64_t n_bytes = 0;
     const auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
     if (!given("documents")) {
         if (given("citation_options")) return bad("'citation_options' needs 'documents'", "citation_options");
@@ -592,6 +613,14 @@ std::optional<api_error> read_grounding(const json& body, grounding& out) {
             (key == "text" ? d.text : key == "id" ? d.id : d.title) = v.get<std::string>();
         }
         if (!docs[i].contains("text")) return bad(fmt::format("'{}.text' is required", p), p + ".text");
+        n_bytes += int64_t(d.text.size() + d.id.size() + d.title.size());
+        if (n_bytes > max_bytes) {
+            api_error e = bad(fmt::format("'documents' hold more than {} bytes (max_document_bytes in tandemd.conf)",
+                                          max_bytes),
+                              "documents");
+            e.code = "documents_too_large";
+            return e;
+        }
         out.documents.push_back(std::move(d));
     }
     if (!given("citation_options")) return std::nullopt;
@@ -608,7 +637,7 @@ std::optional<api_error> read_grounding(const json& body, grounding& out) {
     if (!out.cite && o.contains("min_tokens") && !o["min_tokens"].is_null())
         return bad("'citation_options.min_tokens' has no meaning with mode \"off\"", "citation_options.min_tokens");
     int64_t min_tokens = out.min_tokens;
-    TRY(read_int(o, "min_tokens", 1, 256, min_tokens));
+    TRY(read_int(o, "min_tokens", 1, 256, min_tokens, "citation_options"));
     out.min_tokens = int32_t(min_tokens);
     return std::nullopt;
 }
@@ -654,7 +683,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
         if (!it->is_object()) return bad("'stream_options' must be an object", "stream_options");
         TRY(check_keys(*it, "stream_options", {"include_usage"}));
-        TRY(read_bool(*it, "include_usage", plan.include_usage));
+        TRY(read_bool(*it, "include_usage", plan.include_usage, "stream_options"));
     }
 
     // prompts
@@ -667,7 +696,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
         TRY(read_messages(body, messages));
         TRY(read_tools(body, tools));
         grounding ground;
-        TRY(read_grounding(body, ground));
+        TRY(read_grounding(body, cfg.max_document_bytes, ground));
         if (!ground.documents.empty()) {
             if (tools.active()) return bad("'documents' and 'tools' cannot be used together yet", "documents");
             grounded.emplace();
@@ -742,7 +771,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     TRY(read_int(body, "priority", -1000, 1000, priority));
     base.priority = int32_t(priority);
     TRY(read_speculative(body, cfg, base.draft_tokens, base.drafts));
-    TRY(read_stop(body, base.stop));
+    TRY(read_stop(body, cfg.max_stop_bytes, base.stop));
     TRY(read_logit_bias(body, tok.n_vocab(), base.sampling.logit_bias));
     if (beam.width > 0) { // beam search is deterministic: no sampling knobs, nothing to verify
         const std::pair<const char*, bool> sampling[] = {
@@ -783,7 +812,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     for (const auto& s : stops) base.stop.push_back(s);
 
     std::optional<found_constraint> constraint;
-    TRY(read_constraint(body, constraint));
+    TRY(read_constraint(body, cfg.max_json_depth, constraint));
     std::string trigger; // tool_choice auto: free text until the model opens a call
     bool anchored = false;
     if (tools.active()) {
@@ -809,7 +838,8 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
                    constraint->first);
     if (constraint) {
         try {
-            base.make_processor = [guides = ms.guides.get(), cache = ms.guides->get(constraint->second), trigger,
+            const auto budget = std::chrono::milliseconds(cfg.grammar_compile_ms);
+            base.make_processor = [guides = ms.guides.get(), cache = ms.guides->get(constraint->second, budget), trigger,
                                    anchored] { return guides->make_processor(cache, trigger, anchored); };
         } catch (const grammar::grammar_error& e) {
             api_error err = bad(fmt::format("'{}' cannot be used: {}", constraint->first, e.what()), constraint->first);
@@ -849,7 +879,7 @@ std::variant<generation_plan, api_error> parse_generation(const json& body, bool
     return plan;
 }
 
-std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const model_state& ms) {
+std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const model_state& ms, const config& cfg) {
     if (!body.is_object()) return bad("the request body must be a JSON object");
     TRY(check_keys(body, "", {"model", "input", "encoding_format", "dimensions", "user", "priority",
                               "truncate_prompt_tokens"}));
@@ -877,6 +907,12 @@ std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const
     for (size_t i = 0; i < plan.inputs.size(); ++i)
         if (int32_t(plan.inputs[i].size()) > ms.max_prompt_tokens)
             return prompt_too_long(fmt::format("input {}", i), plan.inputs[i].size(), ms, "input");
+    // The reply holds inputs x n_embd numbers as text (a short body could ask for gigabytes).
+    if (const int64_t n = int64_t(plan.inputs.size()) * ms.bundle.cfg.n_embd; n > cfg.max_embedding_floats)
+        return bad(fmt::format("'input' has {} items of {} dimensions each: {} numbers, more than the {} one reply "
+                               "holds (max_embedding_floats in tandemd.conf); send fewer inputs a request",
+                               plan.inputs.size(), ms.bundle.cfg.n_embd, n, cfg.max_embedding_floats),
+                   "input");
     if (auto it = body.find("encoding_format"); it != body.end() && !it->is_null()) {
         if (*it != "float" && *it != "base64")
             return bad("'encoding_format' must be \"float\" or \"base64\"", "encoding_format");
@@ -1261,6 +1297,21 @@ json passages_json(const generation_plan& plan) {
     return out;
 }
 
+reply reply_for_exception(std::exception_ptr e, std::string_view method, std::string_view target) {
+    api_error err{500, "the daemon failed on this request (see its log)", "server_error"};
+    try {
+        std::rethrow_exception(e);
+    } catch (const nlohmann::json::type_error& x) { // a value of the wrong type, read before it was checked
+        err = bad(fmt::format("a field of the request has the wrong type ({})", x.what()));
+    } catch (const std::exception& x) {
+        err.message = fmt::format("the daemon failed on this request: {}", x.what());
+    } catch (...) {
+    }
+    const std::string path(target.substr(0, target.find('?')));
+    logger("server")->error("{} {}: {} ({})", method, path, err.message, err.status);
+    return reply::of(err);
+}
+
 std::string route_label(const std::string& target) {
     static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics",
                                   "/tokenize", "/detokenize", "/v1/tandem/apply-template", "/v1/tandem/status"};
@@ -1308,14 +1359,22 @@ json model_card(const model_state& ms, const daemon_state& st) {
                   {"chat_template", std::string(name_of(ms.tmpl.family()))}}}};
 }
 
-std::variant<json, api_error> parse_body(const std::string& body) {
-    json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return bad("the request body is not valid JSON (or not UTF-8)");
-    if (!j.is_object()) return bad("the request body must be a JSON object");
-    return j;
-}
-
 } // namespace
+
+std::variant<json, api_error> parse_request_body(std::string_view body, int max_depth) {
+    std::string why, where;
+    std::optional<json> j = parse_json_limited<json>(body, max_depth, why, &where);
+    if (!j) {
+        api_error e = bad(fmt::format("the request body is {}", why), where);
+        if (why.starts_with("nested")) {
+            e.message += " (max_json_depth in tandemd.conf)";
+            e.code = "json_too_deep";
+        }
+        return e;
+    }
+    if (!j->is_object()) return bad("the request body must be a JSON object");
+    return std::move(*j);
+}
 
 std::optional<reply> handle_simple(const std::string& method, const std::string& target, const std::string& body,
                                    daemon_state& st) {
@@ -1405,7 +1464,7 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
     if (path == "/tokenize" || path == "/detokenize" || path == "/v1/tandem/apply-template") {
         if (auto r = only("POST")) return r;
         if (!ms) return loading_reply();
-        auto parsed = parse_body(body);
+        auto parsed = parse_request_body(body, st.cfg.max_json_depth);
         if (auto* e = std::get_if<api_error>(&parsed)) return reply::of(*e);
         const json& j = std::get<json>(parsed);
         const tokenizer& tok = *ms->bundle.tok;
@@ -1472,8 +1531,5 @@ std::optional<reply> handle_simple(const std::string& method, const std::string&
     e.code = "unknown_url";
     return reply::of(e);
 }
-
-// Parses the body of a generation request; exposed to the session through this helper.
-std::variant<json, api_error> parse_generation_body(const std::string& body) { return parse_body(body); }
 
 } // namespace tandem::daemon

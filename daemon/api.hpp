@@ -41,6 +41,7 @@ struct reply {
     std::string body;
     int retry_after_s = 0;
     std::string allow;
+    std::string file;                 // not empty: the body is this file's bytes, sent from the disk
     bool model_loading = false; // a 503 for want of the model: the session may hold the request until it loads
 
     static reply of(const api_error& e);
@@ -118,7 +119,7 @@ struct embedding_plan {
     int64_t n_truncated = 0;          // the input tokens it dropped, all inputs together
 };
 
-std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const model_state& ms);
+std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const model_state& ms, const config& cfg);
 
 // {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}.
 json embeddings_response(const embedding_plan& plan, const std::vector<std::vector<float>>& vectors,
@@ -211,8 +212,14 @@ json final_response(const std::string& id, const std::string& model, const gener
 std::optional<reply> handle_simple(const std::string& method, const std::string& target, const std::string& body,
                                    daemon_state& st);
 
-// The JSON object of a request body, or a 400.
-std::variant<json, api_error> parse_generation_body(const std::string& body);
+// The JSON object of a request body, or a 400 (not JSON, not an object, or nested deeper
+// than max_depth: runtime/json_limits.hpp).
+std::variant<json, api_error> parse_request_body(std::string_view body, int max_depth);
+
+// The reply to a request whose handler threw: a field of the wrong type read unchecked
+// (nlohmann's type_error) is a 400, anything else a 500; both say what happened, and the
+// daemon's log has the route.
+reply reply_for_exception(std::exception_ptr e, std::string_view method, std::string_view target);
 
 // The route name used in metrics labels (unknown targets collapse to "other").
 std::string route_label(const std::string& target);

@@ -3,6 +3,7 @@
 #include "daemon/batch_file.hpp"
 
 #include "runtime/error.hpp"
+#include "runtime/json_limits.hpp"
 
 #include <fmt/format.h>
 
@@ -31,19 +32,19 @@ std::string routes_list() {
 
 } // namespace
 
-std::variant<request_line, line_error> parse_line(std::string_view text, int64_t line) {
+std::variant<request_line, line_error> parse_line(std::string_view text, int64_t line, int max_depth) {
     line_error e{line, "", "invalid_line", ""};
     const auto fail = [&](std::string message) {
         e.message = fmt::format("line {}: {}", line, message);
         return e;
     };
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::exception& ex) { // (a syntax error, or a number out of range)
+    std::string why;
+    std::optional<json> parsed = parse_json_limited<json>(text, max_depth, why);
+    if (!parsed) { // (a syntax error, a number out of range, or nesting past the limit)
         e.code = "invalid_json";
-        return fail(fmt::format("not JSON ({})", ex.what()));
+        return fail(why);
     }
+    const json& j = *parsed;
     if (!j.is_object()) return fail("not a JSON object");
     if (auto id = j.find("custom_id"); id != j.end() && id->is_string()) e.custom_id = id->get<std::string>();
     for (const auto& [key, value] : j.items())
@@ -64,7 +65,7 @@ std::variant<request_line, line_error> parse_line(std::string_view text, int64_t
     return request_line{line, e.custom_id, url->get<std::string>(), *body};
 }
 
-input read_input(std::string_view text) {
+input read_input(std::string_view text, int max_depth) {
     input in;
     std::map<std::string, int64_t> seen; // custom_id -> its line
     int64_t line = 0;
@@ -77,7 +78,7 @@ input read_input(std::string_view text) {
         ++line;
         if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
         if (l.find_first_not_of(" \t") == std::string_view::npos) continue;
-        auto parsed = parse_line(l, line);
+        auto parsed = parse_line(l, line, max_depth);
         const std::string id = std::visit([](const auto& p) { return p.custom_id; }, parsed);
         if (!id.empty()) {
             const auto [it, fresh] = seen.emplace(id, line);
@@ -94,12 +95,9 @@ input read_input(std::string_view text) {
 }
 
 json result_line(const std::string& custom_id, int status, const std::string& body_text) {
-    json body;
-    try {
-        body = json::parse(body_text);
-    } catch (const json::exception&) {
-        body = body_text; // not JSON (never from tandemd): kept as text
-    }
+    std::string why;
+    std::optional<json> parsed = parse_json_limited<json>(body_text, default_max_json_depth, why);
+    json body = parsed ? std::move(*parsed) : json(body_text); // not JSON (never from tandemd): kept as text
     std::string request_id;
     if (body.is_object())
         if (auto id = body.find("id"); id != body.end() && id->is_string()) request_id = id->get<std::string>();
@@ -138,12 +136,8 @@ done_set parse_done(std::string_view text, const std::string& path) {
         if (end == std::string_view::npos) break; // cut short: not counted, truncated away
         const std::string_view l = text.substr(at, end - at);
         ++n;
-        json j;
-        try {
-            j = json::parse(l);
-        } catch (const json::exception&) {
-            j = nullptr;
-        }
+        std::string why;
+        const json j = parse_json_limited<json>(l, default_max_json_depth, why).value_or(json());
         const auto id = j.is_object() ? j.find("custom_id") : j.end();
         const bool ok = j.is_object() && id != j.end() && j.contains("response") && j.contains("error");
         if (!ok) throw error(fmt::format("{}: line {} is not a batch output line; not appending to it", path, n));

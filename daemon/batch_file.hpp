@@ -4,6 +4,8 @@
 // a rerun with the same output file goes on where the last one stopped (batch_done).
 #pragma once
 
+#include "runtime/json_limits.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -39,7 +41,9 @@ struct line_error {
 // Reads input line `line` (without its newline). Unknown keys, a method other than POST, a
 // route not in `routes`, a body that is not an object or asks to stream are errors that name
 // what is wrong.
-std::variant<request_line, line_error> parse_line(std::string_view text, int64_t line);
+// A line nested deeper than `max_depth` is an error line of its own (runtime/json_limits.hpp).
+std::variant<request_line, line_error> parse_line(std::string_view text, int64_t line,
+                                                  int max_depth = default_max_json_depth);
 
 // Every line of an input file: requests and errors in file order; blank lines are skipped.
 // A custom_id on two lines throws tandem::error naming both (the results could not be told
@@ -48,7 +52,7 @@ struct input {
     std::vector<request_line> requests;
     std::vector<line_error> errors;
 };
-input read_input(std::string_view text);
+input read_input(std::string_view text, int max_depth = default_max_json_depth);
 
 // The output line of a request answered with `status` (any HTTP status: a 400 is the line's
 // result too) and its response body; request_id is the body's "id" when it has one.

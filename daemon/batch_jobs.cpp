@@ -5,12 +5,16 @@
 #include "daemon/batch_file.hpp"
 #include "daemon/batch_run.hpp"
 #include "runtime/error.hpp"
+#include "runtime/json_limits.hpp"
+#include "runtime/owned_file.hpp"
 #include "runtime/log.hpp"
 
 #include <fmt/format.h>
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,11 +56,19 @@ bool valid_id(std::string_view id, std::string_view prefix) {
                        [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-// Writes `text` to `path` whole or not at all: a temporary file, synced, renamed over it.
+// Makes a rename (or a removal) in `dir` durable: the directory's entry reaches the disk.
+void sync_dir(const std::string& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    ::fsync(fd);
+    ::close(fd);
+}
+
+// Writes `text` to `path` whole or not at all: a temporary file, synced, renamed over it, the
+// directory synced after.
 void write_atomic(const std::string& path, std::string_view text) {
     const std::string tmp = path + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) throw error(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+    const int fd = open_owned_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     bool ok = true;
     for (size_t at = 0; ok && at < text.size();) {
         const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
@@ -71,6 +83,7 @@ void write_atomic(const std::string& path, std::string_view text) {
         ::unlink(tmp.c_str());
         throw error(fmt::format("cannot write {}: {}", path, std::strerror(e)));
     }
+    sync_dir(fs::path(path).parent_path().string());
 }
 
 int64_t file_size(const std::string& path) {
@@ -170,6 +183,43 @@ std::variant<json, reply> page(std::vector<json> items, const std::map<std::stri
                 {"has_more", more}};
 }
 
+// A file's bytes mapped read-only (an upload's body, up to max_file_bytes: never copied
+// into memory whole).
+class mapped_file {
+public:
+    explicit mapped_file(const std::string& path) {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) throw error(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+        struct stat st {};
+        if (::fstat(fd, &st) == 0) size_ = size_t(st.st_size);
+        if (size_ > 0) {
+            void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+            data_ = p == MAP_FAILED ? nullptr : static_cast<const char*>(p);
+        }
+        ::close(fd);
+        if (size_ > 0 && !data_) throw error(fmt::format("cannot map {}: {}", path, std::strerror(errno)));
+    }
+    ~mapped_file() {
+        if (data_) ::munmap(const_cast<char*>(data_), size_);
+    }
+    mapped_file(const mapped_file&) = delete;
+    mapped_file& operator=(const mapped_file&) = delete;
+    std::string_view view() const { return {data_ ? data_ : "", size_}; }
+
+private:
+    const char* data_ = nullptr;
+    size_t size_ = 0;
+};
+
+// A state file written by this daemon, read back at start (under the nesting limit: the
+// directory is the daemon's, but a file in it may be planted or damaged). Throws.
+json parse_stored(const std::string& path, int max_depth) {
+    std::string why;
+    std::optional<json> j = parse_json_limited<json>(batch::read_file(path), max_depth, why);
+    if (!j) throw error(why);
+    return std::move(*j);
+}
+
 bool unfinished(const std::string& status) {
     return status == "validating" || status == "in_progress" || status == "finalizing" || status == "cancelling";
 }
@@ -259,19 +309,18 @@ std::optional<std::vector<form_part>> parse_multipart(std::string_view content_t
 }
 
 batch_jobs::batch_jobs(batch_settings s) : s_(std::move(s)) {
-    // Private: the files hold what clients asked and got. (A directory that exists keeps its
-    // mode: systemd's StateDirectoryMode, say.)
+    // Private: the files hold what clients asked and got. The directories are this user's,
+    // and nobody else may write in them (systemd's StateDirectoryMode may let others read the
+    // top one); made so, or refused by name.
     std::error_code ec;
-    for (const std::string& d : {s_.dir, s_.dir + "/files", s_.dir + "/batches"}) {
-        if (fs::is_directory(d, ec)) continue;
-        if (!fs::create_directories(d, ec) || ec) throw error(fmt::format("cannot make {}: {}", d, ec.message()));
-        fs::permissions(d, fs::perms::owner_all, fs::perm_options::replace, ec);
-    }
+    ensure_owned_dir(s_.dir, 0700, 0755);
+    ensure_owned_dir(s_.dir + "/files", 0700);
+    ensure_owned_dir(s_.dir + "/batches", 0700);
     // One daemon per state directory: two would run the same jobs.
-    lock_fd_ = ::open((s_.dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    lock_fd_ = open_owned_file(s_.dir + "/lock", O_RDWR | O_CREAT, 0600);
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
         const int e = errno;
-        if (lock_fd_ >= 0) ::close(lock_fd_);
+        ::close(lock_fd_);
         lock_fd_ = -1;
         throw error(fmt::format("{} is in use by another tandemd ({})", s_.dir, std::strerror(e)));
     }
@@ -281,9 +330,12 @@ batch_jobs::batch_jobs(batch_settings s) : s_(std::move(s)) {
         if (name.ends_with(".tmp")) fs::remove(e.path(), ec);
         if (!name.ends_with(".json")) continue;
         try {
-            json f = json::parse(batch::read_file(e.path().string()));
+            json f = parse_stored(e.path().string(), s_.max_json_depth);
             const std::string id = f.at("id").get<std::string>();
-            if (valid_id(id, "file-") && fs::exists(file_path(id))) files_[id] = std::move(f);
+            // (kept beside the object on disk; a file from before owners has none: root's)
+            std::string owner = f.contains("owner") ? f["owner"].get<std::string>() : "";
+            f.erase("owner");
+            if (valid_id(id, "file-") && fs::exists(file_path(id))) files_[id] = {std::move(f), std::move(owner)};
         } catch (const std::exception& x) {
             log->warn("ignoring {}: {}", e.path().string(), x.what());
         }
@@ -293,10 +345,11 @@ batch_jobs::batch_jobs(batch_settings s) : s_(std::move(s)) {
         if (name.ends_with(".tmp")) fs::remove(e.path(), ec);
         if (!name.ends_with(".json")) continue;
         try {
-            const json j = json::parse(batch::read_file(e.path().string()));
+            const json j = parse_stored(e.path().string(), s_.max_json_depth);
             auto jb = std::make_unique<job>();
             jb->batch = j.at("batch");
             jb->final_status = j.value("final", "");
+            jb->owner = j.value("owner", "");
             jb->cancel = jb->batch.at("status") == "cancelling";
             const std::string id = jb->batch.at("id").get<std::string>();
             if (valid_id(id, "batch_")) jobs_[id] = std::move(jb);
@@ -304,9 +357,36 @@ batch_jobs::batch_jobs(batch_settings s) : s_(std::move(s)) {
             log->warn("ignoring {}: {}", e.path().string(), x.what());
         }
     }
+    remove_orphans();
     int n_open = 0;
     for (const auto& [id, j] : jobs_) n_open += unfinished(j->batch["status"].get<std::string>());
     log->info("batch jobs in {}: {} files, {} jobs ({} to run)", s_.dir, files_.size(), jobs_.size(), n_open);
+}
+
+void batch_jobs::remove_orphans() {
+    // What a crash (or a power cut) between two steps leaves: a file's bytes without its
+    // object or the object without its bytes, results of a job that is gone or ended.
+    auto log = logger("batch");
+    std::error_code ec;
+    const auto drop = [&](const fs::path& p) {
+        log->info("removing {}: left by an earlier run, it belongs to no file or batch", p.string());
+        fs::remove(p, ec);
+    };
+    for (const auto& e : fs::directory_iterator(s_.dir + "/files", ec)) {
+        std::string id = e.path().filename().string();
+        if (id.ends_with(".json")) id.resize(id.size() - 5);
+        if (valid_id(id, "file-") && !files_.contains(id)) drop(e.path());
+    }
+    for (const auto& e : fs::directory_iterator(s_.dir + "/batches", ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.ends_with(".json")) continue;
+        const std::string id = name.substr(0, name.find('.'));
+        const auto it = jobs_.find(id);
+        if (valid_id(id, "batch_") && (it == jobs_.end() || !unfinished(it->second->batch["status"].get<std::string>())))
+            drop(e.path());
+    }
+    sync_dir(s_.dir + "/files");
+    sync_dir(s_.dir + "/batches");
 }
 
 batch_jobs::~batch_jobs() {
@@ -332,8 +412,12 @@ bool batch_jobs::handles(std::string_view path) {
            path.starts_with("/v1/batches/");
 }
 
+std::string batch_jobs::new_upload_path() const {
+    return s_.dir + "/files/" + new_id("upload-") + ".tmp";
+}
+
 reply batch_jobs::handle(const std::string& method, const std::string& target, std::string_view content_type,
-                         const std::string& body) {
+                         const std::string& body, const principal& who, const std::string& body_file) {
     const size_t q = target.find('?');
     const std::string path = target.substr(0, q);
     const auto query = parse_query(q == std::string::npos ? std::string_view{} : std::string_view(target).substr(q + 1));
@@ -342,17 +426,21 @@ reply batch_jobs::handle(const std::string& method, const std::string& target, s
         if (path == "/v1/files") {
             if (get) {
                 if (auto r = unknown_param(query, {"purpose", "limit", "after", "order"})) return *r;
-                return list_files(query);
+                return list_files(query, who);
             }
-            if (method == "POST") return upload(content_type, body);
+            if (method == "POST") {
+                if (body_file.empty()) return upload(content_type, body, who);
+                const mapped_file m(body_file); // (the bytes stay on disk: read where they lie)
+                return upload(content_type, m.view(), who);
+            }
             return wrong_method("GET, HEAD, POST");
         }
         if (path == "/v1/batches") {
             if (get) {
                 if (auto r = unknown_param(query, {"limit", "after"})) return *r;
-                return list_batches(query);
+                return list_batches(query, who);
             }
-            if (method == "POST") return create_batch(body);
+            if (method == "POST") return create_batch(body, who);
             return wrong_method("GET, HEAD, POST");
         }
         if (auto r = unknown_param(query, {})) return *r;
@@ -362,15 +450,15 @@ reply batch_jobs::handle(const std::string& method, const std::string& target, s
             if (content) id.resize(id.size() - 8);
             std::lock_guard lock(mu_);
             const auto it = files_.find(id);
-            if (it == files_.end()) return not_found("file", id);
+            if (it == files_.end() || !who.may_see(it->second.owner)) return not_found("file", id);
             if (content) {
                 if (!get) return wrong_method("GET, HEAD");
                 reply r;
                 r.content_type = "application/octet-stream";
-                r.body = batch::read_file(file_path(id));
+                r.file = file_path(id); // sent from the disk as it is read
                 return r;
             }
-            if (get) return reply::of_json(it->second);
+            if (get) return reply::of_json(it->second.object);
             if (method == "DELETE") return delete_file(id);
             return wrong_method("GET, HEAD, DELETE");
         }
@@ -379,7 +467,7 @@ reply batch_jobs::handle(const std::string& method, const std::string& target, s
         if (cancel) id.resize(id.size() - 7);
         std::lock_guard lock(mu_);
         const auto it = jobs_.find(id);
-        if (it == jobs_.end()) return not_found("batch", id);
+        if (it == jobs_.end() || !who.may_see(it->second->owner)) return not_found("batch", id);
         if (cancel) return method == "POST" ? cancel_batch(id) : wrong_method("POST");
         return get ? reply::of_json(it->second->batch) : wrong_method("GET, HEAD");
     } catch (const std::exception& e) {
@@ -388,7 +476,7 @@ reply batch_jobs::handle(const std::string& method, const std::string& target, s
     }
 }
 
-reply batch_jobs::upload(std::string_view content_type, const std::string& body) {
+reply batch_jobs::upload(std::string_view content_type, std::string_view body, const principal& who) {
     std::string why;
     const auto parts = parse_multipart(content_type, body, why);
     if (!parts) return bad(why);
@@ -422,12 +510,18 @@ reply batch_jobs::upload(std::string_view content_type, const std::string& body)
     json f{{"id", id},           {"object", "file"}, {"bytes", int64_t(file->data.size())},
            {"created_at", now_unix()}, {"filename", filename}, {"purpose", purpose},
            {"status", "processed"}, {"expires_at", nullptr}, {"status_details", nullptr}};
-    write_atomic(file_path(id) + ".json", f.dump());
-    files_[id] = f;
+    save_file(id, f, who.owner);
     return reply::of_json(f);
 }
 
-reply batch_jobs::list_files(const std::map<std::string, std::string>& query) {
+void batch_jobs::save_file(const std::string& id, json object, const std::string& owner) {
+    json stored = object;
+    stored["owner"] = owner;
+    write_atomic(file_path(id) + ".json", stored.dump());
+    files_[id] = {std::move(object), owner};
+}
+
+reply batch_jobs::list_files(const std::map<std::string, std::string>& query, const principal& who) {
     bool asc = false;
     if (auto it = query.find("order"); it != query.end()) {
         if (it->second != "asc" && it->second != "desc") return bad("order must be asc or desc", "order");
@@ -438,7 +532,8 @@ reply batch_jobs::list_files(const std::map<std::string, std::string>& query) {
         std::lock_guard lock(mu_);
         const auto purpose = query.find("purpose");
         for (const auto& [id, f] : files_)
-            if (purpose == query.end() || f["purpose"] == purpose->second) items.push_back(f);
+            if (who.may_see(f.owner) && (purpose == query.end() || f.object["purpose"] == purpose->second))
+                items.push_back(f.object);
     }
     auto r = page(std::move(items), query, asc);
     if (auto* err = std::get_if<reply>(&r)) return *err;
@@ -457,14 +552,10 @@ reply batch_jobs::delete_file(const std::string& id) {
     return reply::of_json({{"id", id}, {"object", "file"}, {"deleted", true}});
 }
 
-reply batch_jobs::create_batch(const std::string& body) {
-    json req;
-    try {
-        req = json::parse(body);
-    } catch (const json::exception& e) {
-        return bad(fmt::format("the body is not valid JSON: {}", e.what()));
-    }
-    if (!req.is_object()) return bad("the body must be a JSON object");
+reply batch_jobs::create_batch(const std::string& body, const principal& who) {
+    auto parsed = parse_request_body(body, s_.max_json_depth);
+    if (auto* e = std::get_if<api_error>(&parsed)) return reply::of(*e);
+    const json& req = std::get<json>(parsed);
     for (const auto& [k, v] : req.items())
         if (k != "input_file_id" && k != "endpoint" && k != "completion_window" && k != "metadata")
             return bad(fmt::format("unknown field '{}': Tandem does not support it", k), k);
@@ -487,10 +578,10 @@ reply batch_jobs::create_batch(const std::string& body) {
     std::lock_guard lock(mu_);
     const std::string input = req["input_file_id"];
     const auto f = files_.find(input);
-    if (f == files_.end()) return not_found("file", input);
-    if (f->second["purpose"] != "batch")
+    if (f == files_.end() || !who.may_see(f->second.owner)) return not_found("file", input);
+    if (f->second.object["purpose"] != "batch")
         return bad(fmt::format("file {} has purpose {}: a batch's input has purpose batch", input,
-                               f->second["purpose"].get<std::string>()),
+                               f->second.object["purpose"].get<std::string>()),
                    "input_file_id");
     const std::string id = new_id("batch_");
     const int64_t now = now_unix();
@@ -515,17 +606,19 @@ reply batch_jobs::create_batch(const std::string& body) {
                     {"cancelled_at", nullptr},
                     {"request_counts", {{"total", 0}, {"completed", 0}, {"failed", 0}}},
                     {"metadata", metadata}};
+    j->owner = who.owner;
     jobs_[id] = std::move(j);
     save_job(id);
     cv_.notify_all();
     return reply::of_json(jobs_[id]->batch);
 }
 
-reply batch_jobs::list_batches(const std::map<std::string, std::string>& query) {
+reply batch_jobs::list_batches(const std::map<std::string, std::string>& query, const principal& who) {
     std::vector<json> items;
     {
         std::lock_guard lock(mu_);
-        for (const auto& [id, j] : jobs_) items.push_back(j->batch);
+        for (const auto& [id, j] : jobs_)
+            if (who.may_see(j->owner)) items.push_back(j->batch);
     }
     auto r = page(std::move(items), query, false);
     if (auto* err = std::get_if<reply>(&r)) return *err;
@@ -552,7 +645,7 @@ reply batch_jobs::cancel_batch(const std::string& id) {
 
 void batch_jobs::save_job(const std::string& id) {
     const job& j = *jobs_.at(id);
-    write_atomic(job_path(id, ".json"), json{{"batch", j.batch}, {"final", j.final_status}}.dump());
+    write_atomic(job_path(id, ".json"), json{{"batch", j.batch}, {"final", j.final_status}, {"owner", j.owner}}.dump());
 }
 
 void batch_jobs::finalize(const std::string& id, const std::string& status) {
@@ -574,8 +667,11 @@ void batch_jobs::finalize(const std::string& id, const std::string& status) {
         if (b[key].is_string()) {
             const std::string fid = b[key];
             std::error_code ec;
-            if (!fs::exists(file_path(fid))) fs::rename(partial, file_path(fid), ec);
-            if (ec) throw error(fmt::format("cannot move {}: {}", partial, ec.message()));
+            if (!fs::exists(file_path(fid))) {
+                fs::rename(partial, file_path(fid), ec);
+                if (ec) throw error(fmt::format("cannot move {}: {}", partial, ec.message()));
+                sync_dir(s_.dir + "/files");
+            }
             if (!files_.contains(fid)) {
                 json f{{"id", fid},
                        {"object", "file"},
@@ -586,8 +682,7 @@ void batch_jobs::finalize(const std::string& id, const std::string& status) {
                        {"status", "processed"},
                        {"expires_at", nullptr},
                        {"status_details", nullptr}};
-                write_atomic(file_path(fid) + ".json", f.dump());
-                files_[fid] = std::move(f);
+                save_file(fid, std::move(f), j.owner); // the batch's results are its owner's
             }
         }
         std::error_code ec;
@@ -680,7 +775,7 @@ bool batch_jobs::run_job(const std::string& id) {
     };
     batch::input in;
     try {
-        in = batch::read_input(text);
+        in = batch::read_input(text, s_.max_json_depth);
     } catch (const error& e) {
         return fail("invalid_file", e.what());
     }
@@ -699,7 +794,7 @@ bool batch_jobs::run_job(const std::string& id) {
 
     const std::string out_path = job_path(id, ".output.jsonl"), err_path = job_path(id, ".errors.jsonl");
     const batch::done_set out_done = batch::read_done(out_path), err_done = batch::read_done(err_path);
-    batch::output_file out(out_path, out_done.whole_bytes, 0600), errs(err_path, err_done.whole_bytes, 0600);
+    batch::output_file out(out_path, out_done.whole_bytes, 0600, 0600), errs(err_path, err_done.whole_bytes, 0600, 0600);
     int64_t completed = int64_t(out_done.size()), failed = int64_t(err_done.size()); // (under mu_)
     const int64_t before = completed + failed;
     // The counts in the batch object as answers come; on disk at most every second (a restart

@@ -14,7 +14,9 @@
 //   batches/ID.output.jsonl, batches/ID.errors.jsonl   results while the job runs
 #pragma once
 
+#include "daemon/access.hpp"
 #include "daemon/api.hpp"
+#include "runtime/json_limits.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -45,6 +47,7 @@ struct batch_settings {
     std::string dir;                  // the state directory
     std::string socket;               // the daemon's own socket, where the runner sends lines
     int64_t max_file_bytes = 0;
+    int max_json_depth = default_max_json_depth; // request bodies, input lines, stored state
     int32_t max_files = 0;
     int concurrency = 1;              // a job's requests in flight
     double wait_s = 300;              // a line the daemon refuses as busy is retried this long
@@ -67,17 +70,26 @@ public:
     // Whether `path` (no query) is one of these routes.
     static bool handles(std::string_view path);
     // A request to one of them.
+    // Files and batches belong to the principal that made them (a batch's results to the
+    // batch's owner); another principal gets 404 for them, as if they did not exist, and
+    // lists only its own. Root and the daemon's user see every one.
+    // An upload's body comes in `body_file` (the session stored it there as it came: see
+    // new_upload_path); a file's content goes out as reply::file, read from the disk as sent.
     reply handle(const std::string& method, const std::string& target, std::string_view content_type,
-                 const std::string& body);
+                 const std::string& body, const principal& who, const std::string& body_file = {});
+    // A fresh path in the state directory for an upload's body (files/upload-*.tmp: removed
+    // at start if a crash left it).
+    std::string new_upload_path() const;
 
 private:
-    reply upload(std::string_view content_type, const std::string& body);
-    reply list_files(const std::map<std::string, std::string>& query);
+    reply upload(std::string_view content_type, std::string_view body, const principal& who);
+    reply list_files(const std::map<std::string, std::string>& query, const principal& who);
     reply delete_file(const std::string& id);
-    reply create_batch(const std::string& body);
-    reply list_batches(const std::map<std::string, std::string>& query);
+    reply create_batch(const std::string& body, const principal& who);
+    reply list_batches(const std::map<std::string, std::string>& query, const principal& who);
     reply cancel_batch(const std::string& id);
 
+    void remove_orphans();                        // at start: what a crash left half made
     void run();                                   // the runner thread
     // Runs job `id` until it ends or the daemon stops; true when lines were left (refused as
     // busy past the wait): it is run again shortly.
@@ -94,9 +106,16 @@ private:
     batch_settings s_;
     std::mutex mu_;
     std::condition_variable cv_;
-    std::map<std::string, json> files_;           // id -> file object (json: api.hpp's, keys in order)
+    struct file {
+        json object;                              // the API's file object (json: api.hpp's, keys in order)
+        std::string owner;                        // principal::owner; "" (stored before owners): root's
+    };
+    std::map<std::string, file> files_;           // id -> the file
+    // Writes a file's object and owner beside its bytes (files/ID.json) and keeps it.
+    void save_file(const std::string& id, json object, const std::string& owner); // under mu_
     struct job {
         json batch;                               // the batch object
+        std::string owner;                        // as file::owner
         std::string final_status;                 // set once it is being finalized
         std::atomic<bool> cancel{false};
     };

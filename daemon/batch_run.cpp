@@ -2,6 +2,7 @@
 #include "daemon/batch_run.hpp"
 
 #include "runtime/error.hpp"
+#include "runtime/owned_file.hpp"
 
 #include <fmt/format.h>
 
@@ -37,9 +38,9 @@ void sort_by_prefix(std::vector<request_line>& lines) {
     lines = std::move(sorted);
 }
 
-output_file::output_file(const std::string& path, uint64_t whole_bytes, unsigned mode) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, mode_t(mode));
-    if (fd_ < 0) throw error(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+output_file::output_file(const std::string& path, uint64_t whole_bytes, unsigned mode, unsigned max_mode)
+    : path_(path), synced_(clock_type::now()) {
+    fd_ = open_owned_file(path, O_WRONLY | O_CREAT, mode_t(mode), mode_t(max_mode));
     struct stat st{};
     if (::fstat(fd_, &st) == 0 && uint64_t(st.st_size) > whole_bytes && ::ftruncate(fd_, off_t(whole_bytes)) != 0)
         throw error(fmt::format("cannot truncate {}: {}", path, std::strerror(errno)));
@@ -59,11 +60,18 @@ void output_file::write(const json& line) {
         if (n <= 0) throw error(fmt::format("cannot write {}: {}", path_, std::strerror(errno)));
         at += size_t(n);
     }
+    if (++n_unsynced_ >= 64 || clock_type::now() - synced_ >= std::chrono::seconds(1)) {
+        ::fdatasync(fd_);
+        n_unsynced_ = 0;
+        synced_ = clock_type::now();
+    }
 }
 
 void output_file::sync() {
     std::lock_guard lock(mu_);
     ::fdatasync(fd_);
+    n_unsynced_ = 0;
+    synced_ = clock_type::now();
 }
 
 sender::sender(const ipc::client& c, std::vector<request_line>& todo, answer_fn on_answer,

@@ -24,10 +24,12 @@ void sort_by_prefix(std::vector<request_line>& lines);
 
 // Appends whole lines to a file: each one a single write of the line and its newline, after
 // cutting off a line a crash left half written (at `whole_bytes`, from read_done). A new
-// file gets `mode` (less the umask).
+// file gets `mode` (less the umask). The file must be this user's own regular file, not a link
+// (runtime/owned_file.hpp), with no permission bit beyond `max_mode`. Lines reach the disk at
+// least every 64 lines and every second (fdatasync), so a power cut loses at most that much.
 class output_file {
 public:
-    output_file(const std::string& path, uint64_t whole_bytes, unsigned mode = 0644);
+    output_file(const std::string& path, uint64_t whole_bytes, unsigned mode = 0644, unsigned max_mode = 0666);
     ~output_file();
     output_file(const output_file&) = delete;
     output_file& operator=(const output_file&) = delete;
@@ -39,6 +41,8 @@ private:
     std::string path_;
     int fd_ = -1;
     std::mutex mu_;
+    int n_unsynced_ = 0;                            // lines written since the last fdatasync
+    std::chrono::steady_clock::time_point synced_;  // when that was
 };
 
 // Posts the lines todo[0..] from several threads, each answer to `on_answer` as it comes (any

@@ -85,6 +85,12 @@ const std::vector<std::pair<std::string, setter>>& setters() {
          [](config& c, const std::string& v) { c.socket_group = v; return std::optional<std::string>(); }},
         {"socket_mode", [](config& c, const std::string& v) { return parse_int<uint32_t>(v, c.socket_mode, 0, 0777, 8); }},
         {"listen_tcp", [](config& c, const std::string& v) { c.listen_tcp = v; return std::optional<std::string>(); }},
+        {"api_keys_file",
+         [](config& c, const std::string& v) { c.api_keys_file = v; return std::optional<std::string>(); }},
+        {"tcp_allowed_origins",
+         [](config& c, const std::string& v) { c.tcp_allowed_origins = split_list(v); return std::optional<std::string>(); }},
+        {"tcp_allowed_hosts",
+         [](config& c, const std::string& v) { c.tcp_allowed_hosts = split_list(v); return std::optional<std::string>(); }},
         {"placement",
          [](config& c, const std::string& v) -> std::optional<std::string> {
              if (v != "auto" && v != "cpu" && v != "gpu" && v != "local") return "expected auto, cpu, gpu or local";
@@ -143,6 +149,18 @@ const std::vector<std::pair<std::string, setter>>& setters() {
          [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.batch_concurrency, 0, 4096); }},
         {"max_body_bytes",
          [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.max_body_bytes, 1024, int64_t(1) << 32); }},
+        {"max_json_depth", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_json_depth, 2, 1000); }},
+        {"max_inflight_mb",
+         [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.max_inflight_mb, 1, int64_t(1) << 20); }},
+        {"max_document_bytes",
+         [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.max_document_bytes, 1, int64_t(1) << 32); }},
+        {"max_passages", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_passages, 1, 1 << 20); }},
+        {"max_stop_bytes", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_stop_bytes, 1, 1 << 20); }},
+        {"grammar_compile_ms",
+         [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.grammar_compile_ms, 1, 600000); }},
+        {"max_embedding_floats", [](config& c, const std::string& v) {
+             return parse_int<int64_t>(v, c.max_embedding_floats, 1, int64_t(1) << 34);
+         }},
         {"max_prompt_tokens",
          [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_prompt_tokens, 0, 1 << 24); }},
         {"max_tokens_limit",
@@ -240,14 +258,20 @@ void config::validate() const {
         const auto colon = listen_tcp.rfind(':');
         if (colon == std::string::npos) bad("listen_tcp", "expected HOST:PORT, got " + listen_tcp);
         const std::string host = listen_tcp.substr(0, colon);
-        if (host != "127.0.0.1" && host != "::1" && host != "[::1]" && host != "localhost")
-            bad("listen_tcp", "only a loopback address is allowed (127.0.0.1 or ::1), got " + host);
+        if (host != "127.0.0.1" && host != "::1" && host != "[::1]" && host != "localhost" && api_keys_file.empty())
+            bad("listen_tcp", "a listener on " + host + ", not a loopback address, needs api_keys_file (clients "
+                              "there send a key; put TLS in front of it: docs/config.md)");
     }
     if (!socket_group.empty() && !lookup_group(socket_group)) bad("socket_group", "no group '" + socket_group + "'");
     for (const auto& g : allowed_groups)
         if (!lookup_group(g)) bad("allowed_groups", "no group '" + g + "'");
     for (const auto& u : allowed_users)
         if (!lookup_user(u)) bad("allowed_users", "no user '" + u + "'");
+}
+
+bool under_systemd_runtime() {
+    const char* d = std::getenv("RUNTIME_DIRECTORY");
+    return d && *d && *d != ':';
 }
 
 std::string default_socket_path() {

@@ -16,7 +16,10 @@ struct config {
     std::string socket;                // "" = the default for this user (see default_socket_path)
     std::string socket_group;          // "" = the daemon's group
     uint32_t socket_mode = 0660;
-    std::string listen_tcp;            // "" = off; else "127.0.0.1:PORT" (loopback only)
+    std::string listen_tcp;            // "" = off; else "HOST:PORT" (not loopback: api_keys_file is required)
+    std::string api_keys_file;         // "" = no keys (TCP on loopback only); else keys TCP clients must send
+    std::vector<std::string> tcp_allowed_origins; // Origin values a TCP listener accepts ("*": any)
+    std::vector<std::string> tcp_allowed_hosts;   // Host values besides the listener's own address
     std::string placement = "auto";    // auto | cpu | gpu | local: sets prefill and decode (local: one process)
     std::string prefill = "auto";      // auto | cpu | gpu (auto: gpu when a CUDA device is present)
     std::string decode = "auto";       // auto | cpu | gpu (auto: cpu)
@@ -42,6 +45,13 @@ struct config {
     std::string draft_model;           // a GGUF with the model's vocabulary that drafts ("" = prompt lookup)
     double draft_cost = 0;             // a draft token's cost over a decode step (0 = auto: measured)
     int64_t max_body_bytes = 1 << 20;
+    int32_t max_json_depth = 64;       // nesting of objects and arrays in any JSON a client sends
+    int64_t max_inflight_mb = 512;     // request and reply bodies held in memory, all connections together
+    int64_t max_document_bytes = 512 << 10; // a chat request's documents, all together
+    int32_t max_passages = 1024;       // passages documents too long for the context are split into
+    int32_t max_stop_bytes = 1024;     // one stop string
+    int32_t grammar_compile_ms = 2000; // compiling one output constraint (off the io thread)
+    int64_t max_embedding_floats = int64_t(1) << 21; // inputs x n_embd in one embeddings reply
     // Batch jobs (/v1/files, /v1/batches): their files and state live under state_dir.
     std::string state_dir;             // "" = default_state_dir()
     int64_t max_file_bytes = int64_t(100) << 20; // one uploaded file
@@ -96,6 +106,9 @@ struct context_plan {
 };
 // page_bytes: one KV page of page_size tokens in the pool (kv_layout::page_bytes).
 context_plan plan_context(const config& cfg, int32_t n_ctx_train, int64_t page_bytes);
+
+// Whether systemd gave this process a RuntimeDirectory= ($RUNTIME_DIRECTORY).
+bool under_systemd_runtime();
 
 // $RUNTIME_DIRECTORY/tandem.sock under systemd (RuntimeDirectory=tandem), else
 // /run/tandem/tandem.sock for root and $XDG_RUNTIME_DIR/tandem/tandem.sock for a user.

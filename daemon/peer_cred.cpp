@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <optional>
 #include <vector>
@@ -82,7 +83,25 @@ peer_check check_peer(int fd, const peer_policy& policy) {
         return r;
     }
     if (policy.gids.empty()) return r;
-    // supplementary groups of the peer's user
+    // The peer's supplementary groups as the kernel recorded them at connect (Linux 4.13 and
+    // later): no NSS look-up on the io thread, and exactly the groups the peer process had.
+    {
+        std::vector<gid_t> groups(64);
+        socklen_t glen = socklen_t(groups.size() * sizeof(gid_t));
+        int rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+        if (rc != 0 && errno == ERANGE) { // more than 64: glen says how many
+            groups.resize(glen / sizeof(gid_t));
+            rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+        }
+        if (rc == 0) {
+            groups.resize(glen / sizeof(gid_t));
+            for (gid_t g : groups)
+                if (policy.gids.contains(g)) r.allowed = true;
+            return r;
+        }
+        if (errno != ENOPROTOOPT) return r;
+    }
+    // an older kernel: the supplementary groups of the peer's user, from NSS
     std::vector<char> buf(16384);
     passwd pw{}, *res = nullptr;
     if (getpwuid_r(cred.uid, &pw, buf.data(), buf.size(), &res) != 0 || !res) return r;

@@ -66,13 +66,17 @@ std::vector<passage> split_passages(const std::vector<document>& docs, const tok
         std::vector<unit> units;
         if (!t.empty()) split(t, 0, int64_t(t.size()), 0, tok, max_tokens, units);
         // Packs consecutive units while the sum of their tokens fits, then trims the whitespace
-        // at the ends (a passage of only whitespace is dropped).
+        // at the ends (a passage of only whitespace is dropped). Code points are counted on
+        // from the last passage's start (passages come in order): linear in the text.
+        int64_t counted_bytes = 0, counted = 0;
         auto emit = [&](int64_t b, int64_t e, int32_t n) {
             while (b < e && space(t[size_t(b)])) ++b;
             while (e > b && space(t[size_t(e - 1)])) --e;
             if (b == e) return;
             passage p{int32_t(d), b, e, 0, 0, n};
-            p.start = code_points(std::string_view(t).substr(0, size_t(b)));
+            counted += code_points(std::string_view(t).substr(size_t(counted_bytes), size_t(b - counted_bytes)));
+            counted_bytes = b;
+            p.start = counted;
             p.stop = p.start + code_points(std::string_view(t).substr(size_t(b), size_t(e - b)));
             out.push_back(p);
         };

@@ -13,6 +13,7 @@
 #include "runtime/error.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/log.hpp"
+#include "runtime/owned_file.hpp"
 #include "runtime/model.hpp"
 
 #include <boost/asio/co_spawn.hpp>
@@ -23,7 +24,9 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -74,6 +77,8 @@ server::server(config cfg, bool embedded)
     : policy_(make_peer_policy(cfg)), signals_(io_), drain_timer_(io_), watchdog_timer_(io_), status_timer_(io_),
       managed_(!embedded) {
     st_.cfg = std::move(cfg);
+    st_.blocking = std::make_unique<asio::thread_pool>(2);
+    if (!st_.cfg.api_keys_file.empty()) keys_ = api_keys::load(st_.cfg.api_keys_file);
     if (managed_) {
         signals_.add(SIGTERM);
         signals_.add(SIGINT);
@@ -82,6 +87,7 @@ server::server(config cfg, bool embedded)
 
 server::~server() {
     if (loader_.joinable()) loader_.join();
+    if (st_.blocking) st_.blocking->join(); // (its work may use the batch jobs, which go next)
 }
 
 void server::listen() {
@@ -94,6 +100,7 @@ void server::listen() {
         auto acc = std::make_unique<acceptor_type>(io_);
         acc->assign(asio::generic::stream_protocol(addr.ss_family, SOCK_STREAM), fd);
         acceptors_.push_back(std::move(acc));
+        tcp_.push_back(addr.ss_family == AF_UNIX ? nullptr : tcp_policy_of(addr));
         if (socket_name_.empty()) socket_name_ = unix_socket_path(addr, len);
         log->info("listening on the socket systemd passed (fd {})", fd);
     }
@@ -104,13 +111,19 @@ void server::listen() {
         TANDEM_CHECK(path.size() < sizeof(sockaddr_un::sun_path), "socket path too long: {}", path);
         const fs::path dir = fs::path(path).parent_path();
         std::error_code fec;
-        if (!dir.empty() && !fs::exists(dir)) {
-            fs::create_directories(dir, fec);
-            TANDEM_CHECK(!fec, "cannot create {}: {}", dir.string(), fec.message());
-            ::chmod(dir.c_str(), ::geteuid() == 0 ? 0755 : 0700);
-        }
-        if (fs::exists(fs::symlink_status(path))) {
-            TANDEM_CHECK(fs::is_socket(fs::symlink_status(path)), "{} exists and is not a socket", path);
+        // The default socket's directory is this user's, and nobody else may write in it
+        // (replace the socket): made so, or refused. A user's own is private (0700); root's and
+        // systemd's are open for the socket group to reach the socket (0755, 0750). A configured
+        // socket's directory is the admin's choice: only made when missing.
+        if (!dir.empty() && st_.cfg.socket.empty())
+            ensure_owned_dir(dir.string(), ::geteuid() == 0 ? 0755 : 0700,
+                             ::geteuid() == 0 || under_systemd_runtime() ? 0755 : 0700);
+        else if (!dir.empty() && !fs::exists(dir))
+            ensure_owned_dir(dir.string(), ::geteuid() == 0 ? 0755 : 0700);
+        if (struct stat old {}; ::lstat(path.c_str(), &old) == 0) {
+            TANDEM_CHECK(S_ISSOCK(old.st_mode), "{} exists and is not a socket", path);
+            TANDEM_CHECK(old.st_uid == ::geteuid(), "{} is a socket of uid {}, not this user's: refusing to remove it",
+                         path, old.st_uid);
             TANDEM_CHECK(!someone_listens(path), "another daemon is already listening on {}", path);
             fs::remove(path, fec);
         }
@@ -129,6 +142,7 @@ void server::listen() {
         TANDEM_CHECK(::chmod(path.c_str(), mode_t(st_.cfg.socket_mode)) == 0, "cannot chmod {}", path);
         acc->listen(asio::socket_base::max_listen_connections);
         acceptors_.push_back(std::move(acc));
+        tcp_.push_back(nullptr);
         log->info("listening on {}", path);
     }
     if (!st_.cfg.listen_tcp.empty()) {
@@ -138,15 +152,19 @@ void server::listen() {
         if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
         const int port = std::stoi(st_.cfg.listen_tcp.substr(colon + 1));
         const asio::ip::tcp::endpoint tep(asio::ip::make_address(host), uint16_t(port));
-        TANDEM_CHECK(tep.address().is_loopback(), "listen_tcp must be a loopback address");
         const asio::generic::stream_protocol::endpoint ep{tep};
         auto acc = std::make_unique<acceptor_type>(io_);
         acc->open(ep.protocol());
         acc->set_option(asio::socket_base::reuse_address(true));
         acc->bind(ep);
         acc->listen();
+        sockaddr_storage addr{};
+        socklen_t len = sizeof addr;
+        TANDEM_CHECK(::getsockname(acc->native_handle(), reinterpret_cast<sockaddr*>(&addr), &len) == 0,
+                     "listen_tcp: getsockname failed");
         acceptors_.push_back(std::move(acc));
-        log->info("listening on tcp {}", st_.cfg.listen_tcp);
+        tcp_.push_back(tcp_policy_of(addr));
+        log->info("listening on tcp {}{}", st_.cfg.listen_tcp, tcp_.back()->keys ? " (API keys required)" : "");
     }
 }
 
@@ -220,6 +238,10 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     const std::string pool_path =
         cfg.kv_pool.empty() ? ipc::default_kv_pool_path(socket_name, fs::absolute(cfg.model).lexically_normal().string())
                             : cfg.kv_pool;
+    // The default's directory is this user's own: /dev/shm/tandem-UID (0700), or the unit's
+    // RuntimeDirectory (systemd made it this user's).
+    if (cfg.kv_pool.empty())
+        ensure_owned_dir(fs::path(pool_path).parent_path().string(), 0700, under_systemd_runtime() ? 0755 : 0700);
     std::string why;
     ms.pool = ipc::kv_pool::create_or_adopt(pool_path, {fp, layout, eo.n_pages}, &why);
     ms.unlink_pool = !cfg.kv_pool_persist;
@@ -299,7 +321,26 @@ void server::start_loading() {
     });
 }
 
-asio::awaitable<void> server::accept_loop(acceptor_type& acc) {
+std::unique_ptr<tcp_policy> server::tcp_policy_of(const sockaddr_storage& addr) {
+    char text[INET6_ADDRSTRLEN] = {};
+    int port = 0;
+    if (addr.ss_family == AF_INET) {
+        const auto& a = reinterpret_cast<const sockaddr_in&>(addr);
+        ::inet_ntop(AF_INET, &a.sin_addr, text, sizeof text);
+        port = ntohs(a.sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+        const auto& a = reinterpret_cast<const sockaddr_in6&>(addr);
+        ::inet_ntop(AF_INET6, &a.sin6_addr, text, sizeof text);
+        port = ntohs(a.sin6_port);
+    }
+    auto p = std::make_unique<tcp_policy>(make_tcp_policy(st_.cfg, text, port, &keys_));
+    // Beyond this machine, every client shows a key (and TLS belongs in front: docs/config.md).
+    TANDEM_CHECK(p->loopback || p->keys, "the TCP listener on {}:{} is not on a loopback address: it needs "
+                                         "api_keys_file in tandemd.conf", text, port);
+    return p;
+}
+
+asio::awaitable<void> server::accept_loop(acceptor_type& acc, const tcp_policy* tcp) {
     for (;;) {
         error_code ec;
         auto sock = co_await acc.async_accept(asio::redirect_error(asio::use_awaitable, ec));
@@ -312,7 +353,7 @@ asio::awaitable<void> server::accept_loop(acceptor_type& acc) {
             continue;
         }
         // During the drain too: new requests get 503 "stopping" rather than a refused connection.
-        sessions_.start(std::make_shared<session>(std::move(sock), st_, sessions_, policy_));
+        sessions_.start(std::make_shared<session>(std::move(sock), st_, sessions_, policy_, tcp));
     }
 }
 
@@ -413,6 +454,7 @@ void server::start_batch_jobs() {
     s.dir = c.state_dir.empty() ? default_state_dir() : c.state_dir;
     s.socket = socket_name_;
     s.max_file_bytes = c.max_file_bytes;
+    s.max_json_depth = c.max_json_depth;
     s.max_files = c.max_files;
     s.concurrency = c.batch_concurrency > 0 ? c.batch_concurrency : c.max_running;
     try {
@@ -434,7 +476,8 @@ void server::stop() {
 int server::run() {
     std::signal(SIGPIPE, SIG_IGN);
     listen();
-    for (auto& acc : acceptors_) asio::co_spawn(io_, accept_loop(*acc), asio::detached);
+    for (size_t i = 0; i < acceptors_.size(); ++i)
+        asio::co_spawn(io_, accept_loop(*acceptors_[i], tcp_[i].get()), asio::detached);
     if (managed_)
         signals_.async_wait([this](const error_code& ec, int s) {
             if (!ec) on_signal(s);

@@ -4,6 +4,7 @@
 
 #include "runtime/prelude.hpp"
 
+#include "daemon/access.hpp"
 #include "daemon/peer_cred.hpp"
 #include "daemon/session_manager.hpp"
 #include "daemon/state.hpp"
@@ -15,9 +16,11 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <sys/socket.h>
+
+#include <atomic>
 #include <memory>
 #include <string>
-#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -62,7 +65,9 @@ private:
     // /v1/files and /v1/batches, their runner started (a warning and none when the state
     // directory cannot be had).
     void start_batch_jobs();
-    asio::awaitable<void> accept_loop(acceptor_type& acc);
+    // A TCP acceptor's checks (access.hpp), from the address it is bound to.
+    std::unique_ptr<tcp_policy> tcp_policy_of(const sockaddr_storage& addr);
+    asio::awaitable<void> accept_loop(acceptor_type& acc, const tcp_policy* tcp);
     asio::awaitable<void> watchdog_loop();
     asio::awaitable<void> status_loop();
     void on_signal(int signo);
@@ -74,6 +79,8 @@ private:
     asio::io_context io_{1};
     asio::signal_set signals_;
     std::vector<std::unique_ptr<acceptor_type>> acceptors_;
+    std::vector<std::unique_ptr<tcp_policy>> tcp_; // per acceptor: its TCP checks, null for a Unix socket
+    api_keys keys_;                                // api_keys_file's, for the TCP listeners
     session_manager sessions_;
     asio::steady_timer drain_timer_;
     asio::steady_timer watchdog_timer_;

@@ -16,12 +16,14 @@
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/chunk_encode.hpp>
 #include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/file_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
 
 #include <poll.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -86,10 +88,24 @@ void log_exception(std::exception_ptr e) {
 
 double secs(clock_type::duration d) { return std::chrono::duration<double>(d).count(); }
 
+std::string_view as_view(boost::beast::string_view v) { return {v.data(), v.size()}; }
+
+// Runs f on the daemon's pool for blocking work (tokenizing, compiling a constraint, the disk)
+// and resumes the calling coroutine on its own executor with f's result; what f throws is
+// rethrown there. Without a pool (a test's bare daemon state), f runs here.
+template <class F>
+asio::awaitable<std::invoke_result_t<F&>> off_io(daemon_state& st, F f) {
+    using result = std::invoke_result_t<F&>;
+    if (!st.blocking) co_return f();
+    co_return co_await asio::co_spawn(
+        st.blocking->get_executor(), [&f]() -> asio::awaitable<result> { co_return f(); }, use_awaitable);
+}
+
 } // namespace
 
-session::session(socket_type socket, daemon_state& st, session_manager& mgr, const peer_policy& policy)
-    : socket_(std::move(socket)), st_(st), mgr_(mgr), policy_(policy),
+session::session(socket_type socket, daemon_state& st, session_manager& mgr, const peer_policy& policy,
+                 const tcp_policy* tcp)
+    : socket_(std::move(socket)), st_(st), mgr_(mgr), policy_(policy), tcp_(tcp), held_(st),
       deadline_(socket_.get_executor(), clock_type::time_point::max()), load_wait_(socket_.get_executor()) {}
 
 void session::start() {
@@ -108,6 +124,8 @@ void session::state_changed() { load_wait_.cancel(); }
 
 void session::close() {
     if (closed_) return;
+    remove_upload();
+    held_.release();
     closed_ = true;
     error_code ec;
     socket_.shutdown(asio::socket_base::shutdown_both, ec);
@@ -139,6 +157,8 @@ asio::awaitable<void> session::watchdog() {
 }
 
 asio::awaitable<bool> session::write_reply(const reply& r, bool keep_alive) {
+    if (!r.file.empty()) co_return co_await write_file_reply(r, keep_alive);
+    replied_ = true;
     http::response<http::string_body> res{static_cast<http::status>(r.status), version_};
     res.set(http::field::server, "tandemd");
     res.set(http::field::content_type, r.content_type);
@@ -160,6 +180,30 @@ asio::awaitable<bool> session::write_reply(const reply& r, bool keep_alive) {
     co_return !ec;
 }
 
+asio::awaitable<bool> session::write_file_reply(const reply& r, bool keep_alive) {
+    replied_ = true;
+    http::response<http::file_body> res{static_cast<http::status>(r.status), version_};
+    res.set(http::field::server, "tandemd");
+    res.set(http::field::content_type, r.content_type);
+    res.keep_alive(keep_alive);
+    error_code ec;
+    res.body().open(r.file.c_str(), boost::beast::file_mode::scan, ec);
+    if (ec) {
+        api_error e{500, fmt::format("cannot read the file: {}", ec.message()), "server_error"};
+        co_return co_await write_reply(reply::of(e), false);
+    }
+    res.prepare_payload(); // Content-Length: the file's size
+    set_deadline(st_.cfg.request_timeout_s);
+    if (head_) {
+        http::response_serializer<http::file_body> sr{res};
+        co_await http::async_write_header(socket_, sr, redirect_error(use_awaitable, ec));
+    } else {
+        co_await http::async_write(socket_, res, redirect_error(use_awaitable, ec));
+    }
+    set_deadline(0);
+    co_return !ec;
+}
+
 asio::awaitable<bool> session::wait_for_model(clock_type::time_point since) {
     auto self = shared_from_this();
     load_wait_.expires_at(since + std::chrono::duration_cast<clock_type::duration>(
@@ -174,7 +218,7 @@ asio::awaitable<bool> session::wait_for_model(clock_type::time_point since) {
 asio::awaitable<void> session::run() {
     auto self = shared_from_this();
     auto log = logger("server");
-    const peer_check pc = check_peer(socket_.native_handle(), policy_);
+    const peer_check pc = tcp_ ? peer_check{true} : check_peer(socket_.native_handle(), policy_);
     if (!pc.allowed) {
         log->warn("refused a connection from uid {} (pid {}): not an allowed user or group", pc.uid, pc.pid);
         api_error e{403, "this user is not allowed to use tandemd (see allowed_users/allowed_groups)",
@@ -183,6 +227,7 @@ asio::awaitable<void> session::run() {
         st_.met.request_done("refused", 403);
         co_return;
     }
+    if (!tcp_) who_ = principal::of_uid(pc.uid);
     if (int64_t(mgr_.size()) > int64_t(st_.cfg.max_connections)) {
         api_error e{503, "too many connections; try again shortly", "server_error", "", "too_many_connections", 1};
         co_await write_reply(reply::of(e), false);
@@ -197,28 +242,60 @@ asio::awaitable<void> session::run() {
         error_code ec;
         co_await http::async_read_header(socket_, buffer_, parser, redirect_error(use_awaitable, ec));
         int64_t body_limit = st_.cfg.max_body_bytes;
-        if (!ec && st_.jobs && parser.get().method() == http::verb::post && parser.get().target() == "/v1/files") {
-            body_limit = std::max(body_limit, st_.cfg.max_file_bytes + 65536); // an upload: the file and its form
-            parser.body_limit(uint64_t(body_limit));
+        // An upload's body (up to max_file_bytes) goes to a file beside the others as it comes,
+        // never into memory; every other body is held, within max_inflight_mb for all together.
+        const bool upload = !ec && !parser.is_done() && st_.jobs && parser.get().method() == http::verb::post &&
+                            parser.get().target() == "/v1/files";
+        if (upload) body_limit = std::max(body_limit, st_.cfg.max_file_bytes + 65536); // the file and its form
+        std::optional<api_error> refused;
+        http::request<http::string_body> uploaded;
+        remove_upload();
+        if (!ec && !parser.is_done() && !upload) {
+            const int64_t want = parser.content_length() ? int64_t(*parser.content_length()) : body_limit;
+            if (!held_.reserve(std::min(want, body_limit)))
+                refused = api_error{503, fmt::format("the daemon holds {} MiB of request bodies already "
+                                                     "(max_inflight_mb); try again shortly", st_.cfg.max_inflight_mb),
+                                    "server_error", "", "server_busy", 1};
         }
-        if (!ec && !parser.is_done()) {
+        const bool expect_continue = !ec && boost::beast::iequals(parser.get()[http::field::expect], "100-continue");
+        if (!ec && !parser.is_done() && !refused) {
             // curl sends Expect: 100-continue for big bodies and waits a second without it
-            if (boost::beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+            if (expect_continue) {
                 static constexpr std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
                 co_await asio::async_write(socket_, asio::buffer(cont), redirect_error(use_awaitable, ec));
             }
-            if (!ec) co_await http::async_read(socket_, buffer_, parser, redirect_error(use_awaitable, ec));
+            if (!ec && upload) {
+                http::request_parser<http::file_body> to_disk{std::move(parser)};
+                to_disk.body_limit(uint64_t(body_limit));
+                upload_file_ = st_.jobs->new_upload_path();
+                to_disk.get().body().open(upload_file_.c_str(), boost::beast::file_mode::write_new, ec);
+                if (ec) {
+                    refused = api_error{500, fmt::format("cannot store the upload: {}", ec.message()), "server_error"};
+                    upload_file_.clear();
+                } else {
+                    co_await http::async_read(socket_, buffer_, to_disk, redirect_error(use_awaitable, ec));
+                    to_disk.get().body().close();
+                }
+                // The request as the handlers take it: its headers, and an empty body (the
+                // bytes are in upload_file_).
+                uploaded.base() = to_disk.get().base();
+                uploaded.keep_alive(to_disk.get().keep_alive());
+            } else if (!ec) {
+                co_await http::async_read(socket_, buffer_, parser, redirect_error(use_awaitable, ec));
+            }
         }
         set_deadline(0);
         if (closed_) break;
         version_ = 11;
         head_ = false;
-        if (ec) {
+        if (ec || refused) {
             if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
                 ec == asio::error::operation_aborted)
                 break;
             api_error e;
-            if (ec == http::error::body_limit) {
+            if (refused) {
+                e = *refused;
+            } else if (ec == http::error::body_limit) {
                 e = {413, fmt::format("the request body is larger than {} bytes", body_limit),
                      "invalid_request_error", "", "request_too_large"};
             } else if (ec == http::error::header_limit) {
@@ -226,8 +303,11 @@ asio::awaitable<void> session::run() {
             } else {
                 e = {400, "malformed HTTP request: " + ec.message()};
             }
-            st_.met.request_done(parser.is_header_done() ? route_label(std::string(parser.get().target())) : "other",
-                                 e.status);
+            st_.met.request_done(
+                upload ? "/v1/files" : parser.is_header_done() ? route_label(std::string(parser.get().target())) : "other",
+                e.status);
+            remove_upload();
+            held_.release();
             co_await write_reply(reply::of(e), false);
             // Let the client read the reply: stop sending, then discard what it still sends for a moment.
             socket_.shutdown(asio::socket_base::shutdown_send, ec);
@@ -240,45 +320,96 @@ asio::awaitable<void> session::run() {
             break;
         }
         busy_ = true;
-        http::request<http::string_body> req = parser.release();
+        http::request<http::string_body> req = upload ? std::move(uploaded) : parser.release();
         version_ = req.version() == 10 ? 10 : 11;
         head_ = req.method() == http::verb::head;
         const std::string target(req.target());
         const std::string method(req.method_string());
-        bool ok = true;
         const auto t0 = clock_type::now();
-        std::optional<reply> r;
-        if (batch_jobs::handles(target.substr(0, target.find('?')))) {
-            const auto ct = req[http::field::content_type];
-            r = st_.jobs ? st_.jobs->handle(method, target, std::string_view(ct.data(), ct.size()), req.body())
-                         : reply::of(api_error{404,
-                                               "batch jobs are off in this daemon: tandem batch's own, or one whose "
-                                               "state_dir could not be had (its log says why)",
-                                               "invalid_request_error", "", "not_found"});
-        } else {
-            r = handle_simple(method, target, req.body(), st_);
-        }
-        // A request that needs the model while it loads (the one socket activation started
-        // the daemon for, say) is held until it has loaded, and answered 503 only when that
-        // takes longer than load_wait_s.
-        if (r && r->model_loading && co_await wait_for_model(t0)) r = handle_simple(method, target, req.body(), st_);
-        if (closed_) break;
         const bool keep = req.keep_alive() && !st_.stopping; // during the drain: one reply, then close
-        if (r) {
-            st_.met.request_done(route_label(target), r->status);
-            ok = co_await write_reply(*r, keep);
-            log->debug("{} {} -> {} in {:.1f} ms", method, target, r->status, 1e3 * secs(clock_type::now() - t0));
-        } else if (route_label(target) == "/v1/embeddings") {
-            ok = co_await embeddings(req, keep);
-            log->debug("{} {} done in {:.1f} ms", method, target, 1e3 * secs(clock_type::now() - t0));
-        } else {
-            ok = co_await generate(req, route_label(target) == "/v1/chat/completions", keep);
-            log->debug("{} {} done in {:.1f} ms", method, target, 1e3 * secs(clock_type::now() - t0));
+        bool ok = false;
+        replied_ = false;
+        // Whatever a handler throws (a bug, a field of the wrong type it read unchecked) ends
+        // this request with a 400 or 500 that says so, never the connection without a reply.
+        std::exception_ptr failure;
+        try {
+            if (tcp_) { // every request on a TCP listener: no browser, our own Host, a key where needed
+                auto checked = check_tcp_request(*tcp_, as_view(req[http::field::host]), as_view(req[http::field::origin]),
+                                                 as_view(req[http::field::authorization]), as_view(req["x-api-key"]));
+                if (auto* e = std::get_if<api_error>(&checked)) {
+                    st_.met.request_done("refused", e->status);
+                    log->warn("refused {} {} over TCP: {}", method, target.substr(0, target.find('?')), e->message);
+                    co_await write_reply(reply::of(*e), false);
+                    break;
+                }
+                who_ = std::get<principal>(checked);
+            }
+            ok = co_await dispatch(req, keep, t0);
+        } catch (...) {
+            failure = std::current_exception();
         }
+        if (failure) {
+            const reply r = reply_for_exception(failure, method, target);
+            if (!replied_ && !closed_) {
+                st_.met.request_done(route_label(target), r.status);
+                co_await write_reply(r, false);
+            }
+            ok = false;
+        }
+        if (closed_) break;
         busy_ = false;
+        remove_upload();
+        held_.release();
         if (!ok || !keep || st_.stopping) break;
     }
     close();
+}
+
+void session::remove_upload() {
+    if (upload_file_.empty()) return;
+    (void)::unlink(upload_file_.c_str()); // (gone already when the upload was kept: renamed)
+    upload_file_.clear();
+}
+
+asio::awaitable<bool> session::dispatch(const http::request<http::string_body>& req, bool keep,
+                                        clock_type::time_point t0) {
+    auto self = shared_from_this();
+    auto log = logger("server");
+    const std::string target(req.target());
+    const std::string method(req.method_string());
+    std::optional<reply> r;
+    if (batch_jobs::handles(target.substr(0, target.find('?')))) {
+        const auto ct = req[http::field::content_type];
+        // (an if, not ?:: GCC 12 destroys the other arm's temporaries around a co_await)
+        if (st_.jobs) {
+            r = co_await off_io(st_, [&] { return st_.jobs->handle(method, target, as_view(ct), req.body(), who_, upload_file_); });
+        } else {
+            r = reply::of(api_error{404,
+                                    "batch jobs are off in this daemon: tandem batch's own, or one whose state_dir "
+                                    "could not be had (its log says why)",
+                                    "invalid_request_error", "", "not_found"});
+        }
+    } else {
+        r = handle_simple(method, target, req.body(), st_);
+    }
+    // A request that needs the model while it loads (the one socket activation started
+    // the daemon for, say) is held until it has loaded, and answered 503 only when that
+    // takes longer than load_wait_s.
+    if (r && r->model_loading && co_await wait_for_model(t0)) r = handle_simple(method, target, req.body(), st_);
+    if (closed_) co_return false;
+    bool ok = true;
+    if (r) {
+        st_.met.request_done(route_label(target), r->status);
+        ok = co_await write_reply(*r, keep);
+        log->debug("{} {} -> {} in {:.1f} ms", method, target, r->status, 1e3 * secs(clock_type::now() - t0));
+    } else if (route_label(target) == "/v1/embeddings") {
+        ok = co_await embeddings(req, keep);
+        log->debug("{} {} done in {:.1f} ms", method, target, 1e3 * secs(clock_type::now() - t0));
+    } else {
+        ok = co_await generate(req, route_label(target) == "/v1/chat/completions", keep);
+        log->debug("{} {} done in {:.1f} ms", method, target, 1e3 * secs(clock_type::now() - t0));
+    }
+    co_return ok;
 }
 
 asio::awaitable<void> session::watch_peer(std::shared_ptr<generation_channel> ch) {
@@ -429,7 +560,15 @@ asio::awaitable<std::optional<api_error>> session::retrieve(generation_plan& pla
                                         g.budget),
                             "invalid_request_error", "documents", "context_length_exceeded"};
     }
-    const std::vector<passage> passages = split_passages(docs, tok, std::clamp(room / 4, min_passage, max_passage));
+    const int32_t passage_tokens = std::clamp(room / 4, min_passage, max_passage);
+    const std::vector<passage> passages = co_await off_io(st_, [&] { return split_passages(docs, tok, passage_tokens); });
+    if (int64_t(passages.size()) > st_.cfg.max_passages) // each is embedded: bounded work per request
+        co_return api_error{400,
+                            fmt::format("the documents split into {} passages, more than the {} this daemon embeds "
+                                        "for one request (max_passages in tandemd.conf): send fewer or shorter "
+                                        "documents",
+                                        passages.size(), st_.cfg.max_passages),
+                            "invalid_request_error", "documents", "too_many_passages"};
     if (!ms.passage_embeddings) // at most 64 MiB of vectors
         ms.passage_embeddings = std::make_unique<embedding_cache>(
             std::max<size_t>(256, (size_t(64) << 20) / (sizeof(float) * size_t(ms.bundle.cfg.n_embd))));
@@ -499,9 +638,11 @@ asio::awaitable<std::optional<api_error>> session::retrieve(generation_plan& pla
 asio::awaitable<bool> session::embeddings(const http::request<http::string_body>& req, bool keep_alive) {
     auto self = shared_from_this();
     const std::string route = "/v1/embeddings";
-    auto body = parse_generation_body(req.body());
-    std::variant<embedding_plan, api_error> parsed =
-        body.index() == 0 ? parse_embeddings(std::get<json>(body), *st_.ms) : std::get<api_error>(body);
+    std::variant<embedding_plan, api_error> parsed = co_await off_io(st_, [&]() -> std::variant<embedding_plan, api_error> {
+        auto body = parse_request_body(req.body(), st_.cfg.max_json_depth);
+        if (auto* e = std::get_if<api_error>(&body)) return *e;
+        return parse_embeddings(std::get<json>(body), *st_.ms, st_.cfg);
+    });
     if (auto* e = std::get_if<api_error>(&parsed)) {
         st_.met.request_done(route, e->status);
         co_return co_await write_reply(reply::of(*e), keep_alive);
@@ -529,10 +670,14 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
         st_.met.request_done(route, e.status);
         co_return co_await write_reply(reply::of(e), keep_alive);
     };
-    auto body = parse_generation_body(req.body());
-    if (auto* e = std::get_if<api_error>(&body)) co_return co_await fail_with(*e);
     model_state& ms = *st_.ms;
-    auto parsed = parse_generation(std::get<json>(body), chat, ms, st_.cfg);
+    // Off the io thread: the chat template, tokenizing up to max_body_bytes of text, and
+    // compiling a constraint (up to grammar_compile_ms) would stall every other client.
+    auto parsed = co_await off_io(st_, [&]() -> std::variant<generation_plan, api_error> {
+        auto body = parse_request_body(req.body(), st_.cfg.max_json_depth);
+        if (auto* e = std::get_if<api_error>(&body)) return *e;
+        return parse_generation(std::get<json>(body), chat, ms, st_.cfg);
+    });
     if (auto* e = std::get_if<api_error>(&parsed)) co_return co_await fail_with(*e);
     generation_plan& plan = std::get<generation_plan>(parsed);
     if (plan.retrieval) {
@@ -597,6 +742,7 @@ asio::awaitable<bool> session::generate(const http::request<http::string_body>& 
         head.set(http::field::cache_control, "no-cache");
         head.keep_alive(keep_alive && chunked);
         head.chunked(chunked);
+        replied_ = true;
         co_await http::async_write_header(socket_, sr, redirect_error(use_awaitable, ec));
         if (ec) write_failed = true;
     }

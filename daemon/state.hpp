@@ -1,6 +1,8 @@
 // What every session shares: configuration, metrics, and the model once it is loaded.
 #pragma once
 
+#include "runtime/prelude.hpp"
+
 #include "daemon/config.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/retrieval.hpp"
@@ -9,6 +11,8 @@
 #include "runtime/grammar/guide.hpp"
 #include "ipc/kv_pool.hpp"
 #include "runtime/generate.hpp"
+
+#include <boost/asio/thread_pool.hpp>
 
 #include <chrono>
 #include <ctime>
@@ -55,8 +59,40 @@ struct daemon_state {
     metrics met;
     std::unique_ptr<model_state> ms; // null while loading
     bool stopping = false;
+    // Blocking work of requests (parsing and tokenizing, grammar compilation, batch files on
+    // disk), off the io thread; null in a bare state (tests): the work runs on the io thread.
+    std::unique_ptr<boost::asio::thread_pool> blocking;
+    int64_t n_body_bytes_held = 0;   // request bodies in memory, all sessions (max_inflight_mb)
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
     std::time_t started_unix = std::time(nullptr); // /v1/models "created": the same on every call
+};
+
+// One session's share of n_body_bytes_held: reserved before a body is read, given back when
+// the request is done (io thread only).
+class body_hold {
+public:
+    explicit body_hold(daemon_state& st) : st_(st) {}
+    ~body_hold() { release(); }
+    body_hold(const body_hold&) = delete;
+    body_hold& operator=(const body_hold&) = delete;
+    // False when n more bytes would go past max_inflight_mb (unless nothing is held at all:
+    // a body under max_body_bytes always gets through alone).
+    bool reserve(int64_t n) {
+        release();
+        if (st_.n_body_bytes_held > 0 && st_.n_body_bytes_held + n > st_.cfg.max_inflight_mb * (int64_t(1) << 20))
+            return false;
+        st_.n_body_bytes_held += n;
+        n_ = n;
+        return true;
+    }
+    void release() {
+        st_.n_body_bytes_held -= n_;
+        n_ = 0;
+    }
+
+private:
+    daemon_state& st_;
+    int64_t n_ = 0;
 };
 
 } // namespace tandem::daemon

@@ -2,6 +2,7 @@
 #include "ipc/kv_pool.hpp"
 
 #include "runtime/error.hpp"
+#include "runtime/owned_file.hpp"
 
 #include <boost/interprocess/file_mapping.hpp>
 #include <boost/interprocess/mapped_region.hpp>
@@ -232,8 +233,13 @@ std::unique_ptr<kv_pool> kv_pool::create_or_adopt(const std::string& path, const
     std::unique_ptr<kv_pool> pool(new kv_pool(path, want));
     impl& m = *pool->impl_;
 
-    m.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (m.fd < 0) fail("kv pool {}: cannot open: {}", path, errno_text(errno));
+    // (Not followed through a link, and refused unless it is this user's own file of mode
+    // 0600 or less: another user's planted file or link is never truncated or written.)
+    try {
+        m.fd = open_owned_file(path, O_RDWR | O_CREAT, 0600);
+    } catch (const error& e) {
+        fail("kv pool {}", e.what());
+    }
     if (::flock(m.fd, LOCK_EX | LOCK_NB) != 0) {
         const int e = errno;
         if (e == EWOULDBLOCK)
@@ -294,7 +300,7 @@ std::unique_ptr<kv_pool> kv_pool::attach(const std::string& path, const kv_pool_
     std::unique_ptr<kv_pool> pool(new kv_pool(path, want));
     impl& m = *pool->impl_;
 
-    m.fd = fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 0) : ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    m.fd = fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 0) : ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     if (m.fd < 0) fail("kv pool {}: cannot open: {}", path, errno_text(errno));
     pool_header got{};
     const size_t n_read = read_header(m.fd, path, got);
@@ -400,7 +406,9 @@ void kv_pool::unlink_file() {
 }
 
 std::string default_kv_pool_path(const std::string& socket_path, const std::string& model_path) {
-    std::string dir = "/dev/shm";
+    // A directory of this user's own on the tmpfs, never the shared /dev/shm itself, where
+    // another user could have created the pool's name first.
+    std::string dir = fmt::format("/dev/shm/tandem-{}", ::geteuid());
     if (const char* rd = std::getenv("RUNTIME_DIRECTORY"); rd && *rd) {
         const std::string d(rd);
         if (d.front() != ':') dir = d.substr(0, d.find(':')); // several RuntimeDirectory= entries: the first

@@ -202,7 +202,9 @@ TEST_CASE("config: every error is FILE:LINE: key: problem") {
     CHECK(config_error("model = /m.gguf\nallowed_users = no-such-user-tandem\n") ==
           ":2: allowed_users: no user 'no-such-user-tandem'");
     CHECK(config_error("model = /m.gguf\n# x\nlisten_tcp = 0.0.0.0:80\n") ==
-          ":3: listen_tcp: only a loopback address is allowed (127.0.0.1 or ::1), got 0.0.0.0");
+          ":3: listen_tcp: a listener on 0.0.0.0, not a loopback address, needs api_keys_file (clients there send a "
+          "key; put TLS in front of it: docs/config.md)");
+    CHECK(config_error("model = /m.gguf\napi_keys_file = /etc/k\nlisten_tcp = 0.0.0.0:80\n").empty());
     CHECK(config_error("model = \"/m.gguf\nthreads = 1\n") == ":1: model: unterminated quote");
     CHECK(config_error("model = \"/a\" b\"\n") == ":1: model: text after the closing quote");
     CHECK(config_error("model = /m.gguf\nallowed_groups = root, 0\nallowed_users = root\n").empty());

@@ -1687,7 +1687,9 @@ TEST_CASE("limits: over capacity is 429 with Retry-After; socket mode; TCP liste
         in.sin_port = htons(uint16_t(port));
         in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         REQUIRE(::connect(t, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
-        send_all(t, make_request("GET", "/health", ""));
+        std::string health = make_request("GET", "/health", "");
+        health.replace(health.find("Host: tandem"), 12, "Host: 127.0.0.1:" + std::to_string(port));
+        send_all(t, health);
         CHECK(parse_response(read_until_eof(t, 5000)).status == 200);
         ::close(t);
     }

@@ -4,6 +4,7 @@
 #include "runtime/grammar/json_schema.hpp"
 #include "runtime/grammar/regex.hpp"
 #include "runtime/grammar/tool_call.hpp"
+#include "runtime/json_limits.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -27,12 +28,12 @@ std::string_view kind_name(constraint::kind k) {
 namespace {
 
 // Keys kept in the text's order: a schema's properties are generated in the order it lists them.
+// (Under the inputs' nesting limit: `tandem run --json-schema FILE` reads the user's file.)
 nlohmann::ordered_json parse_json(const std::string& text, const char* what) {
-    try {
-        return nlohmann::ordered_json::parse(text);
-    } catch (const nlohmann::ordered_json::exception& e) {
-        reject("the {} is not valid JSON: {}", what, e.what());
-    }
+    std::string why;
+    std::optional<nlohmann::ordered_json> j = parse_json_limited(text, default_max_json_depth, why);
+    if (!j) reject("the {} is {}", what, why);
+    return std::move(*j);
 }
 
 expr choice_expr(const std::string& text) {
@@ -220,7 +221,7 @@ int32_t trigger_table::step(int32_t j, uint8_t c) const {
 guide_registry::guide_registry(std::shared_ptr<const vocab_trie> vocab, size_t capacity)
     : vocab_(std::move(vocab)), capacity_(std::max<size_t>(1, capacity)) {}
 
-std::shared_ptr<mask_cache> guide_registry::get(const constraint& c) {
+std::shared_ptr<mask_cache> guide_registry::get(const constraint& c, std::chrono::milliseconds budget) {
     {
         std::lock_guard lock(mu_);
         if (const auto it = map_.find(c); it != map_.end()) {
@@ -230,12 +231,11 @@ std::shared_ptr<mask_cache> guide_registry::get(const constraint& c) {
         }
     }
     const auto t0 = std::chrono::steady_clock::now();
-    auto cache = std::make_shared<mask_cache>(compile(c), vocab_, std::chrono::microseconds(0));
+    auto cache = std::make_shared<mask_cache>(compile(c, budget), vocab_, std::chrono::microseconds(0));
     stats_.compile_us.observe(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     std::lock_guard lock(mu_);
     if (const auto it = map_.find(c); it != map_.end()) return it->second.first; // compiled twice at once
-    // Its contexts are classified ahead beside the request (which is on the daemon's I/O
-    // thread here), not before it: masks it needs first are classified when met. At most
+    // Its contexts are classified ahead beside the request, not before it: masks it needs first are classified when met. At most
     // max_preparing at once, so a stream of new constraints cannot take every core.
     std::erase_if(preparing_, [](const std::future<void>& f) {
         return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;

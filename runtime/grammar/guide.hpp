@@ -69,7 +69,8 @@ public:
     explicit guide_registry(std::shared_ptr<const vocab_trie> vocab, size_t capacity = 32);
 
     // The mask cache for c, compiled on first use; throws grammar_error.
-    std::shared_ptr<mask_cache> get(const constraint& c);
+    std::shared_ptr<mask_cache> get(const constraint& c,
+                                    std::chrono::milliseconds budget = std::chrono::milliseconds(2000));
     // A processor for one sequence, at the grammar's start. With a trigger, the text is free
     // until the trigger appears (anywhere, or only at the start when anchored) and the
     // grammar's from there, the grammar starting with the trigger: tool calls with
