@@ -3,7 +3,7 @@
 // (no browser origin, the listener's own Host, a key where one is required).
 #pragma once
 
-#include "daemon/api.hpp"
+#include "daemon/reply.hpp"
 #include "daemon/config.hpp"
 
 #include <sys/types.h>
@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 namespace tandem::daemon {

@@ -4,6 +4,7 @@
 
 #include "daemon/batch_file.hpp"
 #include "daemon/batch_run.hpp"
+#include "daemon/fields.hpp"
 #include "runtime/error.hpp"
 #include "runtime/json_limits.hpp"
 #include "runtime/owned_file.hpp"
@@ -96,56 +97,20 @@ reply not_found(std::string_view what, std::string_view id) {
     return reply::of(api_error{404, fmt::format("No such {}: {}", what, id), "invalid_request_error", "", "not_found"});
 }
 
-reply bad(std::string message, std::string param = {}) {
+reply bad_request(std::string message, std::string param = {}) {
     return reply::of(api_error{400, std::move(message), "invalid_request_error", std::move(param)});
 }
 
-reply wrong_method(std::string allow) {
-    reply r = reply::of(api_error{405, "method not allowed", "invalid_request_error"});
-    r.allow = std::move(allow);
-    return r;
-}
 
-int hex_value(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
 
-std::string url_decode(std::string_view s) {
-    std::string out;
-    for (size_t i = 0; i < s.size(); ++i) {
-        if (s[i] == '+') {
-            out += ' ';
-        } else if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
-            out += char(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]));
-            i += 2;
-        } else {
-            out += s[i];
-        }
-    }
-    return out;
-}
 
-std::map<std::string, std::string> parse_query(std::string_view q) {
-    std::map<std::string, std::string> out;
-    while (!q.empty()) {
-        const size_t amp = q.find('&');
-        const std::string_view kv = q.substr(0, amp);
-        const size_t eq = kv.find('=');
-        if (!kv.empty()) out[url_decode(kv.substr(0, eq))] = eq == std::string_view::npos ? "" : url_decode(kv.substr(eq + 1));
-        q = amp == std::string_view::npos ? std::string_view{} : q.substr(amp + 1);
-    }
-    return out;
-}
 
 // The query's parameters, when each is one of `known`; else the 400 that names the first.
 std::optional<reply> unknown_param(const std::map<std::string, std::string>& query,
                                    std::initializer_list<std::string_view> known) {
     for (const auto& [k, v] : query)
         if (std::find(known.begin(), known.end(), k) == known.end())
-            return bad(fmt::format("unknown query parameter '{}': Tandem does not support it here", k), k);
+            return bad_request(fmt::format("unknown query parameter '{}': Tandem does not support it here", k), k);
     return std::nullopt;
 }
 
@@ -158,7 +123,7 @@ std::variant<json, reply> page(std::vector<json> items, const std::map<std::stri
             limit = std::stoll(it->second, &used);
             if (used != it->second.size() || limit < 1 || limit > 10000) throw std::invalid_argument("range");
         } catch (const std::exception&) {
-            return bad("limit must be an integer from 1 to 10000", "limit");
+            return bad_request("limit must be an integer from 1 to 10000", "limit");
         }
     }
     std::stable_sort(items.begin(), items.end(), [&](const json& a, const json& b) {
@@ -170,7 +135,7 @@ std::variant<json, reply> page(std::vector<json> items, const std::map<std::stri
     size_t from = 0;
     if (auto it = query.find("after"); it != query.end()) {
         const auto at = std::find_if(items.begin(), items.end(), [&](const json& j) { return j["id"] == it->second; });
-        if (at == items.end()) return bad(fmt::format("after: no such id {}", it->second), "after");
+        if (at == items.end()) return bad_request(fmt::format("after: no such id {}", it->second), "after");
         from = size_t(at - items.begin()) + 1;
     }
     json data = json::array();
@@ -407,79 +372,70 @@ void batch_jobs::stop() {
     cv_.notify_all();
 }
 
-bool batch_jobs::handles(std::string_view path) {
-    return path == "/v1/files" || path.starts_with("/v1/files/") || path == "/v1/batches" ||
-           path.starts_with("/v1/batches/");
-}
 
 std::string batch_jobs::new_upload_path() const {
     return s_.dir + "/files/" + new_id("upload-") + ".tmp";
 }
 
-reply batch_jobs::handle(const std::string& method, const std::string& target, std::string_view content_type,
-                         const std::string& body, const principal& who, const std::string& body_file) {
-    const size_t q = target.find('?');
-    const std::string path = target.substr(0, q);
-    const auto query = parse_query(q == std::string::npos ? std::string_view{} : std::string_view(target).substr(q + 1));
-    const bool get = method == "GET" || method == "HEAD";
-    try {
-        if (path == "/v1/files") {
-            if (get) {
-                if (auto r = unknown_param(query, {"purpose", "limit", "after", "order"})) return *r;
-                return list_files(query, who);
-            }
-            if (method == "POST") {
-                if (body_file.empty()) return upload(content_type, body, who);
-                const mapped_file m(body_file); // (the bytes stay on disk: read where they lie)
-                return upload(content_type, m.view(), who);
-            }
-            return wrong_method("GET, HEAD, POST");
-        }
-        if (path == "/v1/batches") {
-            if (get) {
-                if (auto r = unknown_param(query, {"limit", "after"})) return *r;
-                return list_batches(query, who);
-            }
-            if (method == "POST") return create_batch(body, who);
-            return wrong_method("GET, HEAD, POST");
-        }
-        if (auto r = unknown_param(query, {})) return *r;
-        if (path.starts_with("/v1/files/")) {
-            std::string id = path.substr(10);
-            const bool content = id.ends_with("/content");
-            if (content) id.resize(id.size() - 8);
-            std::lock_guard lock(mu_);
-            const auto it = files_.find(id);
-            if (it == files_.end() || !who.may_see(it->second.owner)) return not_found("file", id);
-            if (content) {
-                if (!get) return wrong_method("GET, HEAD");
-                reply r;
-                r.content_type = "application/octet-stream";
-                r.file = file_path(id); // sent from the disk as it is read
-                return r;
-            }
-            if (get) return reply::of_json(it->second.object);
-            if (method == "DELETE") return delete_file(id);
-            return wrong_method("GET, HEAD, DELETE");
-        }
-        std::string id = path.substr(12); // /v1/batches/
-        const bool cancel = id.ends_with("/cancel");
-        if (cancel) id.resize(id.size() - 7);
-        std::lock_guard lock(mu_);
-        const auto it = jobs_.find(id);
-        if (it == jobs_.end() || !who.may_see(it->second->owner)) return not_found("batch", id);
-        if (cancel) return method == "POST" ? cancel_batch(id) : wrong_method("POST");
-        return get ? reply::of_json(it->second->batch) : wrong_method("GET, HEAD");
-    } catch (const std::exception& e) {
-        logger("batch")->error("{} {}: {}", method, path, e.what());
-        return reply::of(api_error{500, e.what(), "server_error"});
+reply batch_jobs::list_files(const query_map& query, const principal& who) {
+    if (auto r = unknown_param(query, {"purpose", "limit", "after", "order"})) return *r;
+    bool asc = false;
+    if (auto it = query.find("order"); it != query.end()) {
+        if (it->second != "asc" && it->second != "desc") return bad_request("order must be asc or desc", "order");
+        asc = it->second == "asc";
     }
+    std::vector<json> items;
+    {
+        std::lock_guard lock(mu_);
+        const auto purpose = query.find("purpose");
+        for (const auto& [id, f] : files_)
+            if (who.may_see(f.owner) && (purpose == query.end() || f.object["purpose"] == purpose->second))
+                items.push_back(f.object);
+    }
+    auto r = page(std::move(items), query, asc);
+    if (auto* err = std::get_if<reply>(&r)) return *err;
+    return reply::of_json(std::get<json>(r));
+}
+
+reply batch_jobs::upload(std::string_view content_type, const std::string& body, const std::string& body_file,
+                         const principal& who) {
+    if (body_file.empty()) return upload(content_type, std::string_view(body), who);
+    const mapped_file m(body_file); // (the bytes stay on disk: read where they lie)
+    return upload(content_type, m.view(), who);
+}
+
+reply batch_jobs::file(const std::string& id, bool content, const query_map& query, const principal& who) {
+    if (auto r = unknown_param(query, {})) return *r;
+    std::lock_guard lock(mu_);
+    const auto it = files_.find(id);
+    if (it == files_.end() || !who.may_see(it->second.owner)) return not_found("file", id);
+    if (!content) return reply::of_json(it->second.object);
+    reply r;
+    r.content_type = "application/octet-stream";
+    r.file = file_path(id); // sent from the disk as it is read
+    return r;
+}
+
+reply batch_jobs::remove_file(const std::string& id, const query_map& query, const principal& who) {
+    if (auto r = unknown_param(query, {})) return *r;
+    std::lock_guard lock(mu_);
+    const auto it = files_.find(id);
+    if (it == files_.end() || !who.may_see(it->second.owner)) return not_found("file", id);
+    return delete_file(id);
+}
+
+reply batch_jobs::batch(const std::string& id, bool cancel, const query_map& query, const principal& who) {
+    if (auto r = unknown_param(query, {})) return *r;
+    std::lock_guard lock(mu_);
+    const auto it = jobs_.find(id);
+    if (it == jobs_.end() || !who.may_see(it->second->owner)) return not_found("batch", id);
+    return cancel ? cancel_batch(id) : reply::of_json(it->second->batch);
 }
 
 reply batch_jobs::upload(std::string_view content_type, std::string_view body, const principal& who) {
     std::string why;
     const auto parts = parse_multipart(content_type, body, why);
-    if (!parts) return bad(why);
+    if (!parts) return bad_request(why);
     const form_part* file = nullptr;
     std::string purpose;
     for (const form_part& p : *parts) {
@@ -488,13 +444,13 @@ reply batch_jobs::upload(std::string_view content_type, std::string_view body, c
         } else if (p.name == "purpose") {
             purpose = p.data;
         } else {
-            return bad(fmt::format("unknown form field '{}': Tandem does not support it", p.name), p.name);
+            return bad_request(fmt::format("unknown form field '{}': Tandem does not support it", p.name), p.name);
         }
     }
-    if (!file) return bad("missing the form field 'file'", "file");
-    if (purpose.empty()) return bad("missing the form field 'purpose'", "purpose");
+    if (!file) return bad_request("missing the form field 'file'", "file");
+    if (purpose.empty()) return bad_request("missing the form field 'purpose'", "purpose");
     if (purpose != "batch")
-        return bad(fmt::format("purpose '{}' is not supported: Tandem keeps files for batch jobs (purpose \"batch\")",
+        return bad_request(fmt::format("purpose '{}' is not supported: Tandem keeps files for batch jobs (purpose \"batch\")",
                                purpose),
                    "purpose");
     if (int64_t(file->data.size()) > s_.max_file_bytes)
@@ -504,7 +460,7 @@ reply batch_jobs::upload(std::string_view content_type, std::string_view body, c
     if (filename.size() > 255) filename.resize(255);
     std::lock_guard lock(mu_);
     if (int64_t(files_.size()) >= s_.max_files)
-        return bad(fmt::format("this daemon keeps at most {} files (max_files): delete some first", s_.max_files));
+        return bad_request(fmt::format("this daemon keeps at most {} files (max_files): delete some first", s_.max_files));
     const std::string id = new_id("file-");
     write_atomic(file_path(id), file->data);
     json f{{"id", id},           {"object", "file"}, {"bytes", int64_t(file->data.size())},
@@ -519,25 +475,6 @@ void batch_jobs::save_file(const std::string& id, json object, const std::string
     stored["owner"] = owner;
     write_atomic(file_path(id) + ".json", stored.dump());
     files_[id] = {std::move(object), owner};
-}
-
-reply batch_jobs::list_files(const std::map<std::string, std::string>& query, const principal& who) {
-    bool asc = false;
-    if (auto it = query.find("order"); it != query.end()) {
-        if (it->second != "asc" && it->second != "desc") return bad("order must be asc or desc", "order");
-        asc = it->second == "asc";
-    }
-    std::vector<json> items;
-    {
-        std::lock_guard lock(mu_);
-        const auto purpose = query.find("purpose");
-        for (const auto& [id, f] : files_)
-            if (who.may_see(f.owner) && (purpose == query.end() || f.object["purpose"] == purpose->second))
-                items.push_back(f.object);
-    }
-    auto r = page(std::move(items), query, asc);
-    if (auto* err = std::get_if<reply>(&r)) return *err;
-    return reply::of_json(std::get<json>(r));
 }
 
 reply batch_jobs::delete_file(const std::string& id) {
@@ -558,29 +495,29 @@ reply batch_jobs::create_batch(const std::string& body, const principal& who) {
     const json& req = std::get<json>(parsed);
     for (const auto& [k, v] : req.items())
         if (k != "input_file_id" && k != "endpoint" && k != "completion_window" && k != "metadata")
-            return bad(fmt::format("unknown field '{}': Tandem does not support it", k), k);
+            return bad_request(fmt::format("unknown field '{}': Tandem does not support it", k), k);
     for (const char* k : {"input_file_id", "endpoint", "completion_window"})
-        if (!req.contains(k) || !req[k].is_string()) return bad(fmt::format("'{}' must be a string", k), k);
+        if (!req.contains(k) || !req[k].is_string()) return bad_request(fmt::format("'{}' must be a string", k), k);
     const std::string endpoint = req["endpoint"];
     if (std::find(std::begin(batch::routes), std::end(batch::routes), endpoint) == std::end(batch::routes))
-        return bad(fmt::format("endpoint '{}' is not supported: one of /v1/chat/completions, /v1/completions, "
+        return bad_request(fmt::format("endpoint '{}' is not supported: one of /v1/chat/completions, /v1/completions, "
                                "/v1/embeddings",
                                endpoint),
                    "endpoint");
-    if (req["completion_window"] != "24h") return bad("completion_window must be \"24h\"", "completion_window");
+    if (req["completion_window"] != "24h") return bad_request("completion_window must be \"24h\"", "completion_window");
     json metadata = req.value("metadata", json());
     if (!metadata.is_null()) {
-        if (!metadata.is_object() || metadata.size() > 16) return bad("metadata must be an object of at most 16 keys", "metadata");
+        if (!metadata.is_object() || metadata.size() > 16) return bad_request("metadata must be an object of at most 16 keys", "metadata");
         for (const auto& [k, v] : metadata.items())
             if (k.size() > 64 || !v.is_string() || v.get<std::string>().size() > 512)
-                return bad("metadata keys are strings of at most 64 characters, values of at most 512", "metadata");
+                return bad_request("metadata keys are strings of at most 64 characters, values of at most 512", "metadata");
     }
     std::lock_guard lock(mu_);
     const std::string input = req["input_file_id"];
     const auto f = files_.find(input);
     if (f == files_.end() || !who.may_see(f->second.owner)) return not_found("file", input);
     if (f->second.object["purpose"] != "batch")
-        return bad(fmt::format("file {} has purpose {}: a batch's input has purpose batch", input,
+        return bad_request(fmt::format("file {} has purpose {}: a batch's input has purpose batch", input,
                                f->second.object["purpose"].get<std::string>()),
                    "input_file_id");
     const std::string id = new_id("batch_");
@@ -613,7 +550,8 @@ reply batch_jobs::create_batch(const std::string& body, const principal& who) {
     return reply::of_json(jobs_[id]->batch);
 }
 
-reply batch_jobs::list_batches(const std::map<std::string, std::string>& query, const principal& who) {
+reply batch_jobs::list_batches(const query_map& query, const principal& who) {
+    if (auto r = unknown_param(query, {"limit", "after"})) return *r;
     std::vector<json> items;
     {
         std::lock_guard lock(mu_);

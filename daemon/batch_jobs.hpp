@@ -15,7 +15,7 @@
 #pragma once
 
 #include "daemon/access.hpp"
-#include "daemon/api.hpp"
+#include "daemon/reply.hpp"
 #include "runtime/json_limits.hpp"
 
 #include <nlohmann/json.hpp>
@@ -67,27 +67,28 @@ public:
     // The runner takes no new line (lines in flight finish); the destructor joins it.
     void stop();
 
-    // Whether `path` (no query) is one of these routes.
-    static bool handles(std::string_view path);
-    // A request to one of them.
-    // Files and batches belong to the principal that made them (a batch's results to the
-    // batch's owner); another principal gets 404 for them, as if they did not exist, and
-    // lists only its own. Root and the daemon's user see every one.
-    // An upload's body comes in `body_file` (the session stored it there as it came: see
-    // new_upload_path); a file's content goes out as reply::file, read from the disk as sent.
-    reply handle(const std::string& method, const std::string& target, std::string_view content_type,
-                 const std::string& body, const principal& who, const std::string& body_file = {});
+    // The routes' operations (daemon/routes.cpp). Files and batches belong to the principal
+    // that made them (a batch's results to the batch's owner); another principal gets 404 for
+    // them, as if they did not exist, and lists only its own. Root and the daemon's user see
+    // every one. An unknown query parameter is a 400 that names it.
+    using query_map = std::map<std::string, std::string>;
+    reply list_files(const query_map& query, const principal& who);                  // GET /v1/files
+    // POST /v1/files: the multipart body, or (body_file) where the session stored it as it came
+    reply upload(std::string_view content_type, const std::string& body, const std::string& body_file,
+                 const principal& who);
+    reply file(const std::string& id, bool content, const query_map& query, const principal& who); // GET /v1/files/{id}[/content]
+    reply remove_file(const std::string& id, const query_map& query, const principal& who);       // DELETE /v1/files/{id}
+    reply list_batches(const query_map& query, const principal& who);               // GET /v1/batches
+    reply create_batch(const std::string& body, const principal& who);               // POST /v1/batches
+    reply batch(const std::string& id, bool cancel, const query_map& query, const principal& who); // GET /v1/batches/{id}, POST .../cancel
     // A fresh path in the state directory for an upload's body (files/upload-*.tmp: removed
     // at start if a crash left it).
     std::string new_upload_path() const;
 
 private:
     reply upload(std::string_view content_type, std::string_view body, const principal& who);
-    reply list_files(const std::map<std::string, std::string>& query, const principal& who);
-    reply delete_file(const std::string& id);
-    reply create_batch(const std::string& body, const principal& who);
-    reply list_batches(const std::map<std::string, std::string>& query, const principal& who);
-    reply cancel_batch(const std::string& id);
+    reply delete_file(const std::string& id);   // under mu_
+    reply cancel_batch(const std::string& id);  // under mu_
 
     void remove_orphans();                        // at start: what a crash left half made
     void run();                                   // the runner thread
@@ -106,16 +107,16 @@ private:
     batch_settings s_;
     std::mutex mu_;
     std::condition_variable cv_;
-    struct file {
-        json object;                              // the API's file object (json: api.hpp's, keys in order)
+    struct stored_file {
+        json object;                              // the API's file object (json: reply.hpp's, keys in order)
         std::string owner;                        // principal::owner; "" (stored before owners): root's
     };
-    std::map<std::string, file> files_;           // id -> the file
+    std::map<std::string, stored_file> files_;    // id -> the file
     // Writes a file's object and owner beside its bytes (files/ID.json) and keeps it.
     void save_file(const std::string& id, json object, const std::string& owner); // under mu_
     struct job {
         json batch;                               // the batch object
-        std::string owner;                        // as file::owner
+        std::string owner;                        // as stored_file::owner
         std::string final_status;                 // set once it is being finalized
         std::atomic<bool> cancel{false};
     };

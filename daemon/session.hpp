@@ -1,9 +1,13 @@
-// One client connection: reads HTTP/1.1 (and 1.0) requests, answers them, streams generations.
+// One client connection: the transport. It reads HTTP/1.1 (and 1.0) requests within their
+// deadlines and limits, checks who is asking, dispatches each through the route table
+// (daemon/routes.hpp), writes what the handler answers (a reply, or a stream of pieces), and
+// notices the peer leave. It knows no route and no API.
 #pragma once
 
 #include "runtime/prelude.hpp"
 
 #include "daemon/access.hpp"
+#include "daemon/exchange.hpp"
 #include "daemon/peer_cred.hpp"
 #include "daemon/state.hpp"
 
@@ -16,18 +20,13 @@
 
 #include <memory>
 #include <optional>
-#include <variant>
-#include <vector>
+#include <string>
 
 namespace tandem::daemon {
 
-namespace asio = boost::asio;
-namespace http = boost::beast::http;
-
 class session_manager;
-struct generation_channel;
 
-class session : public std::enable_shared_from_this<session> {
+class session : public std::enable_shared_from_this<session>, private responder {
 public:
     using socket_type = asio::generic::stream_protocol::socket;
 
@@ -45,27 +44,30 @@ public:
 private:
     asio::awaitable<void> run();
     asio::awaitable<void> watchdog();
-    asio::awaitable<void> watch_peer(std::shared_ptr<generation_channel> ch);
-    asio::awaitable<bool> write_reply(const struct reply& r, bool keep_alive);
-    asio::awaitable<bool> write_file_reply(const struct reply& r, bool keep_alive); // r.file's bytes as the body
-    // Answers one request (false: close the connection after it).
-    asio::awaitable<bool> dispatch(const http::request<http::string_body>& req, bool keep_alive,
-                                   std::chrono::steady_clock::time_point t0);
+    asio::awaitable<void> peer_watch(std::shared_ptr<generation_channel> ch);
+    // Reads the next request (its body in memory, or an upload's on disk); nullopt when the
+    // connection ends, after answering what went wrong where there is something to say.
+    asio::awaitable<std::optional<http::request<http::string_body>>> read_request();
+    // Answers one request through the route table (false: close the connection after it).
+    asio::awaitable<bool> dispatch(const http::request<http::string_body>& req);
+    asio::awaitable<bool> write_reply(const reply& r, bool keep_alive);
+    asio::awaitable<bool> write_file_reply(const reply& r, bool keep_alive); // r.file's bytes as the body
     // Holds the current request while the model loads, up to load_wait_s after `since`; true
     // when the model is loaded or the daemon stopping by then.
     asio::awaitable<bool> wait_for_model(std::chrono::steady_clock::time_point since);
-    asio::awaitable<bool> generate(const http::request<http::string_body>& req, bool chat, bool keep_alive);
-    asio::awaitable<bool> embeddings(const http::request<http::string_body>& req, bool keep_alive);
-    // Each input's embedding through the engine (the model's pooling), in order; cancelled
-    // when the client goes away (a 499 error, nobody to answer).
-    asio::awaitable<std::variant<std::vector<std::vector<float>>, struct api_error>>
-    embed(std::vector<std::vector<token_id>> inputs, int32_t priority);
-    // Documents too long for the context (plan.retrieval): ranks their passages against the
-    // question and completes the plan with the best that fit.
-    asio::awaitable<std::optional<struct api_error>> retrieve(struct generation_plan& plan);
     void set_deadline(double seconds); // <= 0: none
     void close();
     void remove_upload();      // the current upload's file, unless the handler kept it
+
+    // responder: what handlers write through
+    asio::any_io_executor executor() override { return socket_.get_executor(); }
+    asio::awaitable<bool> send(const reply& r, bool last) override;
+    asio::awaitable<bool> open_stream(std::string_view content_type) override;
+    asio::awaitable<bool> send_piece(const std::string& data) override;
+    asio::awaitable<bool> close_stream() override;
+    void watch_peer(std::shared_ptr<generation_channel> ch) override;
+    void current(std::shared_ptr<generation_channel> ch) override { current_ = std::move(ch); }
+    bool closed() const override { return closed_; }
 
     socket_type socket_;
     daemon_state& st_;
@@ -82,7 +84,10 @@ private:
     bool closed_ = false;
     unsigned version_ = 11;     // the current request's HTTP version (10 or 11), echoed in replies
     bool head_ = false;         // the current request is a HEAD: replies carry no body
+    bool keep_alive_ = false;   // the current request's connection may take another after it
     bool replied_ = false;      // the current request's reply (or its stream's head) has gone out
+    bool chunked_ = false;      // the current stream is chunked (HTTP/1.1)
+    bool write_failed_ = false; // a write of the current stream failed
     std::shared_ptr<generation_channel> current_; // the running generation, if any
 };
 

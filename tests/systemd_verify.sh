@@ -46,6 +46,21 @@ need tandemd.socket 'SocketMode=0660'
 need tandemd.socket 'SocketGroup=tandem'
 need user/tandemd.socket 'ListenStream=%t/tandem/tandem.sock'
 grep -q '^WatchdogSec=' "$src/tandemd.service" || { echo "tandemd.service lacks WatchdogSec"; exit 1; }
+# Bounded: a runaway request cannot take the machine (MemoryHigh below MemoryMax).
+for unit in tandemd.service user/tandemd.service; do
+  need "$unit" 'MemoryHigh=80%'
+  need "$unit" 'MemoryMax=90%'
+  need "$unit" 'TasksMax=4096'
+done
+
+# The system unit's sandbox: systemd's own exposure score stays at 1.5 or less.
+if score="$(systemd-analyze security --offline=yes "$units/tandemd.service" 2>/dev/null |
+            sed -n 's/.*Overall exposure level for tandemd.service: \([0-9.]*\).*/\1/p')" && [ -n "$score" ]; then
+  awk -v s="$score" 'BEGIN { exit !(s <= 1.5) }' || { echo "systemd-analyze security: exposure $score, over 1.5"; exit 1; }
+  echo "systemd-analyze security: exposure $score"
+else
+  echo "systemd-analyze security --offline not available: exposure not checked"
+fi
 
 # test_daemon_config checks that the sample config names every key the parser knows.
 echo "unit contents: ok"

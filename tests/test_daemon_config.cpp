@@ -1,5 +1,6 @@
 // tandemd's config parsing and request validation, without a running daemon.
-#include "daemon/api.hpp"
+#include "daemon/reply.hpp"
+#include "daemon/routes.hpp"
 #include "daemon/config.hpp"
 #include "daemon/peer_cred.hpp"
 #include "daemon/worker_spec.hpp"

@@ -1,6 +1,6 @@
 // tandemd's HTTP and API details over its socket (HTTP/1.0, HEAD, 405 with Allow, half-close,
 // OpenAI's field conventions), and the API's response helpers on their own.
-#include "daemon/api.hpp"
+#include "daemon/choices.hpp"
 #include "daemon_client.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/tokenizer.hpp"

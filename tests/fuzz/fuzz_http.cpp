@@ -7,14 +7,15 @@
 // - odd: one well-framed request, so that JSON mutations always reach the validation (the
 //   fuzz_json_request of issue 19, folded in here): the second byte picks the route, the
 //   method, HTTP/1.0 and whether it is sent twice on one connection; the rest is the body.
-// The daemon must answer the first request with a well-formed HTTP response, never 500 (the
+// Limits are the daemon's own (max_body_bytes 1 MiB, max_json_depth 64). The daemon must
+// answer the first request, when it is whole, with a well-formed HTTP response (silence is a
+// failure: a handler that threw once ended the connection so), never 500 (the
 // engine in process has no reason to fail), every error a JSON error object
 // ({"error": {"message", "type", ...}}), every JSON reply valid JSON, every event stream
 // valid JSON events ending with [DONE]; and the session must end once the client has sent
 // everything (a hang is libFuzzer's timeout).
 #include "runtime/prelude.hpp"
 
-#include "daemon/api.hpp"
 #include "daemon/peer_cred.hpp"
 #include "daemon/server.hpp"
 #include "daemon/session.hpp"
@@ -75,14 +76,25 @@ std::string framed(uint8_t how, std::string_view body) {
     return how & 0x80 ? one + one : one;
 }
 
-// Whether the first request in `sent` is a HEAD (its reply then has no body).
-bool first_is_head(std::string_view sent) {
+// What the first request in `sent` is: a HEAD (its reply then has no body), and whole (the
+// daemon must answer it, never close the connection in silence).
+struct first_request {
+    bool head = false;
+    bool complete = false;
+};
+first_request first_of(std::string_view sent) {
     http::request_parser<http::string_body> p;
     p.header_limit(16 * 1024);
+    p.body_limit(uint64_t(srv->st.cfg.max_body_bytes));
+    p.eager(true);
     boost::system::error_code ec;
-    p.eager(false);
-    p.put(asio::buffer(sent.data(), sent.size()), ec);
-    return p.is_header_done() && p.get().method() == http::verb::head;
+    size_t used = 0;
+    while (!ec && !p.is_done() && used < sent.size()) {
+        const size_t n = p.put(asio::buffer(sent.data() + used, sent.size() - used), ec);
+        if (n == 0) break;
+        used += n;
+    }
+    return {p.is_header_done() && p.get().method() == http::verb::head, !ec && p.is_done()};
 }
 
 // The first response in `reply` (after any 100 Continue), checked.
@@ -156,7 +168,6 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
         {"draft_tokens", "2"}, // speculative requests (prompt lookup) are honoured
         {"max_running", "4"},
         {"max_waiting", "8"},
-        {"max_body_bytes", "8192"}, // inputs over it reach the 413
         {"request_timeout_s", "10"},
     };
     for (const auto& [key, value] : settings)
@@ -213,6 +224,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
     if (std::getenv("FUZZ_HTTP_SHOW")) // to see what an input does: FUZZ_HTTP_SHOW=1 fuzz_http FILE
         std::fprintf(stderr, "--- sent ---\n%s\n--- reply ---\n%s\n", sent.c_str(), reply.c_str());
-    if (!reply.empty()) check_reply(reply, first_is_head(sent));
+    const first_request first = first_of(sent);
+    require(!first.complete || !reply.empty(), "no reply to a complete request", reply);
+    if (!reply.empty()) check_reply(reply, first.head);
     return 0;
 }
