@@ -206,7 +206,7 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     eo.step_tokens = cfg.step_tokens;
     eo.max_draft_tokens = cfg.speculative_tokens();
     eo.draft_cost = cfg.draft_cost;
-    if (!cfg.draft_model.empty()) { // runs in this process, on the engine's thread (runtime/draft.hpp)
+    if (!cfg.draft_model.empty()) { // runs in this process, on the engine's thread (runtime/draft_model.hpp)
         ms.draft = load_draft_model(cfg.draft_model, *ms.bundle.tok, load_options{weight_format::int8, kv, 0});
         eo.draft_model = ms.draft->mdl.get();
     }

@@ -1,13 +1,15 @@
-// The engine: one thread that admits requests, plans batches for its executors, samples
-// their logits and reports token events; and the in-process executor.
+// The engine's core: one thread that admits requests, plans batches for its executors, samples
+// their logits and reports token events. Its policies live in their own files: beam search
+// (runtime/beam_search), speculation (runtime/speculation), prompt rows (runtime/prompt_rows);
+// the in-process executor in runtime/local_engine.
 #include "runtime/engine.hpp"
 
-#include "runtime/draft.hpp"
+#include "runtime/beam_search.hpp"
+#include "runtime/engine_state.hpp"
 #include "runtime/error.hpp"
-#include "runtime/generate.hpp"
-#include "runtime/kv_cache.hpp"
 #include "runtime/log.hpp"
-#include "runtime/runner.hpp"
+#include "runtime/prompt_rows.hpp"
+#include "runtime/speculation.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -45,95 +47,16 @@ engine_options resolve_options(engine_options o, const model_config& c) {
     return o;
 }
 
+std::string flush_text(stream_decoder& dec, stop_matcher& stops) {
+    if (stops.stopped()) return {};
+    std::string text = stops.push(dec.flush());
+    if (!stops.stopped()) text += stops.flush();
+    return text;
+}
+
 namespace {
 
-// One sequence of a request's group: its sampler, text decoding and stop strings.
-struct seq_state {
-    int32_t index = 0;
-    int32_t n_generated = 0;
-    int32_t n_drafts = 0;             // drafts after its last sampled token, not verified yet
-    std::vector<float> draft_q;       // [n_drafts, n_vocab] what the draft model drew them from; empty: point masses
-    int32_t n_drafted = 0, n_accepted = 0;
-    // The speculation policy (propose_drafts, adapt_drafts): how often its drafts stood
-    // (counts that fade, for the rate a draft stands given the one before it did), and a pause
-    // of `skip` tokens without drafts after a step that kept none (`backoff`: 4, doubling up
-    // to 64 while that goes on).
-    double n_stood = 0, n_fell = 0;
-    int32_t skip = 0, backoff = 0;
-    token_id final_token = -1;        // the EOS that ended it
-    bool done = false;
-    sampler smp;
-    stream_decoder dec;
-    stop_matcher stops;
-    // A beam (beam search): its generated tokens' logprobs (and top alternatives) and their
-    // sum; once its row is due, its best continuations, until the group's step takes them.
-    double sum_logprob = 0;
-    std::vector<float> lps;
-    std::vector<std::vector<token_logprob>> tops;
-    std::vector<token_logprob> cand;
-    bool has_cand = false;
-
-    seq_state(int32_t i, sampling_params p, const tokenizer& tok, std::vector<std::string> stop)
-        : index(i), smp(std::move(p)), dec(tok), stops(std::move(stop)) {}
-
-    // The state of a beam forked from this one, as sequence `i`.
-    std::unique_ptr<seq_state> fork(int32_t i) const { return std::make_unique<seq_state>(*this, i); }
-    seq_state(const seq_state& o, int32_t i)
-        : index(i), n_generated(o.n_generated), smp(o.smp.clone()), dec(o.dec), stops(o.stops),
-          sum_logprob(o.sum_logprob), lps(o.lps), tops(o.tops) {}
-};
-
-// A finished beam: its generated tokens (without the EOS that ended it) and their logprobs.
-struct beam_hypothesis {
-    double score = 0, sum_logprob = 0;
-    std::vector<token_id> tokens;
-    std::vector<float> lps;
-    std::vector<std::vector<token_logprob>> tops;
-    token_id final_token = -1;
-    const char* finish_reason = "stop";
-};
-
-// A request inside the engine, from submission to its last done event. Sequence 0 computes
-// the prompt; once its logits are due, n > 1 forks it (the prompt is computed once, its
-// pages shared) and every sequence samples its first token from that row.
-struct request_state {
-    uint64_t id = 0;
-    engine_request req;
-    engine_sink sink;
-    int32_t n_prompt = 0;
-    int32_t n_cached = 0;             // prompt tokens the prefix cache gave it at admission
-    int32_t max_tokens = 0;           // after cutting to the context
-    int32_t n_failures = 0;           // batches in a row lost with it to a crashed worker
-    int32_t n_live = 0;               // sequences not done
-    bool forked = false;
-    bool cancel_pending = false;      // cancelled (or failed, with end_error) while a batch ran it
-    std::string end_error;            // why it fails once that batch is done ("": cancelled)
-    steady_time t_admitted{};
-    std::vector<std::unique_ptr<seq_state>> seqs; // [n]; beam search: [slot] its live beams, null when free
-    std::vector<beam_hypothesis> finished;        // beam search: the best finished beams, at most width
-    std::vector<prompt_token> scored;             // score_prompt: the prompt's tokens scored so far
-    bool prompt_sent = false;                     // score_prompt: its event is sent
-    std::vector<double> pooled;                   // embed: the hidden states pooled so far [n_embd]
-    int32_t n_pooled = 0;                         // embed (mean): the prompt positions in `pooled`
-    std::vector<float> embedding;                 // embed: the result, for sequence 0's done event
-
-    bool beam() const { return req.beam.width > 0; }
-
-    request_state(uint64_t i, engine_request&& r, engine_sink&& s, const tokenizer& tok)
-        : id(i), req(std::move(r)), sink(std::move(s)) {
-        const int32_t n = beam() ? 1 : std::max(1, req.n); // beams fork from the first as the search goes
-        for (int32_t k = 0; k < n; ++k) {
-            sampling_params p = req.sampling;
-            if (p.seed) p.seed = *p.seed + uint64_t(k); // sequence k: seed + k
-            seqs.push_back(std::make_unique<seq_state>(k, std::move(p), tok, req.stop));
-            if (req.make_processor) seqs.back()->smp.processors().add(req.make_processor());
-        }
-        n_live = n;
-        forked = n == 1;
-    }
-};
-
-class engine_impl final : public engine {
+class engine_impl final : public engine, public engine_core {
 public:
     engine_impl(const model_config& cfg, const tokenizer& tok, const engine_options& o, engine_parts parts)
         : tok_(tok), opts_(o), parts_(std::move(parts)), n_embd_(cfg.n_embd) {
@@ -152,18 +75,20 @@ public:
         so.background_step_tokens = opts_.background_step_tokens;
         so.kv_window = cfg.kv_window(); // every layer windowed: pages behind the window go back at once
         sched_ = std::make_unique<scheduler>(so, parts_.store);
-        if (opts_.draft_model && opts_.max_draft_tokens > 0) {
-            drafter_ = std::make_unique<draft_model>(*opts_.draft_model, opts_.n_threads, opts_.page_size,
-                                                     opts_.n_pages, 2 * opts_.max_running);
-            stats_.draft_device = drafter_->device();
-        }
+        std::unique_ptr<draft_model> drafter;
+        if (opts_.draft_model && opts_.max_draft_tokens > 0)
+            drafter = std::make_unique<draft_model>(*opts_.draft_model, opts_.n_threads, opts_.page_size, opts_.n_pages,
+                                                    2 * opts_.max_running);
+        spec_ = std::make_unique<speculation>(*sched_, *this, opts_, std::move(drafter));
+        stats_.draft_device = spec_->draft_device();
+        beams_ = std::make_unique<beam_search>(*sched_, tok_, *this);
         if (parts_.restore) parts_.restore(*sched_);
         wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         TANDEM_CHECK(wake_fd_ >= 0, "eventfd: {}", std::strerror(errno));
         log_ = logger("engine");
         std::string names;
         for (const auto& e : parts_.executors) names += (names.empty() ? "" : ", ") + e->name();
-        if (drafter_) names += ", draft model on " + drafter_->device();
+        if (spec_->has_draft_model()) names += ", draft model on " + spec_->draft_device();
         log_->info("context {}, {} KV pages of {} tokens ({} cached), batch up to {}, {} tokens a step; {}",
                    opts_.n_ctx, opts_.n_pages, opts_.page_size, sched_->pool().n_cached(), opts_.max_running,
                    opts_.step_tokens, names);
@@ -188,8 +113,8 @@ public:
                       "n = {}, beam width {}", req.n, req.beam.width);
         req.draft_tokens = req.draft_tokens < 0 ? opts_.max_draft_tokens : std::min(req.draft_tokens, opts_.max_draft_tokens);
         if (req.beam.width > 0) req.draft_tokens = 0; // every beam's step is one token: nothing to verify
-        if (req.drafts == draft_source::automatic || (req.drafts == draft_source::model && !drafter_))
-            req.drafts = drafter_ ? draft_source::model : draft_source::ngram;
+        if (req.drafts == draft_source::automatic || (req.drafts == draft_source::model && !spec_->has_draft_model()))
+            req.drafts = spec_->has_draft_model() ? draft_source::model : draft_source::ngram;
         // it must fit in the pool on its own (everything else preempted): the prompt's full
         // pages once, each sequence's own pages from there
         const int64_t own = sched_->pages_for(n_prompt + max_tokens) - n_prompt / opts_.page_size;
@@ -302,7 +227,7 @@ private:
             for (uint64_t sid : sched_->take_preempted()) {
                 log_->debug("request {} (sequence {}) preempted: KV pool full, or its place taken by a higher priority",
                             request_of(sid), index_of(sid));
-                drop_drafts(sid); // it is recomputed as a prompt: no rows to verify them by
+                if (seq_state* q = find_seq(sid)) spec_->drop(sid, *q); // it is recomputed as a prompt: no rows to verify them by
             }
             bool in_flight = false, sync_result = false;
             for (size_t i = 0; i < parts_.executors.size(); ++i) {
@@ -434,8 +359,8 @@ private:
         bool decode_only = true; // a decode step: what it took tells what drafts cost
         for (int32_t i = 0; i < b.n_seqs(); ++i) decode_only = decode_only && b.n_new(i) <= opts_.decode_tokens;
         if (decode_only)
-            step_cost_.add(b.n_tokens(),
-                           std::chrono::duration<double>(clock_type::now() - started_at_[size_t(slot)]).count());
+            spec_->record_step(b.n_tokens(),
+                               std::chrono::duration<double>(clock_type::now() - started_at_[size_t(slot)]).count());
         std::unordered_map<uint64_t, int32_t> index; // scheduler sequence -> its place in the batch
         for (int32_t i = 0; i < b.n_seqs(); ++i) index.emplace(b.seq_id[size_t(i)], i);
         for (uint64_t id : members) {
@@ -449,7 +374,7 @@ private:
             auto it = reqs_.find(request_of(b.seq_id[size_t(i)]));
             if (it == reqs_.end()) continue;
             if (it->second->req.score_prompt && !it->second->prompt_sent) score_prompt(*it->second, b, i, ex);
-            if (it->second->req.embed) pool_rows(*it->second, b, i, ex);
+            if (it->second->req.embed) pool_rows(*it->second, b, i, ex, n_embd_);
         }
         for (uint64_t sid : due) {
             auto it = reqs_.find(request_of(sid));
@@ -462,7 +387,7 @@ private:
                 continue;
             }
             if (r.req.score_prompt && !r.prompt_sent) { // the prompt is computed: its scores go first
-                send_prompt_scores(r, sid);
+                send_prompt_scores(r, sid, *sched_);
                 if (r.max_tokens == 0) {
                     finish(r.id, "length");
                     continue;
@@ -474,8 +399,9 @@ private:
                 // a new token, has no row here any more.
                 const size_t k = size_t(index_of(sid));
                 if (k < r.seqs.size() && r.seqs[k] && sched_->contains(sid) &&
-                    sched_->n_computed(sid) == int32_t(sched_->tokens(sid).size()))
-                    beam_row(r, *r.seqs[k], ex.logits(row_end - 1));
+                    sched_->n_computed(sid) == int32_t(sched_->tokens(sid).size()) &&
+                    beams_->on_row(r, *r.seqs[k], ex.logits(row_end - 1), busy(r)))
+                    finish(r.id, "stop");
                 continue;
             }
             if (!r.forked) { // the prompt is computed: the group shares its pages from here
@@ -484,162 +410,34 @@ private:
                 const auto row = ex.logits(row_end - 1); // the row of the prompt's last token
                 for (auto& q : r.seqs) {
                     sample_next(r, *q, row);
-                    if (!q->done) propose_drafts(r, *q);
+                    if (!q->done) spec_->propose(r, *q, n_running_);
                 }
             } else {
                 seq_state& q = *r.seqs[size_t(index_of(sid))];
                 TANDEM_ASSERT(b.n_seq_logits(i) >= q.n_drafts + 1, "{} rows for {} drafts", b.n_seq_logits(i),
                               q.n_drafts);
-                verify(r, q, ex, row_end - 1 - q.n_drafts);
+                spec_->verify(r, q, ex, row_end - 1 - q.n_drafts, n_running_);
             }
             if (r.n_live == 0) finish(r.id, "stop");
         }
-        run_draft_jobs();
+        spec_->run_draft_jobs([this](uint64_t sid) { return find_seq(sid); });
     }
 
-    // Sequence q's last sampled token and its drafts after it were computed, with logits rows
-    // from `first_row` on: row j is sampled as plain decoding would sample it, with the tokens
-    // up to draft j as history. While the token sampled from row j is draft j, the draft
-    // stands; the first one it is not replaces that draft and cuts the rest. So every token
-    // comes from the distribution plain decoding gives (a draft is a point mass: sampling p and
-    // keeping the draft when they agree is the rejection rule of speculative sampling).
-    void verify(request_state& r, seq_state& q, executor& ex, int32_t first_row) {
-        const uint64_t sid = seq_id_of(r.id, q.index);
-        const int32_t k = q.n_drafts, base = int32_t(sched_->tokens(sid).size()) - k; // tokens through the sampled one
-        q.n_drafts = 0;
-        if (k > 0) sched_->set_logits_from(sid, std::numeric_limits<int32_t>::max()); // the last token's row only
-        int32_t accepted = 0;
-        const std::vector<float> draft_q = std::move(q.draft_q);
-        q.draft_q.clear();
-        const size_t n_vocab = ex.logits(first_row).size();
-        const auto q_of = [&](int32_t j) {
-            return draft_q.empty() ? std::span<const float>{}
-                                   : std::span<const float>(draft_q).subspan(size_t(j) * n_vocab, n_vocab);
-        };
-        while (accepted < k && sample_next(r, q, ex.logits(first_row + accepted), base + accepted,
-                                           sched_->tokens(sid)[size_t(base + accepted)], q_of(accepted))) {
-            ++n_accepted_at_[size_t(accepted)];
-            ++accepted;
-        }
-        if (k > 0) ++n_drafts_;
-        if (accepted == k) sample_next(r, q, ex.logits(first_row + k), base + k); // every draft stood: one more
-        if (q.done) return;
-        if (k > 0) adapt_drafts(q, k, accepted);
-        propose_drafts(r, q);
-    }
-
-    // After a step verified k drafts of q and kept `accepted`: the counts fade and grow; none
-    // kept starts (or doubles) a pause, so a task where drafts fail costs a lone draft now and
-    // then.
-    void adapt_drafts(seq_state& q, int32_t k, int32_t accepted) {
-        constexpr double fade = 0.8;
-        q.n_stood = q.n_stood * fade + accepted;
-        q.n_fell = q.n_fell * fade + (accepted < k ? 1 : 0);
-        if (accepted > 0) {
-            q.backoff = 0;
-        } else { // (a probe after a pause that was not worth drafting: a longer one)
-            q.backoff = std::clamp(q.backoff * 2, 4, 64);
-            q.skip = q.backoff;
-        }
-    }
-
-    // The drafts of a sequence that will not be verified go (its tokens end at the sampled one).
-    void drop_drafts(uint64_t sid) {
+    // The state of sequence `sid`, when its request is still here.
+    seq_state* find_seq(uint64_t sid) {
         auto it = reqs_.find(request_of(sid));
-        if (it == reqs_.end()) return;
-        seq_state& q = *it->second->seqs[size_t(index_of(sid))];
-        if (q.n_drafts == 0) return;
-        sched_->truncate(sid, int32_t(sched_->tokens(sid).size()) - q.n_drafts);
-        sched_->set_logits_from(sid, std::numeric_limits<int32_t>::max());
-        q.n_drafts = 0;
-        q.draft_q.clear();
+        if (it == reqs_.end() || size_t(index_of(sid)) >= it->second->seqs.size()) return nullptr;
+        return it->second->seqs[size_t(index_of(sid))].get();
     }
 
-    // After a newly sampled token: the request's drafts for the next step, as many as its
-    // remaining tokens allow, computed with it and verified by verify(). Prompt lookup's at
-    // once; the draft model's once every sequence of the batch is sampled (run_draft_jobs).
-    void propose_drafts(request_state& r, seq_state& q) {
-        if (r.req.draft_tokens <= 0) return;
-        if (q.skip > 0) {
-            --q.skip;
-            return;
-        }
-        // A step of many sequences is compute-bound: each draft costs about what a token does.
-        if (n_running_ > opts_.max_draft_batch) return;
-        // As many drafts as gain most: the rate this sequence's drafts stood at (0.4 before any
-        // stood or fell), against what a token costs in the decode steps measured so far.
-        const double alpha = (q.n_stood + 0.8) / (q.n_stood + q.n_fell + 2.0);
-        // The draft model's time for a draft counts too.
-        const double step_s = step_cost_.seconds(n_running_);
-        const double cost = opts_.draft_cost > 0 ? opts_.draft_cost
-                            : step_cost_.relative(n_running_) +
-                                  (r.req.drafts == draft_source::model && step_s > 0 ? draft_s_per_token_ / step_s : 0.0);
-        int32_t k = drafts_worth(alpha, cost, r.req.draft_tokens);
-        if (k == 0 && q.backoff == 0) { // not worth it at this cost: a pause, then a probe
-            q.backoff = q.skip = 32;
-            return;
-        }
-        k = std::max(k, 1); // after a pause, one draft to see whether they stand again
-        const int32_t want = std::min({k, opts_.max_draft_tokens, r.max_tokens - q.n_generated - 1});
-        if (want <= 0) return;
-        const uint64_t sid = seq_id_of(r.id, q.index);
-        if (r.req.drafts == draft_source::model) {
-            draft_job j;
-            j.id = sid;
-            j.k = want;
-            j.sampling = &q.smp.params();
-            draft_jobs_.push_back(std::move(j));
-            return;
-        }
-        if (r.req.drafts == draft_source::replay) {
-            const auto& rp = r.req.replay;
-            const size_t from = std::min(rp.size(), size_t(q.n_generated));
-            add_drafts(q, sid, std::span(rp).subspan(from, std::min(rp.size() - from, size_t(want))));
-            return;
-        }
-        add_drafts(q, sid, ngram_draft(sched_->tokens(sid), want));
+    // A sequence's next token sampled from `logits` with all its tokens as history.
+    void sample_next(request_state& r, seq_state& q, std::span<const float> logits) {
+        sample_next(r, q, logits, -1, sampler::none, {});
     }
 
-    // The draft model's drafts for the sequences that asked for them in this batch, computed
-    // together.
-    void run_draft_jobs() {
-        std::erase_if(draft_jobs_, [&](const draft_job& j) { return !sched_->contains(j.id); });
-        if (draft_jobs_.empty()) return;
-        for (draft_job& j : draft_jobs_) j.tokens = sched_->tokens(j.id);
-        const auto t0 = clock_type::now();
-        drafter_->propose(draft_jobs_);
-        size_t n_drafted = 0;
-        for (const draft_job& j : draft_jobs_) n_drafted += j.drafts.size();
-        if (n_drafted > 0) { // a moving mean of the draft model's time a draft
-            const double s = std::chrono::duration<double>(clock_type::now() - t0).count() / double(n_drafted);
-            draft_s_per_token_ = draft_s_per_token_ == 0 ? s : 0.9 * draft_s_per_token_ + 0.1 * s;
-        }
-        for (draft_job& j : draft_jobs_) {
-            auto it = reqs_.find(request_of(j.id));
-            if (it == reqs_.end()) continue;
-            seq_state& q = *it->second->seqs[size_t(index_of(j.id))];
-            if (q.done) continue;
-            q.draft_q = std::move(j.q);
-            add_drafts(q, j.id, j.drafts);
-        }
-        draft_jobs_.clear();
-    }
-
-    void add_drafts(seq_state& q, uint64_t sid, std::span<const token_id> d) {
-        if (d.empty()) return;
-        sched_->set_logits_from(sid, int32_t(sched_->tokens(sid).size()) - 1);
-        sched_->append(sid, d);
-        q.n_drafts = int32_t(d.size());
-        q.n_drafted += q.n_drafts;
-        n_draft_tokens_ += d.size();
-    }
-
-    // Samples one token of sequence q from `logits`, the tokens before position n_history as
-    // its history (all of them by default); a finished sequence sends its done event. `draft`:
-    // the token at n_history already (sampler::none: none), kept when the sample is that token,
-    // else cut with what follows it. True when the draft stands and the sequence goes on.
-    bool sample_next(request_state& r, seq_state& q, std::span<const float> logits, int32_t n_history = -1,
-                     token_id draft = sampler::none, std::span<const float> draft_q = {}) {
+    // engine_core: samples one token of sequence q; a finished sequence sends its done event.
+    bool sample_next(request_state& r, seq_state& q, std::span<const float> logits, int32_t n_history, token_id draft,
+                     std::span<const float> draft_q) override {
         const uint64_t sid = seq_id_of(r.id, q.index);
         const auto tokens = sched_->tokens(sid);
         if (n_history < 0) n_history = int32_t(tokens.size());
@@ -682,295 +480,9 @@ private:
         return kept && !q.done;
     }
 
-    // Batch row i (sequence 0 of r, computing its prompt) has rows for prompt positions: each
-    // scores the next prompt token. Positions scored before (recomputed after a preemption)
-    // are passed over.
-    void score_prompt(request_state& r, const batch& b, int32_t i, executor& ex) {
-        int32_t row = b.logits_begin[size_t(i)];
-        for (int32_t t = b.tok_begin[size_t(i)]; t < b.tok_begin[size_t(i) + 1]; ++t) {
-            if (!b.wants_row[size_t(t)]) continue;
-            const int32_t next = b.pos[size_t(t)] + 1; // the prompt token this row predicts
-            const auto logits = ex.logits(row++);
-            if (next != int32_t(r.scored.size()) || next >= r.n_prompt) continue;
-            const token_id id = r.req.prompt[size_t(next)];
-            r.scored.push_back({id, logprob_of(logits, id),
-                                r.req.n_top_logprobs > 0 ? top_logprobs(logits, r.req.n_top_logprobs)
-                                                         : std::vector<token_logprob>{}});
-        }
-    }
-
-    // Batch sequence i computed a chunk of embedding request r's prompt. Mean pooling has one
-    // row for it, the sum of its positions' hidden states, added on in order (a preempted
-    // prompt is computed again from position 0: the sum starts again); cls and last take the
-    // hidden-state row of the first or last position.
-    void pool_rows(request_state& r, const batch& b, int32_t i, executor& ex) {
-        const pooling_type how = *r.req.embed;
-        const int32_t first = b.n_past(i), row = b.logits_begin[size_t(i)];
-        if (how == pooling_type::mean) {
-            if (first == 0) {
-                std::fill(r.pooled.begin(), r.pooled.end(), 0.0);
-                r.n_pooled = 0;
-            }
-            TANDEM_ASSERT(first == r.n_pooled && b.n_seq_logits(i) == 1, "a chunk from {} after {} pooled", first,
-                          r.n_pooled);
-            const auto h = ex.logits(row).first(size_t(n_embd_));
-            for (size_t j = 0; j < h.size(); ++j) r.pooled[j] += double(h[j]);
-            r.n_pooled += b.n_new(i);
-            return;
-        }
-        const int32_t want = how == pooling_type::cls ? 0 : r.n_prompt - 1, k = want - first;
-        if (k < 0 || k >= b.n_new(i)) return;
-        int32_t at = row; // the wanted position's row: rows are the chunk's tokens from logits_from on
-        for (int32_t t = b.tok_begin[size_t(i)]; t < b.tok_begin[size_t(i)] + k; ++t) at += b.wants_row[size_t(t)] != 0;
-        const auto h = ex.logits(at).first(size_t(n_embd_));
-        std::copy(h.begin(), h.end(), r.pooled.begin());
-        r.n_pooled = r.n_prompt;
-    }
-
-    // r's prompt is computed: its pooled hidden state, L2-normalised, is its embedding.
-    void finish_embedding(request_state& r) {
-        TANDEM_ASSERT(r.n_pooled == r.n_prompt, "{} of {} prompt positions pooled", r.n_pooled, r.n_prompt);
-        const double n = *r.req.embed == pooling_type::mean ? double(r.n_prompt) : 1.0;
-        double norm = 0;
-        for (double& v : r.pooled) {
-            v /= n;
-            norm += v * v;
-        }
-        norm = std::sqrt(norm);
-        r.embedding.resize(r.pooled.size());
-        for (size_t j = 0; j < r.pooled.size(); ++j) r.embedding[j] = float(norm > 0 ? r.pooled[j] / norm : 0.0);
-    }
-
-    // r's prompt is computed and scored: the event with its scores, and from here only the
-    // last token of sequence `sid` wants a row.
-    void send_prompt_scores(request_state& r, uint64_t sid) {
-        TANDEM_ASSERT(int32_t(r.scored.size()) == r.n_prompt, "{} of {} prompt tokens scored", r.scored.size(),
-                      r.n_prompt);
-        sched_->set_logits_from(sid, std::numeric_limits<int32_t>::max());
-        engine_event ev;
-        ev.index = 0;
-        ev.id = -1;
-        ev.prompt = std::move(r.scored);
-        ev.t = clock_type::now();
-        r.prompt_sent = true;
-        r.sink(std::move(ev));
-    }
-
-    // Beam q of r has its row: its best continuations (the processed logits' log-softmax: the
-    // bias, penalties and grammar apply), twice the width of them, as Hugging Face's search
-    // takes (so width of them remain whatever ends). The group steps once every live beam has
-    // them and none is in a batch.
-    void beam_row(request_state& r, seq_state& q, std::span<const float> logits) {
-        const auto history = sched_->tokens(seq_id_of(r.id, q.index));
-        row_.assign(logits.begin(), logits.end());
-        q.smp.process(row_, history);
-        q.cand = top_logprobs(row_, std::max(2 * r.req.beam.width, r.req.n_top_logprobs));
-        std::erase_if(q.cand, [](const token_logprob& t) { return !std::isfinite(t.logprob); }); // banned (a grammar)
-        q.has_cand = true;
-        for (const auto& b : r.seqs)
-            if (b && !b->has_cand) return;
-        // A beam preempted after its row came is recomputed, perhaps in the other executor's
-        // batch now: it cannot grow or fork until that batch is done (its row comes again).
-        if (busy(r)) return;
-        beam_step(r);
-    }
-
-    // The score of a beam of `length` tokens (an EOS that ended it not counted).
-    static double beam_score(const request_state& r, double sum_logprob, size_t length) {
-        return sum_logprob / std::pow(double(std::max<size_t>(length, 1)), double(r.req.beam.length_penalty));
-    }
-
-    // A finished beam joins the best `width` ones (a worse one than all of them when they are
-    // full is dropped).
-    void add_hypothesis(request_state& r, beam_hypothesis h) {
-        const size_t width = size_t(r.req.beam.width);
-        h.score = beam_score(r, h.sum_logprob, h.tokens.size());
-        auto& f = r.finished;
-        const auto worse = [](const beam_hypothesis& a, const beam_hypothesis& b) { return a.score > b.score; };
-        if (f.size() == width && !worse(h, f.back())) return;
-        f.insert(std::upper_bound(f.begin(), f.end(), h, worse), std::move(h));
-        if (f.size() > width) f.pop_back();
-    }
-
-    // Beam q as a finished beam.
-    beam_hypothesis hypothesis_of(const request_state& r, const seq_state& q, const char* reason) const {
-        beam_hypothesis h;
-        const auto tokens = sched_->tokens(seq_id_of(r.id, q.index));
-        h.tokens.assign(tokens.begin() + r.n_prompt, tokens.end());
-        h.lps = q.lps;
-        h.tops = q.tops;
-        h.sum_logprob = q.sum_logprob;
-        h.finish_reason = reason;
-        return h;
-    }
-
-    // Beam q ended by token t: an EOS (kept apart, as the final token) or a stop string's.
-    beam_hypothesis hypothesis_of(const request_state& r, const seq_state& q, const token_logprob& t, bool eos) const {
-        beam_hypothesis h = hypothesis_of(r, q, "stop");
-        h.sum_logprob += t.logprob;
-        if (eos) {
-            h.final_token = t.id;
-            return h;
-        }
-        h.tokens.push_back(t.id);
-        h.lps.push_back(t.logprob);
-        if (r.req.n_top_logprobs > 0) h.tops.push_back(top_of(r, q));
-        return h;
-    }
-
-    // The top alternatives the request asked for, from beam q's candidates.
-    static std::vector<token_logprob> top_of(const request_state& r, const seq_state& q) {
-        const size_t n = std::min(q.cand.size(), size_t(std::max(0, r.req.n_top_logprobs)));
-        return {q.cand.begin(), q.cand.begin() + ptrdiff_t(n)};
-    }
-
-    // Whether token t after beam q completes one of the request's stop strings.
-    static bool stops_beam(const request_state& r, const seq_state& q, token_id t) {
-        if (r.req.stop.empty()) return false;
-        stream_decoder dec = q.dec;
-        stop_matcher stops = q.stops;
-        stops.push(dec.push(t));
-        return stops.stopped();
-    }
-
-    // Every live beam of r has its continuations: the best `width` extensions over all of them
-    // go on (ranked by their sums; ties to the earlier beam, then the likelier token). One that
-    // ends (EOS, a stop string) among the first `width` is finished instead; the search ends
-    // when max_tokens is reached or early_stopping says no live beam can do better.
-    void beam_step(request_state& r) {
-        struct extension {
-            int32_t parent;
-            token_logprob t;
-            double sum;
-        };
-        std::vector<extension> all;
-        for (const auto& b : r.seqs)
-            if (b)
-                for (size_t j = 0; j < b->cand.size() && j < size_t(2 * r.req.beam.width); ++j)
-                    all.push_back({b->index, b->cand[j], b->sum_logprob + b->cand[j].logprob});
-        std::stable_sort(all.begin(), all.end(), [](const extension& a, const extension& b) { return a.sum > b.sum; });
-        const size_t width = size_t(r.req.beam.width);
-        std::vector<extension> next;
-        for (size_t rank = 0; rank < all.size() && next.size() < width; ++rank) {
-            const extension& e = all[rank];
-            const seq_state& p = *r.seqs[size_t(e.parent)];
-            const bool eos = !r.req.ignore_eos && tok_.is_eog(e.t.id);
-            if (eos || stops_beam(r, p, e.t.id)) {
-                if (rank < width) add_hypothesis(r, hypothesis_of(r, p, e.t, eos));
-                continue;
-            }
-            next.push_back(e);
-        }
-        // Forks first (a parent's pages and state as they were), then the new tokens; beams no
-        // extension came from release their pages.
-        std::vector<seq_state*> beams; // [next] the beam each extension continues in
-        for (const extension& e : next) {
-            seq_state* parent = r.seqs[size_t(e.parent)].get();
-            if (std::find(beams.begin(), beams.end(), parent) == beams.end()) {
-                beams.push_back(parent);
-                continue;
-            }
-            auto free_slot = std::find(r.seqs.begin(), r.seqs.end(), nullptr);
-            if (free_slot == r.seqs.end()) free_slot = r.seqs.insert(r.seqs.end(), nullptr);
-            const int32_t slot = int32_t(free_slot - r.seqs.begin());
-            sched_->fork(seq_id_of(r.id, e.parent), seq_id_of(r.id, slot));
-            r.seqs[size_t(slot)] = r.seqs[size_t(e.parent)]->fork(slot);
-            beams.push_back(r.seqs[size_t(slot)].get());
-        }
-        for (size_t k = 0; k < next.size(); ++k) {
-            seq_state& q = *beams[k];
-            const extension& e = next[k];
-            if (r.req.n_top_logprobs > 0) q.tops.push_back(top_of(r, *r.seqs[size_t(e.parent)]));
-            sched_->append(seq_id_of(r.id, q.index), e.t.id);
-            q.smp.accept(e.t.id);
-            q.stops.push(q.dec.push(e.t.id));
-            q.sum_logprob = e.sum;
-            q.lps.push_back(e.t.logprob);
-            ++q.n_generated;
-            ++n_generated_tokens_;
-        }
-        for (auto& b : r.seqs)
-            if (b && std::find(beams.begin(), beams.end(), b.get()) == beams.end()) {
-                sched_->remove(seq_id_of(r.id, b->index));
-                b.reset();
-            }
-        for (seq_state* q : beams) q->has_cand = false;
-        if (beams.empty()) return finish(r.id, "stop");
-        const int32_t length = beams.front()->n_generated;
-        if (length >= r.max_tokens) {
-            for (seq_state* q : beams) add_hypothesis(r, hypothesis_of(r, *q, "length"));
-            return finish(r.id, "stop");
-        }
-        if (search_done(r, next.front().sum, length)) finish(r.id, "stop");
-    }
-
-    // Whether no live beam can beat the finished ones (Hugging Face's is_done): `best` is the
-    // best live beam's sum, `length` the live beams' length.
-    static bool search_done(const request_state& r, double best, int32_t length) {
-        const beam_params& bp = r.req.beam;
-        if (r.finished.size() < size_t(bp.width)) return false;
-        const double worst = r.finished.back().score;
-        switch (bp.early_stopping) {
-        case beam_params::stopping::early: return true;
-        case beam_params::stopping::heuristic: return worst >= beam_score(r, best, size_t(length));
-        case beam_params::stopping::never:
-            return worst >= beam_score(r, best, size_t(bp.length_penalty > 0 ? r.max_tokens : length));
-        }
-        return false;
-    }
-
-    // The search of r ends: its live beams go, and its best n finished beams are sent, best
-    // first, as sequences 0..n-1 (tokens and text as plain decoding would send them). Ended
-    // otherwise (cancelled, an error), each of the n gets a done event with the reason.
-    void end_beams(request_state& r, const char* reason, const std::string& error) {
-        for (auto& b : r.seqs)
-            if (b && sched_->contains(seq_id_of(r.id, b->index))) sched_->remove(seq_id_of(r.id, b->index));
-        r.seqs.clear();
-        const bool searched = error.empty() && std::string_view(reason) == "stop";
-        for (int32_t k = 0; k < r.req.n; ++k) {
-            engine_event done;
-            done.done = true;
-            done.index = k;
-            done.finish_reason = reason;
-            done.error = error;
-            if (searched && size_t(k) < r.finished.size()) {
-                const beam_hypothesis& h = r.finished[size_t(k)];
-                stream_decoder dec(tok_);
-                stop_matcher stops(r.req.stop);
-                bool cut = false;
-                for (size_t j = 0; j < h.tokens.size() && !cut; ++j) {
-                    engine_event ev;
-                    ev.index = k;
-                    ev.id = h.tokens[j];
-                    ev.logprob = h.lps[j];
-                    if (j < h.tops.size()) ev.top = h.tops[j];
-                    ev.text = stops.push(dec.push(ev.id));
-                    ev.t = clock_type::now();
-                    cut = (r.req.observer && !r.req.observer->on_token(ev)) || stops.stopped();
-                    r.sink(std::move(ev));
-                }
-                done.text = flush_text(dec, stops);
-                done.finish_reason = h.finish_reason;
-                done.n_generated = int32_t(h.tokens.size()) + (h.final_token >= 0 ? 1 : 0);
-                done.final_token = h.final_token;
-                done.score = h.score;
-                done.cumulative_logprob = h.sum_logprob;
-            }
-            queue_done(r, std::move(done));
-        }
-    }
-
-    // What a sequence's decoder and stop matcher still hold, unless a stop string ended it.
-    static std::string flush_text(stream_decoder& dec, stop_matcher& stops) {
-        if (stops.stopped()) return {};
-        std::string text = stops.push(dec.flush());
-        if (!stops.stopped()) text += stops.flush();
-        return text;
-    }
-
-    // A sequence's done event, completed with the request's counts, is sent once the stats
-    // are published (so a caller that sees it sees the pages free).
-    void queue_done(const request_state& r, engine_event&& ev) {
+    // engine_core: a sequence's done event, completed with the request's counts, is sent once
+    // the stats are published (so a caller that sees it sees the pages free).
+    void queue_done(const request_state& r, engine_event&& ev) override {
         ev.n_prompt = r.n_prompt;
         ev.n_cached = r.n_cached;
         ev.t = clock_type::now();
@@ -998,7 +510,7 @@ private:
         if (q.index == 0) ev.embedding = std::move(r.embedding); // empty unless an embedding ended well
         const uint64_t sid = seq_id_of(r.id, q.index);
         if (sched_->contains(sid)) sched_->remove(sid);
-        if (drafter_) drafter_->forget(sid);
+        spec_->forget(sid);
         queue_done(r, std::move(ev));
     }
 
@@ -1008,7 +520,7 @@ private:
         if (it == reqs_.end()) return;
         request_state& r = *it->second;
         if (r.t_admitted == steady_time{}) --n_pending_; // it leaves without having been admitted
-        if (r.beam()) end_beams(r, reason, error);
+        if (r.beam()) beams_->end(r, reason, error);
         else
             for (auto& q : r.seqs) finish_seq(r, *q, reason, error);
         reqs_.erase(it);
@@ -1056,14 +568,14 @@ private:
         stats_.n_steps = n_steps_;
         stats_.n_prompt_tokens = ss.n_prompt_tokens;
         stats_.n_prefix_hits = ss.n_prefix_hit_tokens;
-        stats_.n_generated_tokens = n_generated_tokens_;
+        stats_.n_generated_tokens = n_generated_tokens_ + beams_->n_generated();
         stats_.n_preemptions = ss.n_preemptions;
         stats_.n_worker_restarts = restarts;
         stats_.n_kv_upload_bytes = uploaded;
         stats_.n_kv_kept_bytes = kept;
-        stats_.n_drafts = n_drafts_;
-        stats_.n_draft_tokens = n_draft_tokens_;
-        stats_.n_accepted_at = n_accepted_at_;
+        stats_.n_drafts = spec_->n_drafts();
+        stats_.n_draft_tokens = spec_->n_draft_tokens();
+        stats_.n_accepted_at = spec_->n_accepted_at();
         stats_.n_accepted_tokens = n_accepted_tokens_;
     }
 
@@ -1097,95 +609,10 @@ private:
     std::vector<std::pair<engine_sink, engine_event>> done_;
     std::vector<const batch*> planned_;                  // [executor] the batch it ran last
     std::vector<steady_time> started_at_;                 // [executor] when it started it
-    step_cost step_cost_;                                 // decode steps' time by their token count
-    double draft_s_per_token_ = 0;                        // the draft model's time a draft (a moving mean)
-    uint64_t n_steps_ = 0, n_generated_tokens_ = 0, n_drafts_ = 0, n_draft_tokens_ = 0, n_accepted_tokens_ = 0;
-    std::array<uint64_t, engine_stats::max_draft_positions> n_accepted_at_{};
-    std::unique_ptr<draft_model> drafter_;               // the draft model's runner, with engine_options::draft_model
-    std::vector<draft_job> draft_jobs_;                   // calls for its drafts while a batch is taken
+    uint64_t n_steps_ = 0, n_generated_tokens_ = 0, n_accepted_tokens_ = 0;
+    std::unique_ptr<speculation> spec_;                   // drafts: proposed, verified, their cost
+    std::unique_ptr<beam_search> beams_;
     std::thread thread_;
-};
-
-// The in-process executor: runs each batch on the engine thread through a runner.
-class inproc_executor final : public executor {
-public:
-    inproc_executor(std::unique_ptr<runner> r, kv_cache& kv, int32_t n_vocab)
-        : runner_(std::move(r)), kv_(kv), n_vocab_(n_vocab) {}
-    std::string name() const override { return "in-process " + runner_->device(); }
-    work_kind kind() const override { return work_kind::both; }
-    bool ready() override { return !result_; }
-    void start(const batch& b) override {
-        logits_.resize(size_t(b.n_logits()) * size_t(n_vocab_));
-        result_ = outcome{};
-        try {
-            runner_->forward(b, kv_, logits_.data());
-        } catch (const std::exception& e) { // a failed step ends its batch, not the daemon
-            result_ = outcome{false, false, e.what()};
-        }
-    }
-    std::optional<outcome> poll() override {
-        auto r = result_;
-        result_.reset();
-        return r;
-    }
-    std::span<const float> logits(int32_t row) override {
-        return std::span<const float>(logits_).subspan(size_t(row) * size_t(n_vocab_), size_t(n_vocab_));
-    }
-    std::vector<int> wait_fds() override { return {}; }
-
-private:
-    std::unique_ptr<runner> runner_;
-    kv_cache& kv_;
-    int32_t n_vocab_;
-    std::vector<float> logits_;                           // [n_logits, n_vocab]
-    std::optional<outcome> result_;
-};
-
-// Pages of a private kv_cache: copy-on-write is a memcpy, nothing is persisted.
-class local_store final : public page_store {
-public:
-    explicit local_store(kv_cache& kv) : kv_(kv) {}
-    void published(int32_t, uint64_t, uint64_t, std::span<const int32_t>) override {}
-    void cleared(int32_t) override {}
-    void copy_page(int32_t src, int32_t dst) override {
-        const int64_t pb = kv_.layout().page_bytes();
-        std::memcpy(kv_.base() + dst * pb, kv_.base() + src * pb, size_t(pb));
-    }
-
-private:
-    kv_cache& kv_;
-};
-
-} // namespace
-
-std::unique_ptr<page_store> make_local_store(kv_cache& kv) { return std::make_unique<local_store>(kv); }
-
-namespace {
-
-// The local engine owns its page pool, store and runner alongside the engine.
-class local_engine final : public engine {
-public:
-    local_engine(model& mdl, const tokenizer& tok, const engine_options& opts, std::unique_ptr<runner> r) {
-        const auto& c = mdl.config();
-        const engine_options o = resolve_options(opts, c);
-        kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(o.page_size), o.n_pages);
-        store_ = make_local_store(*kv_);
-        r->prepare(o.step_tokens, o.max_logits); // a resident engine's memory stops growing once it is up
-        engine_parts parts;
-        parts.executors.push_back(std::make_unique<inproc_executor>(std::move(r), *kv_, c.n_vocab));
-        parts.store = store_.get();
-        impl_ = make_engine(c, tok, o, std::move(parts));
-    }
-    ~local_engine() override { impl_.reset(); }
-    submit_result submit(engine_request req, engine_sink sink) override { return impl_->submit(std::move(req), std::move(sink)); }
-    void cancel(uint64_t id) override { impl_->cancel(id); }
-    engine_stats stats() const override { return impl_->stats(); }
-    void stop() override { impl_->stop(); }
-
-private:
-    std::unique_ptr<kv_cache> kv_;
-    std::unique_ptr<page_store> store_;
-    std::unique_ptr<engine> impl_;
 };
 
 } // namespace
@@ -1193,15 +620,6 @@ private:
 std::unique_ptr<engine> make_engine(const model_config& cfg, const tokenizer& tok, const engine_options& opts,
                                     engine_parts parts) {
     return std::make_unique<engine_impl>(cfg, tok, opts, std::move(parts));
-}
-
-std::unique_ptr<engine> make_local_engine(model& mdl, const tokenizer& tok, const engine_options& opts) {
-    return make_local_engine(mdl, tok, opts, make_cpu_runner(mdl, std::max(1, opts.n_threads)));
-}
-
-std::unique_ptr<engine> make_local_engine(model& mdl, const tokenizer& tok, const engine_options& opts,
-                                          std::unique_ptr<runner> r) {
-    return std::make_unique<local_engine>(mdl, tok, opts, std::move(r));
 }
 
 } // namespace tandem

@@ -2,7 +2,6 @@
 #pragma once
 
 #include "runtime/citations.hpp"
-#include "runtime/draft.hpp"
 #include "runtime/logits_processor.hpp"
 #include "runtime/model_config.hpp"
 #include "runtime/sampler.hpp"
@@ -30,6 +29,14 @@ struct batch;
 using steady_time = std::chrono::steady_clock::time_point;
 
 struct engine_event;
+
+// Where a sequence's drafts come from.
+enum class draft_source : uint8_t {
+    automatic, // the engine's draft model when it has one, else prompt lookup
+    ngram,     // prompt lookup
+    model,     // the draft model
+    replay,    // engine_request::replay: a benchmark's upper bound (drafts that are the output)
+};
 
 // Watches one request's output as the engine accepts it (citations, tool-call parsing): called
 // on the engine thread before each of the request's events goes to its sink, it may amend the
@@ -86,7 +93,7 @@ struct engine_request {
     // once per sequence.
     std::function<std::unique_ptr<logits_processor>()> make_processor;
     std::shared_ptr<output_observer> observer; // optional; shared by the request's sequences
-    // Speculative decoding (runtime/draft.hpp): after each sampled token, up to this many
+    // Speculative decoding (runtime/speculation.hpp): after each sampled token, up to this many
     // drafts (from the sequence's own tokens, or the draft model) are computed with it in one
     // step and verified row by row, so the output is distributed as plain decoding's (and is
     // plain decoding's, token for token, when greedy or with prompt lookup). 0: off; -1:
@@ -219,7 +226,7 @@ struct engine_options {
     int32_t max_draft_batch = 4;      // drafts only while at most this many sequences run (a larger
                                       // step is compute-bound: a draft costs about what a token does)
     double draft_cost = 0;            // a draft token's cost over a decode step, which the policy weighs
-                                      // (runtime/draft.hpp drafts_worth); 0: measured from the decode steps
+                                      // (runtime/speculation.hpp drafts_worth); 0: measured from the decode steps
     bool prefix_cache = true;         // reuse the K/V of full pages of earlier prompts
     uint64_t prefix_seed = 0;         // the model fingerprint (prefix hashes of other models never match)
     double priority_aging_s = 5;      // each this many seconds waited raises a request's priority by one

@@ -2,10 +2,10 @@
 // in-process engine with one request, streaming complete UTF-8 text as it goes.
 #pragma once
 
-#include "runtime/draft.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/model.hpp"
 #include "runtime/sampler.hpp"
+#include "runtime/stop_matcher.hpp"
 
 #include <functional>
 #include <memory>
@@ -49,23 +49,6 @@ model_bundle open_model_metadata(const std::string& path, int fd = -1);
 // is the target's token for token ("draft model PATH cannot draft for the model: token 17
 // is ...").
 model_bundle load_draft_model(const std::string& path, const tokenizer& target, const load_options& opt);
-
-// Holds back text that might be the start of a stop string; cuts the text at the first
-// stop string found (the stop string itself is not part of the output).
-class stop_matcher {
-public:
-    explicit stop_matcher(std::vector<std::string> stops);
-    // Returns the text that is safe to emit now.
-    std::string push(std::string_view text);
-    // Returns what is still held back (at the end of generation).
-    std::string flush();
-    bool stopped() const { return stopped_; }
-
-private:
-    std::vector<std::string> stops_;
-    std::string held_;
-    bool stopped_ = false;
-};
 
 struct generate_params {
     int32_t n_predict = 128;          // < 0: until EOS or the context is full

@@ -2,7 +2,9 @@
 // (and its seeded sampled tokens with prompt lookup), alone and in batches; sampled drafts
 // keep plain decoding's distribution (chi-square); the adaptive policy; the vocabulary check.
 #include "engine_fixtures.hpp"
-#include "runtime/draft.hpp"
+#include "runtime/draft_model.hpp"
+#include "runtime/prompt_lookup.hpp"
+#include "runtime/speculation.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/error.hpp"
 #include "runtime/generate.hpp"

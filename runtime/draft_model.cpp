@@ -1,5 +1,5 @@
-// Drafts: prompt lookup (a plain scan, newest occurrence first) and the draft model.
-#include "runtime/draft.hpp"
+// The draft model (runtime/draft_model.hpp).
+#include "runtime/draft_model.hpp"
 
 #include "runtime/engine.hpp"
 #include "runtime/kv_cache.hpp"
@@ -11,55 +11,6 @@
 #include <chrono>
 
 namespace tandem {
-
-std::vector<token_id> ngram_draft(std::span<const token_id> tokens, int32_t k, int32_t n_max, int32_t n_min) {
-    const int64_t size = int64_t(tokens.size());
-    if (k <= 0) return {};
-    for (int64_t n = std::min<int64_t>(n_max, size - 1); n >= std::max(1, n_min); --n) {
-        const auto suffix = tokens.last(size_t(n));
-        // Every earlier start, newest first (an occurrence may overlap the suffix: a run of one token).
-        for (int64_t i = size - n - 1; i >= 0; --i) {
-            if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + i)) continue;
-            const int64_t from = i + n, to = std::min(size, from + k);
-            return {tokens.begin() + from, tokens.begin() + to};
-        }
-    }
-    return {};
-}
-
-void step_cost::add(int32_t n_tokens, double seconds) {
-    constexpr double keep = 0.97; // about the last 30 steps
-    const double n = n_tokens;
-    w_ = w_ * keep + 1;
-    sn_ = sn_ * keep + n;
-    st_ = st_ * keep + seconds;
-    snn_ = snn_ * keep + n * n;
-    snt_ = snt_ * keep + n * seconds;
-    const double mn = sn_ / w_, mt = st_ / w_, var = snn_ / w_ - mn * mn;
-    if (w_ >= 4 && var >= 0.1) b_ = std::max(0.0, (snt_ / w_ - mn * mt) / var); // else: steps alike, no slope to read
-}
-
-double step_cost::seconds(int32_t n_tokens) const {
-    if (w_ <= 0) return 0;
-    return b_ < 0 ? st_ / w_ : std::max(st_ / w_ + b_ * (n_tokens - sn_ / w_), 1e-9);
-}
-
-double step_cost::relative(int32_t n_tokens, double prior) const { return b_ < 0 ? prior : b_ / seconds(n_tokens); }
-
-int32_t drafts_worth(double alpha, double cost, int32_t k_max) {
-    int32_t best_k = 0;
-    double best = 1.0, expected = 1.0, p = 1.0; // tokens a step: the verified one, and drafts that stand
-    for (int32_t k = 1; k <= k_max; ++k) {
-        p *= alpha;
-        expected += p;
-        const double gain = expected / (1.0 + cost * k);
-        if (gain > best) {
-            best = gain;
-            best_k = k;
-        }
-    }
-    return best_k;
-}
 
 namespace {
 

@@ -1,5 +1,5 @@
-// Draft tokens for speculative decoding, verified by the engine: prompt lookup (n-gram) and
-// a draft model.
+// The draft-model proposer of speculative decoding: a second, smaller model with the target's
+// vocabulary drafts for the sequences that ask it, verified by the engine like any draft.
 #pragma once
 
 #include "runtime/sampler.hpp"
@@ -19,44 +19,6 @@ class model;
 class page_store;
 class runner;
 class scheduler;
-
-// Up to k tokens that followed an earlier occurrence of the sequence's last n tokens: n from
-// n_max down to n_min (the longest suffix that recurs wins), the latest occurrence of it, and
-// what followed it up to the end of the sequence. Empty when no suffix recurs.
-std::vector<token_id> ngram_draft(std::span<const token_id> tokens, int32_t k, int32_t n_max = 3, int32_t n_min = 1);
-
-// What a decode step costs by its token count, measured: t = a + b n, fit by least squares
-// over recent steps (older ones count less and less). A draft's cost relative to a step is
-// what speculation weighs against the tokens it expects to gain: small where a step is bound
-// by reading the weights (a large model at a small batch), near one token's where it is
-// compute-bound (a large batch, or a model so small that a step is all overhead).
-class step_cost {
-public:
-    void add(int32_t n_tokens, double seconds);
-    // b / (a + b n): one more token's time over a step of n tokens; `prior` until steps of
-    // different sizes were seen (then the last slope read stays while they are all alike).
-    double relative(int32_t n_tokens, double prior = 0.1) const;
-    // a + b n: a step of n tokens, in seconds (the mean step before any slope is known; 0
-    // before any step).
-    double seconds(int32_t n_tokens) const;
-
-private:
-    double w_ = 0, sn_ = 0, st_ = 0, snn_ = 0, snt_ = 0; // decayed sums of 1, n, t, n^2, n t
-    double b_ = -1;                                      // the slope, once read
-};
-
-// How many drafts to propose: the k in 0..k_max that gains most tokens a unit of time when
-// each draft stands with probability `alpha` (given the one before it stood) and costs
-// `cost` of a step: (1 + alpha + ... + alpha^k) / (1 + cost k), 0 when nothing beats 1.
-int32_t drafts_worth(double alpha, double cost, int32_t k_max);
-
-// Where a sequence's drafts come from.
-enum class draft_source : uint8_t {
-    automatic, // the engine's draft model when it has one, else prompt lookup
-    ngram,     // prompt lookup
-    model,     // the draft model
-    replay,    // engine_request::replay: a benchmark's upper bound (drafts that are the output)
-};
 
 // One sequence's call for drafts from the draft model.
 struct draft_job {
