@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+TANDEM_TARGETS="tandem tandemd" bash scripts/build.sh # (the test suites build under scripts/test.sh)
 model="${TANDEM_MODEL:-$(pwd)/models/stories260K.gguf}" # the bundled demo model (models/README.md)
 prompt="${1:-Once upon a time}"
 run_dir="$(mktemp -d /tmp/tandem-quickstart.XXXXXX)"

@@ -8,6 +8,7 @@ pkgs=(
   libsystemd-dev systemd curl libedit-dev tmux
   dpkg-dev man-db
   clang libclang-rt-14-dev
+  ccache
 )
 
 missing=()
