@@ -1,9 +1,9 @@
 // Offline subcommands of `tandem`: run, tokenize, detokenize, synth (no daemon needed).
 #include "daemon/cli.hpp"
 
-#include "cpu/thread_pool.hpp"
 #include "runtime/error.hpp"
 #include "runtime/generate.hpp"
+#include "runtime/host.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/grammar/guide.hpp"
 #include "runtime/log.hpp"
@@ -185,10 +185,10 @@ int cmd_run(const run_opts& o) {
         p.make_processor = [cache] { return grammar::make_grammar_processor(cache); };
     }
 
-    cpu::thread_pool pool(o.threads);
-    exec_ctx ctx{backend::cpu, &pool};
+    const host_threads threads(o.threads);
+    const exec_ctx run_ctx = threads.ctx();
     if (!o.json) write_out(prompt);
-    generate_result r = generate(ctx, *b.mdl, *b.tok, std::move(ids), p, [&](std::string_view text) {
+    generate_result r = generate(run_ctx, *b.mdl, *b.tok, std::move(ids), p, [&](std::string_view text) {
         if (!o.json) write_out(text);
         return true;
     });

@@ -2,7 +2,6 @@
 // accept sessions, drain on SIGTERM, clean up.
 #include "daemon/server.hpp"
 
-#include "cpu/thread_pool.hpp"
 #include "daemon/batch_jobs.hpp"
 #include "daemon/session.hpp"
 #include "daemon/systemd.hpp"

@@ -1,10 +1,10 @@
 // `tandemd`: the Tandem daemon. Flags override the config file; see docs/config.md.
-#include "cpu/dnnl_matmul.hpp"
 #include "daemon/cli_args.hpp"
 #include "daemon/config.hpp"
 #include "daemon/server.hpp"
 #include "daemon/tandemd_args.hpp"
 #include "daemon/worker_main.hpp"
+#include "runtime/host.hpp"
 #include "runtime/log.hpp"
 
 #include <CLI/CLI.hpp>
@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     using namespace tandem;
     // oneDNN's OpenMP threads must sleep between prefill matmuls instead of spinning against
     // the engine's own pool; libgomp reads the policy only at start, so this may re-exec.
-    cpu::ensure_passive_openmp();
+    prepare_inference_process();
     // The daemon starts its prefill and decode workers as `tandemd --worker ROLE ...`.
     if (argc > 1 && std::string_view(argv[1]) == "--worker") return daemon::worker_main(argc, argv);
     CLI::App app{"tandemd: the Tandem LLM inference daemon (OpenAI-compatible HTTP over a Unix socket).\n"

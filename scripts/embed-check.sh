@@ -5,7 +5,7 @@
 # /v1/embeddings request, then sends 8 other texts as completions of one token (prefill, then
 # one decode step) concurrently, and prints both times and their ratio. Mean pooling sums one
 # row a prefill chunk, so the ratio should be about 1. Too slow for the test suite;
-# test_embeddings and test_server check the vectors.
+# test_embeddings and test_server_api check the vectors.
 # Usage: scripts/embed-check.sh [build-dir] [model.gguf] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."

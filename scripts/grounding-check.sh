@@ -4,7 +4,7 @@
 # their pages in the prefix cache and computes only itself. Runs tandemd on a model of real size
 # (default: a synthetic TinyLlama-1.1B, made under the build dir on first use) with about
 # 1,500 tokens of documents; prints each question's TTFT and cached tokens, and the ratio
-# (issue 16's target: at most 0.2). Too slow for the test suite; test_server checks the
+# (issue 16's target: at most 0.2). Too slow for the test suite; test_server_grounding checks the
 # cached tokens on stories260K.
 # Usage: scripts/grounding-check.sh [build-dir] [model.gguf]
 set -euo pipefail

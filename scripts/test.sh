@@ -38,8 +38,8 @@ if command -v clang++ >/dev/null; then
   cmake -S . -B build-tsan -G Ninja -DTANDEM_TSAN=ON -DTANDEM_CUDA=OFF -DTANDEM_FUZZ=OFF "${san_flags[@]}" \
     "${launcher[@]}" >/dev/null
   # (not the tandem client: no tsan case runs it)
-  cmake --build build-tsan -j "$jobs" --target test_core test_engine test_scheduler test_kv_pool test_ipc_shm \
-    test_ipc_client test_workers test_server test_batch_jobs tandemd
+  cmake --build build-tsan -j "$jobs" --target test_core test_engine test_scheduler test_scheduler_window test_kv_pool test_ipc_shm \
+    test_ipc_client test_workers test_server_lifecycle test_batch_jobs tandemd
   tsan=1
 else
   echo "clang not found: no ThreadSanitizer build"
