@@ -185,6 +185,7 @@ public:
 
     compiled run(rule_id root) {
         for (rule_id r = 0; r < defs_.size(); ++r) alts_[r] = alternatives(defs_[r]);
+        prune();
         g_.root = root;
         g_.alt_starts.resize(alts_.size());
         for (rule_id r = 0; r < alts_.size(); ++r) {
@@ -199,6 +200,31 @@ public:
 
 private:
     using seq_t = std::vector<element>;
+
+    // Drops the alternatives that can never complete (an empty class, or a rule that cannot):
+    // front ends build them where parts of a constraint turn out to allow nothing, and the
+    // matcher must not offer a byte that leads there.
+    void prune() {
+        std::vector<bool> prod(alts_.size(), false);
+        const auto ok = [&](const element& el) {
+            if (el.k == element::kind::ref) return bool(prod[el.arg]);
+            const auto& c = g_.classes[el.arg];
+            return (c[0] | c[1] | c[2] | c[3]) != 0;
+        };
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (rule_id r = 0; r < alts_.size(); ++r) {
+                if (prod[r]) continue;
+                for (const auto& a : alts_[r])
+                    if (std::all_of(a.begin(), a.end(), ok)) {
+                        prod[r] = changed = true;
+                        break;
+                    }
+            }
+        }
+        for (auto& alts : alts_)
+            std::erase_if(alts, [&](const seq_t& a) { return !std::all_of(a.begin(), a.end(), ok); });
+    }
 
     std::vector<seq_t> alternatives(const expr& e) {
         std::vector<seq_t> out;

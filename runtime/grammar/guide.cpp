@@ -52,17 +52,26 @@ std::shared_ptr<const compiled> compile(const constraint& c, std::chrono::millis
     const auto t0 = std::chrono::steady_clock::now();
     builder b;
     rule_id root = 0;
+    const json_options opt{.ws = c.ws};
     switch (c.k) {
-    case constraint::kind::json_object: root = add_json_object(b); break;
-    case constraint::kind::json_schema: root = add_json_schema(b, parse_json(c.text, "schema")); break;
+    case constraint::kind::json_object: root = add_json_object(b, opt); break;
+    case constraint::kind::json_schema: root = add_json_schema(b, parse_json(c.text, "schema"), opt); break;
     case constraint::kind::regex: root = b.add("root", regex_expr(b, c.text)); break;
     case constraint::kind::gbnf: root = add_gbnf(b, c.text); break;
     case constraint::kind::choice: root = b.add("root", choice_expr(c.text)); break;
-    case constraint::kind::tools: root = add_tool_calls(b, parse_json(c.text, "tools")); break;
+    case constraint::kind::tools: root = add_tool_calls(b, parse_json(c.text, "tools"), opt); break;
     }
     build_limits lim;
     lim.deadline = t0 + budget;
-    auto g = std::make_shared<const compiled>(b.build(root, lim));
+    std::shared_ptr<const compiled> g;
+    try {
+        g = std::make_shared<const compiled>(b.build(root, lim));
+    } catch (const grammar_error& e) {
+        // What the schema's parts allow, put together, may turn out to allow nothing.
+        if (c.k == constraint::kind::json_schema && std::string_view(e.what()).starts_with("the grammar matches no text"))
+            reject("the schema is unsatisfiable: no JSON value is valid under it");
+        throw;
+    }
     if (std::chrono::steady_clock::now() > lim.deadline)
         reject("the {} took over {} ms to compile", kind_name(c.k), budget.count());
     return g;
