@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <set>
 
 namespace tandem::grammar {
 
@@ -313,7 +314,7 @@ const std::string* format_regex(std::string_view name) {
                                     ":(:" + h16 + "){1,6}|:((:" + h16 + "){1,7}|:))";
     // RFC 3986: pchar, the authority (an IPv6 literal or a registered name), paths, query.
     static const std::string pct = "%[0-9A-Fa-f]{2}";
-    static const std::string unres_sub = "A-Za-z0-9._~!$&'()*+,;=-";
+    static const std::string unres_sub = "-A-Za-z0-9._~!$&'()*+,;=";
     static const std::string pchar = "([" + unres_sub + ":@]|" + pct + ")";
     static const std::string authority = "(([" + unres_sub + ":]|" + pct + ")*@)?(\\[" + ipv6 + "\\]|([" + unres_sub +
                                          "]|" + pct + ")*)(:[0-9]*)?";
@@ -339,9 +340,18 @@ const std::string* format_regex(std::string_view name) {
                          "|[0-9]+W)"},
         {"json-pointer", "(/([^~/]|~[01])*)*"},
         {"relative-json-pointer", "(0|[1-9][0-9]*)(#|(/([^~/]|~[01])*)*)"},
+        {"hostname", label + "(\\." + label + ")*"},
     };
     const auto it = formats.find(name);
     return it == formats.end() ? nullptr : &it->second;
+}
+
+int64_t format_max_length(std::string_view name) { return name == "hostname" ? 253 : -1; }
+
+bool format_unchecked(std::string_view name) {
+    static const std::set<std::string, std::less<>> names = {"regex", "idn-email", "idn-hostname", "iri",
+                                                             "iri-reference", "uri-template"};
+    return names.contains(name);
 }
 
 expr json_char(const std::vector<cp_range>& set) {

@@ -36,9 +36,13 @@ dfa multiples_of(double m, const std::string& where);
 // The texts of the number v (empty when the universe has none).
 dfa number_texts(const nlohmann::ordered_json& v);
 
-// A string format as a regular expression over the decoded value (nullptr: a format Tandem
-// does not check, which the specification makes an annotation).
+// A string format as a regular expression over the decoded value, and its length bound in code
+// points (-1: none); nullptr for a name that is not one of these.
 const std::string* format_regex(std::string_view name);
+int64_t format_max_length(std::string_view name);
+// The formats the specification defines that Tandem does not check (a schema that asks for one
+// is refused; any other unknown name is an annotation, as validators read it).
+bool format_unchecked(std::string_view name);
 
 // One character of a string's body whose value is in `set` (sorted, disjoint, no surrogates),
 // as JSON writes it: raw (printable ASCII, DEL and non-ASCII), `\"` and `\\`, `\/` for `/`,

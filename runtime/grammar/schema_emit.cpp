@@ -16,7 +16,8 @@ using json = nlohmann::ordered_json;
 namespace {
 
 constexpr size_t kMaxShapeStates = 4096; // of one object's or array's state machine
-constexpr size_t kAnyOrderNames = 6;     // objects with at most this many names take them in any order
+constexpr size_t kAnyOrderNames = 6;     // objects with at most this many names write each once, in any order
+constexpr size_t kMaxTracked = 10;       // past this many required names, objects take the schema's order
 
 expr quoted_body(expr body) { return seq({lit("\""), std::move(body)}); }
 
@@ -206,10 +207,12 @@ expr schema_compiler::key_literal(const std::string& name) {
     return seq(std::move(items));
 }
 
-// Members in any order when there are few names (the state is the set written so far), else
-// the names in the shape's order with members of key regions anywhere between them; counts
-// only as far as minProperties, maxProperties and counted regions need. Each name at most
-// once; a region's keys may repeat, so for minProperties a region counts at most once.
+// Members in any order. With few names, each name at most once (the state is the set
+// written so far); with more, the required ones once each and the optional ones any number of
+// times (a parser keeps one value per name, and every value written was valid for it), unless
+// minProperties needs distinct names counted: then the names in the shape's order. Members
+// of key regions may come anywhere and repeat, so for minProperties a region counts at most
+// once. Counts are kept only as far as minProperties, maxProperties and counted regions need.
 expr schema_compiler::object_expr(const object_shape& o, const std::string& name) {
     if (o.is_any()) return ref(any_object());
     struct member {
@@ -236,13 +239,35 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
     for (const member& m : names) n_required += m.required;
     if (o.max >= 0 && n_required > o.max) return cls({});
     const bool need_min = o.min > n_required, need_max = o.max >= 0;
-    const bool any_order = n <= kAnyOrderNames;
-    uint64_t required_mask = 0;
-    for (size_t i = 0; i < n; ++i)
-        if (names[i].required) required_mask |= uint64_t(1) << i;
-    // A state: pos (any order: the names written, a bit each; else the next name's index),
-    // phase (in order: 0 regions may come, 1 the next name), first, names written (for
-    // minProperties, in order), regions used, members, and each counted region's members.
+    enum class mode { each_once, required_once, ordered };
+    const mode md = n <= kAnyOrderNames                      ? mode::each_once
+                    : !need_min && n_required <= kMaxTracked ? mode::required_once
+                                                             : mode::ordered;
+    // The names a state tracks (bit i of POS): all (each_once) or the required ones.
+    std::vector<size_t> bit_of(n, SIZE_MAX);
+    uint64_t all_required = 0;
+    for (size_t i = 0, b = 0; i < n; ++i)
+        if (md == mode::each_once || (md == mode::required_once && names[i].required)) {
+            bit_of[i] = b;
+            if (names[i].required) all_required |= uint64_t(1) << b;
+            ++b;
+        }
+    // One rule for the members that change nothing a state tracks (optional names when
+    // required_once, regions not counted).
+    std::vector<expr> free_members;
+    if (md == mode::required_once)
+        for (size_t i = 0; i < n; ++i)
+            if (!names[i].required) free_members.push_back(ref(names[i].kv));
+    std::vector<size_t> tracked_regions;
+    for (size_t r = 0; r < regions.size(); ++r) {
+        if (regions[r].min > 0 || regions[r].max >= 0 || need_min || md == mode::ordered) tracked_regions.push_back(r);
+        else free_members.push_back(ref(regions[r].kv));
+    }
+    std::optional<rule_id> free_rule;
+    if (!free_members.empty()) free_rule = b_.add(name + "/other", alt(std::move(free_members)));
+    // A state: pos (each_once, required_once: the tracked names written, a bit each; ordered:
+    // the next name's index), phase (ordered: 0 regions may come, 1 the next name), first,
+    // names written (minProperties, ordered), regions used, members, each counted region's.
     using state = std::vector<int64_t>;
     enum { POS, PHASE, FIRST, SEEN, USED, TOTAL, COUNTS };
     std::map<state, rule_id> rules;
@@ -274,18 +299,13 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
             if (need_max) ++next[TOTAL];
             return next;
         };
-        const auto name_step = [&](size_t i, state next) {
-            if (any_order) next[POS] |= int64_t(1) << i;
-            else {
-                next[POS] = int64_t(i) + 1;
-                next[PHASE] = 0;
-            }
-            if (need_min && !any_order) next[SEEN] = cap(next[SEEN] + 1, o.min);
-            alts.push_back(seq({lead, ref(names[i].kv), ref(rule_of(after(next)))}));
+        const auto add = [&](rule_id kv, const state& next) {
+            alts.push_back(seq({lead, ref(kv), ref(rule_of(after(next)))}));
         };
-        const bool regions_here = any_order || st[PHASE] == 0;
-        if (regions_here && room)
-            for (size_t r = 0; r < regions.size(); ++r) {
+        const bool members_here = md != mode::ordered || st[PHASE] == 0;
+        if (members_here && room) {
+            if (free_rule) add(*free_rule, st);
+            for (const size_t r : tracked_regions) {
                 state next = st;
                 if (regions[r].min > 0 || regions[r].max >= 0) {
                     if (regions[r].max >= 0 && st[COUNTS + r] >= regions[r].max) continue;
@@ -293,33 +313,41 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
                 } else if (need_min) {
                     next[USED] = 1;
                 }
-                alts.push_back(seq({lead, ref(regions[r].kv), ref(rule_of(after(next)))}));
+                add(regions[r].kv, next);
             }
+        }
         bool can_end = true;
-        if (any_order) {
+        if (md != mode::ordered) {
             if (room)
-                for (size_t i = 0; i < n; ++i)
-                    if (!(st[POS] >> i & 1)) name_step(i, st);
-            can_end = (uint64_t(st[POS]) & required_mask) == required_mask;
+                for (size_t i = 0; i < n; ++i) {
+                    if (bit_of[i] == SIZE_MAX || (st[POS] >> bit_of[i] & 1)) continue;
+                    state next = st;
+                    next[POS] |= int64_t(1) << bit_of[i];
+                    add(names[i].kv, next);
+                }
+            can_end = (uint64_t(st[POS]) & all_required) == all_required;
         } else if (st[PHASE] == 0) {
             state next = st;
             next[PHASE] = 1;
             alts.push_back(ref(rule_of(next)));
             can_end = false;
-        } else {
-            const auto i = size_t(st[POS]);
-            if (i < n) {
-                if (room) name_step(i, st);
-                if (!names[i].required) {
-                    state next = st;
-                    next[POS] = int64_t(i) + 1;
-                    alts.push_back(ref(rule_of(next)));
-                }
-                can_end = false;
+        } else if (const auto i = size_t(st[POS]); i < n) {
+            if (room) {
+                state next = st;
+                next[POS] = int64_t(i) + 1;
+                next[PHASE] = 0;
+                if (need_min) next[SEEN] = cap(next[SEEN] + 1, o.min);
+                add(names[i].kv, next);
             }
+            if (!names[i].required) {
+                state next = st;
+                next[POS] = int64_t(i) + 1;
+                alts.push_back(ref(rule_of(next)));
+            }
+            can_end = false;
         }
         if (can_end) {
-            int64_t count = any_order ? std::popcount(uint64_t(st[POS])) : st[SEEN];
+            int64_t count = md == mode::ordered ? st[SEEN] : std::popcount(uint64_t(st[POS]));
             count += st[USED];
             for (size_t r = 0; r < regions.size(); ++r) {
                 count += st[COUNTS + r];

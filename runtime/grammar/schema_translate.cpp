@@ -297,7 +297,14 @@ string_set schema_compiler::string_part(const schema_loc& s) {
         if (!p->is_string()) reject("\"pattern\" {} must be a string", s.where());
         with(pattern(p->get<std::string>(), s, "pattern"));
     }
+    int64_t format_max = -1;
     if (const json* f = find(j, "format"); f && f->is_string()) {
+        if (format_unchecked(f->get<std::string>()))
+            reject("\"format\" \"{}\" {} is not checked by Tandem (the formats checked are date, time, date-time, "
+                   "duration, email, hostname, ipv4, ipv6, uri, uri-reference, uuid, json-pointer, "
+                   "relative-json-pointer)",
+                   f->get<std::string>(), s.where());
+        format_max = format_max_length(f->get<std::string>());
         if (const std::string* re = format_regex(f->get<std::string>())) {
             static std::mutex mu; // formats are constants: their automata are shared by every compile
             static std::map<std::string, dfa> cache;
@@ -310,6 +317,7 @@ string_set schema_compiler::string_part(const schema_loc& s) {
     string_set out = lang ? string_set::of(*lang) : string_set::every();
     if (const json* lo = find(j, "minLength")) out.min_len = count_of(*lo, "minLength", s);
     if (const json* hi = find(j, "maxLength")) out.max_len = count_of(*hi, "maxLength", s);
+    if (format_max >= 0) out.max_len = out.max_len < 0 ? format_max : std::min(out.max_len, format_max);
     return out;
 }
 
