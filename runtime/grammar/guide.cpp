@@ -63,15 +63,8 @@ std::shared_ptr<const compiled> compile(const constraint& c, std::chrono::millis
     }
     build_limits lim;
     lim.deadline = t0 + budget;
-    std::shared_ptr<const compiled> g;
-    try {
-        g = std::make_shared<const compiled>(b.build(root, lim));
-    } catch (const grammar_error& e) {
-        // What the schema's parts allow, put together, may turn out to allow nothing.
-        if (c.k == constraint::kind::json_schema && std::string_view(e.what()).starts_with("the grammar matches no text"))
-            reject("the schema is unsatisfiable: no JSON value is valid under it");
-        throw;
-    }
+    auto g = std::make_shared<const compiled>(c.k == constraint::kind::json_schema ? build_json_schema(b, root, lim)
+                                                                                    : b.build(root, lim));
     if (std::chrono::steady_clock::now() > lim.deadline)
         reject("the {} took over {} ms to compile", kind_name(c.k), budget.count());
     return g;

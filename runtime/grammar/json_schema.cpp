@@ -13,6 +13,16 @@ rule_id add_json_schema(builder& b, const nlohmann::ordered_json& schema, const 
     return schema_compiler(b, schema, opt).root_rule();
 }
 
+compiled build_json_schema(const builder& b, rule_id root, const build_limits& lim) {
+    try {
+        return b.build(root, lim);
+    } catch (const grammar_error& e) {
+        if (std::string_view(e.what()).starts_with("the grammar matches no text"))
+            reject("the schema is unsatisfiable: no JSON value is valid under it");
+        throw;
+    }
+}
+
 rule_id add_json_object(builder& b, const json_options& opt) {
     const nlohmann::ordered_json none = nlohmann::ordered_json::object();
     return schema_compiler(b, none, opt).any_object();

@@ -54,5 +54,8 @@ struct json_options {
 rule_id add_json_schema(builder& b, const nlohmann::ordered_json& schema, const json_options& opt = {});
 // The rule for any JSON object (response_format json_object).
 rule_id add_json_object(builder& b, const json_options& opt = {});
+// b.build(root, lim), where a grammar that matches nothing is a schema no value satisfies:
+// what the schema's parts allow, put together, may turn out to allow nothing.
+compiled build_json_schema(const builder& b, rule_id root, const build_limits& lim = {});
 
 } // namespace tandem::grammar

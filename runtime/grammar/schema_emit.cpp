@@ -211,8 +211,9 @@ expr schema_compiler::key_literal(const std::string& name) {
 // written so far); with more, the required ones once each and the optional ones any number of
 // times (a parser keeps one value per name, and every value written was valid for it), unless
 // minProperties needs distinct names counted: then the names in the shape's order. Members
-// of key regions may come anywhere and repeat, so for minProperties a region counts at most
-// once. Counts are kept only as far as minProperties, maxProperties and counted regions need.
+// of key regions (patternProperties, additionalProperties) may come anywhere, and their keys
+// are not checked for repeats: minProperties counts the members written. Counts are kept
+// only as far as minProperties, maxProperties and counted regions need.
 expr schema_compiler::object_expr(const object_shape& o, const std::string& name) {
     if (o.is_any()) return ref(any_object());
     struct member {
@@ -260,16 +261,16 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
             if (!names[i].required) free_members.push_back(ref(names[i].kv));
     std::vector<size_t> tracked_regions;
     for (size_t r = 0; r < regions.size(); ++r) {
-        if (regions[r].min > 0 || regions[r].max >= 0 || need_min || md == mode::ordered) tracked_regions.push_back(r);
+        if (regions[r].min > 0 || regions[r].max >= 0 || md == mode::ordered) tracked_regions.push_back(r);
         else free_members.push_back(ref(regions[r].kv));
     }
     std::optional<rule_id> free_rule;
     if (!free_members.empty()) free_rule = b_.add(name + "/other", alt(std::move(free_members)));
     // A state: pos (each_once, required_once: the tracked names written, a bit each; ordered:
     // the next name's index), phase (ordered: 0 regions may come, 1 the next name), first,
-    // names written (minProperties, ordered), regions used, members, each counted region's.
+    // members written (for minProperties, up to it; for maxProperties), each counted region's.
     using state = std::vector<int64_t>;
-    enum { POS, PHASE, FIRST, SEEN, USED, TOTAL, COUNTS };
+    enum { POS, PHASE, FIRST, SEEN, TOTAL, COUNTS };
     std::map<state, rule_id> rules;
     std::vector<state> todo;
     const auto rule_of = [&](state st) {
@@ -297,6 +298,7 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
         const auto after = [&](state next) {
             next[FIRST] = 0;
             if (need_max) ++next[TOTAL];
+            if (need_min) next[SEEN] = cap(next[SEEN] + 1, o.min);
             return next;
         };
         const auto add = [&](rule_id kv, const state& next) {
@@ -310,8 +312,6 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
                 if (regions[r].min > 0 || regions[r].max >= 0) {
                     if (regions[r].max >= 0 && st[COUNTS + r] >= regions[r].max) continue;
                     next[COUNTS + r] = cap(st[COUNTS + r] + 1, std::max(regions[r].min, regions[r].max));
-                } else if (need_min) {
-                    next[USED] = 1;
                 }
                 add(regions[r].kv, next);
             }
@@ -336,7 +336,6 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
                 state next = st;
                 next[POS] = int64_t(i) + 1;
                 next[PHASE] = 0;
-                if (need_min) next[SEEN] = cap(next[SEEN] + 1, o.min);
                 add(names[i].kv, next);
             }
             if (!names[i].required) {
@@ -347,13 +346,8 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
             can_end = false;
         }
         if (can_end) {
-            int64_t count = md == mode::ordered ? st[SEEN] : std::popcount(uint64_t(st[POS]));
-            count += st[USED];
-            for (size_t r = 0; r < regions.size(); ++r) {
-                count += st[COUNTS + r];
-                can_end = can_end && st[COUNTS + r] >= regions[r].min;
-            }
-            if (need_min && count < o.min) can_end = false;
+            for (size_t r = 0; r < regions.size(); ++r) can_end = can_end && st[COUNTS + r] >= regions[r].min;
+            if (need_min && st[SEEN] < o.min) can_end = false;
         }
         if (can_end) alts.push_back(first ? lit("}") : seq({ws(), lit("}")}));
         b_.define(rules[st], alts.empty() ? cls({}) : alt(std::move(alts)));

@@ -323,9 +323,20 @@ value_set value_algebra::join(value_set a, const value_set& b) {
     const auto any_object = [](const std::vector<object_shape>& v) {
         return std::any_of(v.begin(), v.end(), [](const object_shape& s) { return s.is_any(); });
     };
-    if (any_array(a.arrays) || any_array(b.arrays)) a.arrays.assign(1, array_shape{});
+    // A union with "any" is "any", unless a shape carries what unevaluated* needs to know.
+    const auto evaluated = [](const std::vector<object_shape>& v) {
+        return std::any_of(v.begin(), v.end(), [](const object_shape& s) {
+            return std::any_of(s.classes.begin(), s.classes.end(), [](const member_class& c) { return c.evaluated; });
+        });
+    };
+    const auto evaluated_items = [](const std::vector<array_shape>& v) {
+        return std::any_of(v.begin(), v.end(), [](const array_shape& s) { return s.n_evaluated > 0 || s.all_evaluated; });
+    };
+    if ((any_array(a.arrays) || any_array(b.arrays)) && !evaluated_items(a.arrays) && !evaluated_items(b.arrays))
+        a.arrays.assign(1, array_shape{});
     else a.arrays.insert(a.arrays.end(), b.arrays.begin(), b.arrays.end());
-    if (any_object(a.objects) || any_object(b.objects)) a.objects.assign(1, object_shape::any());
+    if ((any_object(a.objects) || any_object(b.objects)) && !evaluated(a.objects) && !evaluated(b.objects))
+        a.objects.assign(1, object_shape::any());
     else a.objects.insert(a.objects.end(), b.objects.begin(), b.objects.end());
     if (a.arrays.size() > max_terms || a.objects.size() > max_terms)
         reject("a union of over {} alternative shapes of one type: too complex", max_terms);
