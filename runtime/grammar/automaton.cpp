@@ -6,12 +6,21 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <unordered_map>
 
 namespace tandem::grammar {
 
 namespace {
 
 constexpr uint32_t dead = UINT32_MAX;
+
+struct vec_hash {
+    size_t operator()(const std::vector<uint32_t>& v) const {
+        uint64_t h = v.size();
+        for (const uint32_t x : v) h = (h ^ x) * 0x9E3779B97F4A7C15ull;
+        return size_t(h ^ (h >> 29));
+    }
+};
 
 // Sorted, merged, without surrogates; the complement within all_chars() when negated.
 std::vector<cp_range> normalized(std::vector<cp_range> r, bool negated) {
@@ -146,12 +155,12 @@ public:
     enum class op { both, either, left_only };
 
     static dfa combine(const dfa& a, const dfa& b, op o, size_t max_states) {
-        std::map<std::pair<uint32_t, uint32_t>, uint32_t> index;
+        std::unordered_map<uint64_t, uint32_t> index;
         std::vector<std::pair<uint32_t, uint32_t>> pairs;
         std::vector<std::vector<dfa::edge>> edges;
         std::vector<uint8_t> acc;
         const auto id = [&](uint32_t x, uint32_t y) {
-            const auto [it, fresh] = index.try_emplace({x, y}, uint32_t(pairs.size()));
+            const auto [it, fresh] = index.try_emplace(uint64_t(x) << 32 | y, uint32_t(pairs.size()));
             if (fresh) {
                 if (pairs.size() >= max_states)
                     reject("a combination of string or number constraints is too complex (over {} states)", max_states);
@@ -229,8 +238,9 @@ private:
         std::vector<uint32_t> block(n);
         for (size_t s = 0; s < n; ++s) block[s] = acc[s];
         size_t n_blocks = 0;
+        std::unordered_map<std::vector<uint32_t>, uint32_t, vec_hash> sigs;
         for (;;) {
-            std::map<std::vector<uint32_t>, uint32_t> sigs;
+            sigs.clear();
             std::vector<uint32_t> next(n);
             std::vector<uint32_t> sig;
             for (size_t s = 0; s < n; ++s) {
@@ -280,9 +290,12 @@ private:
 dfa::dfa() : edges_(1), accepting_(1, 0) {}
 
 dfa dfa::all() {
-    std::vector<std::vector<edge>> e(1);
-    for (const auto& [lo, hi] : all_chars()) e[0].push_back({lo, hi, 0});
-    return dfa_builder::finish(std::move(e), {1});
+    static const dfa every = [] {
+        std::vector<std::vector<edge>> e(1);
+        for (const auto& [lo, hi] : all_chars()) e[0].push_back({lo, hi, 0});
+        return dfa_builder::finish(std::move(e), {1});
+    }();
+    return every;
 }
 
 dfa dfa::from_table(std::vector<std::vector<edge>> edges, std::vector<uint8_t> accepting) {
@@ -333,7 +346,7 @@ dfa dfa::of(const expr& e, std::string_view what, size_t max_states) {
     nfa a{{}, {}, max_states * 8, what};
     const uint32_t start = a.add();
     const uint32_t end = a.build(e, start);
-    std::map<std::vector<uint32_t>, uint32_t> index;
+    std::unordered_map<std::vector<uint32_t>, uint32_t, vec_hash> index;
     std::vector<std::vector<uint32_t>> sets;
     std::vector<std::vector<edge>> edges;
     std::vector<uint8_t> acc;

@@ -124,12 +124,34 @@ expr schema_compiler::value_expr(const value_set& v, const std::string& name) {
     return alts.empty() ? cls({}) : alt(std::move(alts));
 }
 
+// A character of `set` as JSON writes it. The escapes (\uXXXX ranges, surrogate pairs) make
+// a set's rule large, and only the characters outside printable ASCII have them: so the rule
+// is the printable ASCII part, small, beside a rule for the rest, shared by every set with the
+// same rest (a key that is none of some names excludes letters, not the rest).
 rule_id schema_compiler::char_rule(const std::vector<cp_range>& set) {
     if (set == all_chars()) return any_char();
-    std::string key;
-    for (const auto& [lo, hi] : set) key += fmt::format("{:x}-{:x},", uint32_t(lo), uint32_t(hi));
+    const auto key_of = [](const std::vector<cp_range>& r) {
+        std::string k;
+        for (const auto& [lo, hi] : r) k += fmt::format("{:x}-{:x},", uint32_t(lo), uint32_t(hi));
+        return k;
+    };
+    const std::string key = key_of(set);
     if (const auto it = char_rules_.find(key); it != char_rules_.end()) return it->second;
-    const rule_id r = b_.add("char", json_char(set));
+    std::vector<cp_range> ascii, rest;
+    for (const auto& [lo, hi] : set) {
+        if (lo < 0x20) rest.push_back({lo, std::min<char32_t>(hi, 0x1F)});
+        if (hi >= 0x20 && lo <= 0x7E) ascii.push_back({std::max<char32_t>(lo, 0x20), std::min<char32_t>(hi, 0x7E)});
+        if (hi > 0x7E) rest.push_back({std::max<char32_t>(lo, 0x7F), hi});
+    }
+    std::vector<expr> alts;
+    if (!ascii.empty()) alts.push_back(json_char(ascii));
+    if (!rest.empty()) {
+        const std::string rest_key = "rest:" + key_of(rest);
+        auto it = char_rules_.find(rest_key);
+        if (it == char_rules_.end()) it = char_rules_.emplace(rest_key, b_.add("char", json_char(rest))).first;
+        alts.push_back(ref(it->second));
+    }
+    const rule_id r = b_.add("char", alts.empty() ? cls({}) : alt(std::move(alts)));
     char_rules_.emplace(key, r);
     return r;
 }
