@@ -101,6 +101,7 @@ struct run_opts {
     std::string json_schema, regex, grammar;
     std::vector<std::string> choices;
     std::string whitespace = "bounded"; // between JSON tokens under --json-schema
+    bool closed_objects = false;
 };
 
 // The constraint the flags ask for, if any (CLI11 keeps them exclusive).
@@ -113,7 +114,8 @@ std::optional<grammar::constraint> run_constraint(const run_opts& o) {
     };
     if (!o.json_schema.empty())
         return grammar::constraint{kind::json_schema, file(o.json_schema),
-                                   o.whitespace == "compact" ? grammar::whitespace::compact : grammar::whitespace::bounded};
+                                   o.whitespace == "compact" ? grammar::whitespace::compact : grammar::whitespace::bounded,
+                                   o.closed_objects};
     if (!o.regex.empty()) return grammar::constraint{kind::regex, o.regex};
     if (!o.grammar.empty()) return grammar::constraint{kind::gbnf, file(o.grammar)};
     if (!o.choices.empty()) return grammar::constraint{kind::choice, nlohmann::json(o.choices).dump()};
@@ -285,6 +287,9 @@ void register_offline(CLI::App& app, registry& reg) {
                     "whitespace between JSON tokens under --json-schema: bounded (at most a line break and 20 spaces "
                     "or tabs; the default) or compact (none)")
         ->check(one_of({"bounded", "compact"}));
+    run->add_flag("--closed-objects", ro->closed_objects,
+                  "under --json-schema, objects that list properties and say nothing of additionalProperties get "
+                  "no other keys (the specification allows any)");
     auto* rx = run->add_option("--regex", ro->regex, "constrain the output to match this regular expression");
     auto* gr = run->add_option("--grammar", ro->grammar, "constrain the output to this GBNF grammar file");
     auto* ch = run->add_option("--choice", ro->choices, "constrain the output to one of these texts (A,B,...)")->delimiter(',');

@@ -9,7 +9,7 @@ its schema. Not part of the test suite: it takes minutes.
 
 Usage: scripts/guided-cut-rate.py [--tandem build/daemon/tandem] [--model ../shared/models/stories260K.gguf]
          [--data ../shared/data/maskbench-dev.json] [--every 9] [--runs 2] [--max-tokens 384]
-         [--whitespace bounded|compact]
+         [--whitespace bounded|compact] [--closed-objects]
 """
 import argparse
 import json
@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--runs", type=int, default=2, help="runs per schema (seeds 1..N)")
     ap.add_argument("--max-tokens", type=int, default=384)
     ap.add_argument("--whitespace", default="bounded", choices=["bounded", "compact"])
+    ap.add_argument("--closed-objects", action="store_true", help="tandem run --closed-objects")
     a = ap.parse_args()
 
     entries = json.load(open(a.data))[:: a.every]
@@ -50,7 +51,8 @@ def main():
             for seed in range(1, a.runs + 1):
                 out = subprocess.run([a.tandem, "run", "-m", a.model, "--json-schema", path, "--whitespace",
                                       a.whitespace, "--temp", "1", "-n", str(a.max_tokens), "--seed", str(seed),
-                                      "-p", "Once upon a time", "--json"], capture_output=True, text=True)
+                                      "-p", "Once upon a time", "--json"] + (["--closed-objects"] if a.closed_objects else []),
+                                     capture_output=True, text=True)
                 if out.returncode != 0:
                     print(f"{e['id']}: tandem run failed: {out.stderr.strip()}", file=sys.stderr)
                     continue
@@ -70,7 +72,8 @@ def main():
     print(json.dumps({"schemas": len(entries), "refused": n_refused, "runs": n_runs, "cut_by_max_tokens": n_cut,
                       "cut_share": n_cut / n_runs if n_runs else 0, "finished": n_finished,
                       "finished_invalid": n_invalid, "validated_with_jsonschema": jsonschema is not None,
-                      "max_tokens": a.max_tokens, "whitespace": a.whitespace}, indent=1))
+                      "max_tokens": a.max_tokens, "whitespace": a.whitespace, "closed_objects": a.closed_objects},
+                     indent=1))
 
 
 if __name__ == "__main__":

@@ -311,7 +311,7 @@ TEST_CASE("a constraint that cannot be honoured is an error naming it") {
     };
     using kind = grammar::constraint::kind;
     fails(kind::json_schema, R"({"type":"array","uniqueItems":true})", "uniqueItems");
-    fails(kind::json_schema, R"({"properties":{"a":{"not":{}}}})", "/properties/a");
+    fails(kind::json_schema, R"({"properties":{"a":{"type":"array","uniqueItems":true}}})", "/properties/a");
     fails(kind::json_schema, "{not json", "not valid JSON");
     fails(kind::regex, "(a)\\1", "backreference");
     fails(kind::gbnf, "root ::= undefined-rule", "undefined-rule");

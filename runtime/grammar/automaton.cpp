@@ -22,38 +22,6 @@ struct vec_hash {
     }
 };
 
-// Sorted, merged, without surrogates; the complement within all_chars() when negated.
-std::vector<cp_range> normalized(std::vector<cp_range> r, bool negated) {
-    std::sort(r.begin(), r.end());
-    std::vector<cp_range> m;
-    for (auto [lo, hi] : r) {
-        hi = std::min<char32_t>(hi, 0x10FFFF);
-        if (lo > hi) continue;
-        if (!m.empty() && lo <= m.back().second + 1) m.back().second = std::max(m.back().second, hi);
-        else m.push_back({lo, hi});
-    }
-    if (negated) {
-        std::vector<cp_range> c;
-        char32_t next = 0;
-        for (const auto& [lo, hi] : m) {
-            if (lo > next) c.push_back({next, lo - 1});
-            next = hi + 1;
-        }
-        if (next <= 0x10FFFF) c.push_back({next, 0x10FFFF});
-        m = std::move(c);
-    }
-    std::vector<cp_range> out;
-    for (const auto& [lo, hi] : m) {
-        if (hi < 0xD800 || lo > 0xDFFF) {
-            out.push_back({lo, hi});
-            continue;
-        }
-        if (lo < 0xD800) out.push_back({lo, 0xD7FF});
-        if (hi > 0xDFFF) out.push_back({0xE000, hi});
-    }
-    return out;
-}
-
 // Thompson's automaton with epsilon moves.
 struct nfa {
     struct move {
@@ -84,7 +52,7 @@ struct nfa {
             return from;
         case expr::kind::cls: {
             const uint32_t s = add();
-            for (const auto& [lo, hi] : normalized(e.ranges, e.negated)) moves[from].push_back({lo, hi, s});
+            for (const auto& [lo, hi] : normalize(e.ranges, e.negated)) moves[from].push_back({lo, hi, s});
             return s;
         }
         case expr::kind::ref: reject("{}: a rule reference has no finite automaton", what);

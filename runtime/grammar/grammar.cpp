@@ -108,7 +108,8 @@ namespace {
 
 constexpr char32_t max_cp = 0x10FFFF;
 
-// Sorted, merged, surrogates removed; the complement when negated.
+} // namespace
+
 std::vector<cp_range> normalize(std::vector<cp_range> r, bool negated) {
     for (auto& [lo, hi] : r) hi = std::min(hi, max_cp);
     std::erase_if(r, [](const cp_range& x) { return x.first > x.second; });
@@ -138,6 +139,8 @@ std::vector<cp_range> normalize(std::vector<cp_range> r, bool negated) {
     }
     return out;
 }
+
+namespace {
 
 int utf8_len(char32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
 

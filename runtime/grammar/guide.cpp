@@ -52,7 +52,7 @@ std::shared_ptr<const compiled> compile(const constraint& c, std::chrono::millis
     const auto t0 = std::chrono::steady_clock::now();
     builder b;
     rule_id root = 0;
-    const json_options opt{.ws = c.ws};
+    const json_options opt{.ws = c.ws, .closed_objects = c.closed_objects};
     switch (c.k) {
     case constraint::kind::json_object: root = add_json_object(b, opt); break;
     case constraint::kind::json_schema: root = add_json_schema(b, parse_json(c.text, "schema"), opt); break;

@@ -48,6 +48,12 @@ std::string_view name_of(whitespace w);
 struct json_options {
     static constexpr int32_t max_indent = 20;
     whitespace ws = whitespace::bounded;
+    // For generation: an object schema that lists properties (or patternProperties, or required
+    // names) and says nothing of additionalProperties gets no other keys, as OpenAI's strict
+    // mode reads it. Every text is still valid under the schema; off (the specification's
+    // reading, and what checking instances needs), such objects may have any other key, which a
+    // weak model may fill without end.
+    bool closed_objects = false;
 };
 
 // The rule for a JSON value valid under `schema`; its rules are added to b.

@@ -160,7 +160,7 @@ rule_id schema_compiler::char_rule(const std::vector<cp_range>& set) {
 // long string does not grow the matcher's stack); an accepting state may end (a string's
 // closing quote).
 rule_id schema_compiler::dfa_rules(const dfa& d, bool json_chars, const std::string& name) {
-    const std::string key = (json_chars ? "S" : "N") + d.key();
+    const std::string key = fmt::format("{}{}", json_chars ? "S" : "N", d.key());
     if (const auto it = dfa_rules_.find(key); it != dfa_rules_.end()) return it->second;
     std::vector<rule_id> states(d.n_states());
     for (uint32_t s = 0; s < d.n_states(); ++s) states[s] = b_.declare(name);
@@ -264,7 +264,7 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
     const bool need_min = o.min > n_required, need_max = o.max >= 0;
     enum class mode { each_once, required_once, ordered };
     const mode md = n <= kAnyOrderNames                      ? mode::each_once
-                    : !need_min && n_required <= kMaxTracked ? mode::required_once
+                    : !need_min && size_t(n_required) <= kMaxTracked ? mode::required_once
                                                              : mode::ordered;
     // The names a state tracks (bit i of POS): all (each_once) or the required ones.
     std::vector<size_t> bit_of(n, SIZE_MAX);

@@ -27,40 +27,26 @@ formula_id formula_table::of(const schema_loc& s) {
     return intern({formula_node::op::loc, &s, {}});
 }
 
-formula_id formula_table::all(std::vector<formula_id> fs) {
+// all and any alike: nested ones flattened, the neutral constant dropped, the absorbing one
+// (or a formula beside its negation) decides, one argument is itself.
+formula_id formula_table::combine(formula_node::op o, std::vector<formula_id> fs) {
+    const formula_id absorbing = o == formula_node::op::all ? f_false : f_true;
+    const formula_id neutral = o == formula_node::op::all ? f_true : f_false;
     std::vector<formula_id> flat;
     for (const formula_id f : fs) {
-        if (f == f_false) return f_false;
-        if (f == f_true) continue;
-        if (nodes_[f].o == formula_node::op::all) flat.insert(flat.end(), nodes_[f].args.begin(), nodes_[f].args.end());
+        if (f == absorbing) return absorbing;
+        if (f == neutral) continue;
+        if (nodes_[f].o == o) flat.insert(flat.end(), nodes_[f].args.begin(), nodes_[f].args.end());
         else flat.push_back(f);
     }
     std::sort(flat.begin(), flat.end());
     flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
     for (const formula_id f : flat)
         if (nodes_[f].o == formula_node::op::negate && std::binary_search(flat.begin(), flat.end(), nodes_[f].args[0]))
-            return f_false;
-    if (flat.empty()) return f_true;
+            return absorbing;
+    if (flat.empty()) return neutral;
     if (flat.size() == 1) return flat[0];
-    return intern({formula_node::op::all, nullptr, std::move(flat)});
-}
-
-formula_id formula_table::any(std::vector<formula_id> fs) {
-    std::vector<formula_id> flat;
-    for (const formula_id f : fs) {
-        if (f == f_true) return f_true;
-        if (f == f_false) continue;
-        if (nodes_[f].o == formula_node::op::any) flat.insert(flat.end(), nodes_[f].args.begin(), nodes_[f].args.end());
-        else flat.push_back(f);
-    }
-    std::sort(flat.begin(), flat.end());
-    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
-    for (const formula_id f : flat)
-        if (nodes_[f].o == formula_node::op::negate && std::binary_search(flat.begin(), flat.end(), nodes_[f].args[0]))
-            return f_true;
-    if (flat.empty()) return f_false;
-    if (flat.size() == 1) return flat[0];
-    return intern({formula_node::op::any, nullptr, std::move(flat)});
+    return intern({o, nullptr, std::move(flat)});
 }
 
 formula_id formula_table::negate(formula_id f) {

@@ -37,13 +37,14 @@ class formula_table {
 public:
     formula_table();
     formula_id of(const schema_loc& s); // true and false schemas become the constants
-    formula_id all(std::vector<formula_id> fs);
-    formula_id any(std::vector<formula_id> fs);
+    formula_id all(std::vector<formula_id> fs) { return combine(formula_node::op::all, std::move(fs)); }
+    formula_id any(std::vector<formula_id> fs) { return combine(formula_node::op::any, std::move(fs)); }
     formula_id negate(formula_id f);
     const formula_node& at(formula_id f) const { return nodes_[f]; }
     size_t size() const { return nodes_.size(); }
 
 private:
+    formula_id combine(formula_node::op o, std::vector<formula_id> fs);
     formula_id intern(formula_node n);
     std::vector<formula_node> nodes_;
     std::map<std::tuple<uint8_t, const schema_loc*, std::vector<formula_id>>, formula_id> index_;
