@@ -459,6 +459,19 @@ TEST_CASE("whitespace: bounded (a line break and 20 spaces or tabs) or compact")
     CHECK_FALSE(matches(c, "{\"a\": [1,2]}"));
 }
 
+TEST_CASE("closed_objects writes no keys the schema does not speak of, and narrows nothing under not") {
+    const json_options closed{.closed_objects = true};
+    const compiled g = compile(json::parse(R"({"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}})"), closed);
+    CHECK(matches(g, R"({"a":1,"x1":2})"));
+    CHECK_FALSE(matches(g, R"({"a":1,"b":2})"));
+    const compiled n = compile(json::parse(R"({"type": "object", "not": {"properties": {"a": {"type": "string"}}}})"), closed);
+    CHECK(matches(n, R"({"a":1})"));
+    CHECK_FALSE(matches(n, R"({"a":"x"})"));
+    CHECK_FALSE(matches(n, R"({"b":1})")); // valid under the schema, but only a is written
+    const compiled any = compile(json::parse(R"({"type": "object"})"), closed);
+    CHECK(matches(any, R"({"b":1})")); // a shape that names nothing keeps its keys
+}
+
 TEST_CASE("add_json_object: any object, nothing else") {
     builder b;
     const compiled g = b.build(add_json_object(b));

@@ -244,7 +244,13 @@ expr schema_compiler::object_expr(const object_shape& o, const std::string& name
         int64_t min = 0, max = -1; // regions
     };
     std::vector<member> names, regions;
+    // closed_objects: a shape that names keys (or has keys a keyword evaluates) writes no keys
+    // that no keyword speaks of. Leaving members out is safe anywhere: the texts are fewer.
+    const bool closed = opt_.closed_objects && std::any_of(o.classes.begin(), o.classes.end(), [](const member_class& c) {
+        return c.value != f_false && (c.named || c.evaluated);
+    });
     for (const member_class& c : o.classes) {
+        if (closed && !c.named && !c.evaluated && c.min == 0) continue;
         if (c.value == f_false || (!c.named && c.keys.empty())) {
             if (c.named && o.needs(c.name)) return cls({});
             continue;

@@ -360,8 +360,7 @@ object_shape schema_compiler::object_part(const schema_loc& s) {
     if (props && !props->is_object()) reject("\"properties\" {} must be an object of schemas", s.where());
     if (pats && !pats->is_object()) reject("\"patternProperties\" {} must be an object of schemas", s.where());
     const bool has_extra = find(j, "additionalProperties") != nullptr;
-    const bool lists = find(j, "properties") || find(j, "patternProperties") || find(j, "required");
-    const formula_id extra = !has_extra && lists && opt_.closed_objects ? f_false : sub(s, "additionalProperties");
+    const formula_id extra = sub(s, "additionalProperties");
     std::vector<std::string> names;
     if (props)
         for (const auto& [n, sch] : props->items()) {
