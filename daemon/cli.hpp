@@ -55,6 +55,9 @@ void register_embed(CLI::App& app, registry& reg);
 // metadata alone (cli_info.cpp).
 void register_info(CLI::App& app, registry& reg);
 
+// `guide compile|check|bench`: the constraint engine on its own (cli_guide.cpp).
+void register_guide(CLI::App& app, registry& reg);
+
 // Helpers shared by command groups.
 std::string resolve_model(const std::string& flag); // -m, else $TANDEM_MODEL, else an error
 int default_threads();

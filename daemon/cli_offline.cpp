@@ -100,6 +100,8 @@ struct run_opts {
     // Guided generation (at most one): a JSON Schema file, a regex, a GBNF file, choices.
     std::string json_schema, regex, grammar;
     std::vector<std::string> choices;
+    std::string whitespace = "bounded"; // between JSON tokens under --json-schema
+    bool closed_objects = false;
 };
 
 // The constraint the flags ask for, if any (CLI11 keeps them exclusive).
@@ -110,7 +112,10 @@ std::optional<grammar::constraint> run_constraint(const run_opts& o) {
         if (!in) throw error(fmt::format("cannot read {}", path));
         return std::string(std::istreambuf_iterator<char>(in), {});
     };
-    if (!o.json_schema.empty()) return grammar::constraint{kind::json_schema, file(o.json_schema)};
+    if (!o.json_schema.empty())
+        return grammar::constraint{kind::json_schema, file(o.json_schema),
+                                   o.whitespace == "compact" ? grammar::whitespace::compact : grammar::whitespace::bounded,
+                                   o.closed_objects};
     if (!o.regex.empty()) return grammar::constraint{kind::regex, o.regex};
     if (!o.grammar.empty()) return grammar::constraint{kind::gbnf, file(o.grammar)};
     if (!o.choices.empty()) return grammar::constraint{kind::choice, nlohmann::json(o.choices).dump()};
@@ -278,6 +283,13 @@ void register_offline(CLI::App& app, registry& reg) {
                     "with --draft-tokens)")
         ->check(one_of({"ngram", "draft", "off"}));
     auto* js = run->add_option("--json-schema", ro->json_schema, "constrain the output to JSON valid under this schema file");
+    run->add_option("--whitespace", ro->whitespace,
+                    "whitespace between JSON tokens under --json-schema: bounded (at most a line break and 20 spaces "
+                    "or tabs; the default) or compact (none)")
+        ->check(one_of({"bounded", "compact"}));
+    run->add_flag("--closed-objects", ro->closed_objects,
+                  "under --json-schema, objects that list properties and say nothing of additionalProperties get "
+                  "no other keys (the specification allows any)");
     auto* rx = run->add_option("--regex", ro->regex, "constrain the output to match this regular expression");
     auto* gr = run->add_option("--grammar", ro->grammar, "constrain the output to this GBNF grammar file");
     auto* ch = run->add_option("--choice", ro->choices, "constrain the output to one of these texts (A,B,...)")->delimiter(',');

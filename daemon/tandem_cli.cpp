@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
                  "  tandem embed TEXT...    embeddings, one JSON array a line (-m MODEL: offline)\n"
                  "  tandem run | tokenize | detokenize | synth    offline, no daemon\n"
                  "  tandem info MODEL       a GGUF's shapes, tensors, context, tokenizer and memory (--json)\n"
+                 "  tandem guide compile|check|bench    the JSON Schema constraint engine on its own\n"
                  "  tandem batch IN.jsonl -o OUT.jsonl   OpenAI Batch requests (-m MODEL: in this process)\n"
                  "  tandem help [COMMAND]   this help, or a command's\n"
                  "Exit codes: 0 ok, 1 error, 2 usage, 3 no daemon reachable or not allowed, 4 request rejected,\n"
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
     cli::registry reg;
     cli::register_offline(app, reg);
     cli::register_info(app, reg);
+    cli::register_guide(app, reg);
     cli::register_bench(app, reg);
     cli::register_embed(app, reg);
     cli::register_batch(app, reg);

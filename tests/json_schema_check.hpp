@@ -1,12 +1,12 @@
-// JSON Schema for tests, written apart from runtime/grammar/json_schema.cpp: a validator for
-// exactly the keywords Tandem honours, with Tandem's choices; seeded random schemas over those
+// JSON Schema for tests, written apart from runtime/grammar/: a validator for the keywords the
+// generator uses, as the specification (2020-12) reads them; seeded random schemas over those
 // keywords; valid instances for a schema; mutations that are likely invalid; a writer that
 // puts bounded random whitespace where JSON allows it.
 //
-// Tandem's choices (json_schema.hpp): allOf, and the keywords beside anyOf/oneOf branches or
-// beside a $ref, merge into one schema; without `type`, the types the keywords are about;
-// additionalProperties absent allows none when `properties` is listed; formats and string
-// lengths as Tandem defines them. Unlike the compiler, oneOf here is exclusive.
+// The specification's reading: each keyword applies on its own (allOf, anyOf, oneOf, $ref and
+// the keywords beside them all hold together), oneOf holds when exactly one branch does,
+// additionalProperties absent allows any other key, a keyword about one type says nothing
+// about values of another. Formats as Tandem checks them (json_schema.hpp).
 #pragma once
 
 #include <fmt/format.h>
@@ -26,49 +26,12 @@ namespace tandem::schema_check {
 
 using json = nlohmann::ordered_json; // keys in insertion order, as the grammar writes properties
 
-inline bool is_annotation(const std::string& k) {
-    static const std::set<std::string> a = {"title",    "description", "$schema",    "$id",      "examples", "default",
-                                            "$comment", "deprecated",  "readOnly",   "writeOnly", "$defs",   "definitions"};
-    return a.contains(k);
-}
-
-// Whether s has keywords beyond annotations, nullable and `except`.
-inline bool constrains(const json& s, const std::string& except = "") {
-    for (const auto& [k, v] : s.items())
-        if (k != except && k != "nullable" && !is_annotation(k)) return true;
-    return false;
-}
-
 inline const json& resolve(const json& root, const json& s) {
     return root.at(json::json_pointer(s["$ref"].get<std::string>().substr(1)));
 }
 
-inline json merge(json a, const json& b) {
-    for (const auto& [k, v] : b.items()) {
-        if (is_annotation(k)) continue;
-        if (k == "properties" && a.contains(k))
-            a[k].update(v);
-        else if (k == "required" && a.contains(k))
-            for (const json& n : v) {
-                if (std::find(a[k].begin(), a[k].end(), n) == a[k].end()) a[k].push_back(n);
-            }
-        else
-            a[k] = v;
-    }
-    return a;
-}
-
-// s with its $ref target and allOf branches merged in (true is {}).
-inline json flatten(const json& root, const json& s) {
-    if (s.is_boolean()) return json::object();
-    json out = s;
-    out.erase("$ref");
-    out.erase("allOf");
-    if (s.contains("$ref")) out = merge(flatten(root, resolve(root, s)), out);
-    for (const json& b : s.value("allOf", json::array())) out = merge(out, flatten(root, b));
-    return out;
-}
-
+// The types the generator's schemas are about, for the instance generator: `type`, or what
+// the keywords speak of, or every type.
 inline std::vector<std::string> types_of(const json& s) {
     if (s.contains("type")) return s["type"].is_array() ? s["type"].get<std::vector<std::string>>()
                                                         : std::vector<std::string>{s["type"].get<std::string>()};
@@ -81,6 +44,37 @@ inline std::vector<std::string> types_of(const json& s) {
     }
     if (t.empty()) return {"object", "array", "string", "number", "boolean", "null"};
     return {t.begin(), t.end()};
+}
+
+// s with its $ref target and allOf branches merged in, for the instance generator (the
+// generator's allOf branches list different properties, so merging is their intersection).
+inline json merge(json a, const json& b) {
+    for (const auto& [k, v] : b.items()) {
+        if (k == "properties" && a.contains(k)) a[k].update(v);
+        else if (k == "required" && a.contains(k)) {
+            for (const json& n : v)
+                if (std::find(a[k].begin(), a[k].end(), n) == a[k].end()) a[k].push_back(n);
+        } else if (k != "description" && k != "$defs" && k != "definitions") {
+            a[k] = v;
+        }
+    }
+    return a;
+}
+
+inline json flatten(const json& root, const json& s) {
+    if (s.is_boolean()) return json::object();
+    json out = s;
+    out.erase("$ref");
+    out.erase("allOf");
+    if (s.contains("$ref")) out = merge(flatten(root, resolve(root, s)), out);
+    for (const json& b : s.value("allOf", json::array())) out = merge(out, flatten(root, b));
+    return out;
+}
+
+inline bool constrains(const json& s, const std::string& except = "") {
+    for (const auto& [k, v] : s.items())
+        if (k != except && k != "description" && k != "$defs" && k != "definitions") return true;
+    return false;
 }
 
 inline bool has_type(const json& v, const std::string& t) {
@@ -101,24 +95,32 @@ inline bool digits(const std::string& s, size_t at, size_t n) {
 inline int num(const std::string& s, size_t at, size_t n) { return std::stoi(s.substr(at, n)); }
 
 inline bool is_date(const std::string& s) {
-    return s.size() == 10 && digits(s, 0, 4) && s[4] == '-' && digits(s, 5, 2) && s[7] == '-' && digits(s, 8, 2) &&
-           num(s, 5, 2) >= 1 && num(s, 5, 2) <= 12 && num(s, 8, 2) >= 1 && num(s, 8, 2) <= 31;
+    if (!(s.size() == 10 && digits(s, 0, 4) && s[4] == '-' && digits(s, 5, 2) && s[7] == '-' && digits(s, 8, 2)))
+        return false;
+    const int y = num(s, 0, 4), m = num(s, 5, 2), d = num(s, 8, 2);
+    const bool leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    static constexpr int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    return m >= 1 && m <= 12 && d >= 1 && d <= days[m - 1] + (m == 2 && leap);
 }
 inline bool is_offset_hm(const std::string& s, size_t at) { // HH:MM
     return digits(s, at, 2) && s.size() > at + 2 && s[at + 2] == ':' && digits(s, at + 3, 2) && num(s, at, 2) <= 23 &&
            num(s, at + 3, 2) <= 59;
 }
+// RFC 3339's full-time; a leap second only as 23:59:60 with a zero offset.
 inline bool is_time(const std::string& s) {
     if (!is_offset_hm(s, 0) || s.size() < 8 || s[5] != ':' || !digits(s, 6, 2) || num(s, 6, 2) > 60) return false;
     size_t i = 8;
     if (i < s.size() && s[i] == '.') {
         size_t n = 0;
         while (i + 1 + n < s.size() && digits(s, i + 1 + n, 1)) ++n;
-        if (n < 1 || n > 9) return false;
+        if (n < 1) return false;
         i += 1 + n;
     }
-    if (i < s.size() && (s[i] == 'Z' || s[i] == 'z')) return i + 1 == s.size();
-    return i < s.size() && (s[i] == '+' || s[i] == '-') && s.size() == i + 6 && is_offset_hm(s, i + 1);
+    const std::string zone = s.substr(i);
+    const bool zero = zone == "Z" || zone == "z" || zone == "+00:00" || zone == "-00:00";
+    if (num(s, 6, 2) == 60 && !(s.starts_with("23:59") && zero)) return false;
+    if (zone == "Z" || zone == "z") return true;
+    return zone.size() == 6 && (zone[0] == '+' || zone[0] == '-') && is_offset_hm(zone, 1);
 }
 inline bool is_date_time(const std::string& s) {
     return s.size() > 11 && (s[10] == 'T' || s[10] == 't') && is_date(s.substr(0, 10)) && is_time(s.substr(11));
@@ -176,16 +178,16 @@ public:
 
     bool check(const json& s, const json& v) const {
         if (s.is_boolean()) return s.get<bool>();
-        if (s.value("nullable", false) && v.is_null()) return true;
-        if (s.contains("allOf") || (s.contains("$ref") && constrains(s, "$ref"))) return check(flatten(root_, s), v);
-        if (s.contains("$ref")) return check(resolve(root_, s), v);
-        if (s.contains("anyOf") || s.contains("oneOf")) return branches(s, v);
-        if (s.contains("enum") || s.contains("const")) {
-            const json values = s.value("enum", json::array({s.value("const", json())}));
-            return std::find(values.begin(), values.end(), v) != values.end() && (!s.contains("const") || v == s["const"]) &&
-                   (!s.contains("type") || typed(s, v));
-        }
-        if (!typed(s, v)) return false;
+        if (s.contains("$ref") && !check(resolve(root_, s), v)) return false;
+        if (s.contains("type") && !typed(s, v)) return false;
+        if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end()) return false;
+        if (s.contains("const") && v != s["const"]) return false;
+        for (const json& b : s.value("allOf", json::array()))
+            if (!check(b, v)) return false;
+        if (s.contains("anyOf") && std::none_of(s["anyOf"].begin(), s["anyOf"].end(), [&](const json& b) { return check(b, v); }))
+            return false;
+        if (s.contains("oneOf") && std::count_if(s["oneOf"].begin(), s["oneOf"].end(), [&](const json& b) { return check(b, v); }) != 1)
+            return false;
         if (v.is_string()) return string_ok(s, v.get<std::string>());
         if (v.is_number()) return number_ok(s, v.get<double>());
         if (v.is_object()) return object_ok(s, v);
@@ -199,15 +201,6 @@ private:
         const auto ts = types_of(s);
         return std::any_of(ts.begin(), ts.end(), [&](const std::string& t) { return has_type(v, t); });
     }
-    bool branches(const json& s, const json& v) const {
-        const std::string key = s.contains("anyOf") ? "anyOf" : "oneOf";
-        json base = s;
-        base.erase(key);
-        base.erase("nullable");
-        size_t n = 0;
-        for (const json& b : s[key]) n += check(constrains(base) ? merge(base, flatten(root_, b)) : b, v);
-        return key == "anyOf" ? n > 0 : n == 1;
-    }
     static bool string_ok(const json& s, const std::string& x) {
         const size_t n = code_points(x);
         if (n < s.value("minLength", size_t(0)) || n > s.value("maxLength", SIZE_MAX)) return false;
@@ -215,17 +208,14 @@ private:
         return !s.contains("format") || has_format(s["format"], x);
     }
     static bool number_ok(const json& s, double x) {
-        const auto excl = [&](const char* k) { return s.contains(k) && s[k].is_number(); };
-        const bool lo_strict = s.value("exclusiveMinimum", json(false)) == true;
-        const bool hi_strict = s.value("exclusiveMaximum", json(false)) == true;
-        if (s.contains("minimum") && (lo_strict ? x <= s["minimum"] : x < s["minimum"])) return false;
-        if (s.contains("maximum") && (hi_strict ? x >= s["maximum"] : x > s["maximum"])) return false;
-        if (excl("exclusiveMinimum") && x <= s["exclusiveMinimum"]) return false;
-        return !excl("exclusiveMaximum") || x < s["exclusiveMaximum"];
+        if (s.contains("minimum") && x < s["minimum"].get<double>()) return false;
+        if (s.contains("maximum") && x > s["maximum"].get<double>()) return false;
+        if (s.contains("exclusiveMinimum") && x <= s["exclusiveMinimum"].get<double>()) return false;
+        return !s.contains("exclusiveMaximum") || x < s["exclusiveMaximum"].get<double>();
     }
     bool object_ok(const json& s, const json& v) const {
         const json props = s.value("properties", json::object());
-        const json extra = s.value("additionalProperties", json(!s.contains("properties")));
+        const json extra = s.value("additionalProperties", json(true));
         for (const json& r : s.value("required", json::array()))
             if (!v.contains(r.get<std::string>())) return false;
         for (const auto& [k, x] : v.items())
@@ -378,7 +368,6 @@ private:
         default:
             s["format"] = d_.pick(std::vector<std::string>{"date", "time", "date-time", "uuid", "email", "ipv4"});
         }
-        if (d_.chance(0.1)) s["nullable"] = true;
         return s;
     }
     // Bounds of every form: inclusive, exclusive, draft 4's boolean, fractional, negative.
@@ -390,16 +379,13 @@ private:
         const json lo = value();
         const double h = lo.get<double>() + 2 + double(d_.between(0, 60));
         const json hi = lo.is_number_integer() ? json(int64_t(h)) : json(h);
-        const bool draft4 = d_.chance(0.2);
         if (d_.chance(0.7)) {
             s["minimum"] = lo;
-            if (draft4) s["exclusiveMinimum"] = d_.chance(0.5);
         } else if (d_.chance(0.5)) {
             s["exclusiveMinimum"] = lo;
         }
         if (d_.chance(0.6)) {
             s["maximum"] = hi;
-            if (draft4) s["exclusiveMaximum"] = d_.chance(0.5);
         } else if (d_.chance(0.5)) {
             s["exclusiveMaximum"] = hi;
         }
@@ -479,16 +465,13 @@ private:
         }
         json branches = json::array();
         for (int64_t i = d_.between(2, 3); i > 0; --i) branches.push_back(node(depth - 1, false));
-        json s = {{"anyOf", branches}};
-        if (d_.chance(0.2)) s["nullable"] = true;
-        return s;
+        return {{"anyOf", branches}};
     }
-    // Branches of disjoint types, so exclusivity (which Tandem does not enforce) cannot matter.
+    // Branches of different types.
     json one_of() {
         std::vector<json> kinds = {string(), integer(), json{{"type", "boolean"}}, json{{"type", "array"}, {"maxItems", 2}},
                                    json{{"type", "object"}, {"properties", {{"v", {{"type", "null"}}}}}}};
         std::shuffle(kinds.begin(), kinds.end(), d_.rng());
-        for (json& k : kinds) k.erase("nullable");
         return {{"oneOf", json(std::vector<json>(kinds.begin(), kinds.begin() + d_.between(2, 3)))}};
     }
     json all_of(int depth) {
@@ -531,14 +514,12 @@ private:
     json make(const json& s, int depth) {
         const bool minimal = depth > max_depth_;
         if (s.is_boolean()) return d_.any(minimal ? 0 : 2);
-        if (s.value("nullable", false) && d_.chance(0.2)) return nullptr;
         if (s.contains("allOf") || (s.contains("$ref") && constrains(s, "$ref"))) return make(flatten(root_, s), depth);
         if (s.contains("$ref")) return make(resolve(root_, s), depth + 1);
         if (s.contains("anyOf") || s.contains("oneOf")) {
             const std::string key = s.contains("anyOf") ? "anyOf" : "oneOf";
             json base = s;
             base.erase(key);
-            base.erase("nullable");
             const json& b = s[key][minimal ? 0 : size_t(d_.between(0, int64_t(s[key].size()) - 1))];
             return make(constrains(base) ? merge(base, flatten(root_, b)) : b, depth);
         }
@@ -569,8 +550,8 @@ private:
     }
     std::string format(const std::string& f) {
         const auto n = [&](int64_t lo, int64_t hi) { return d_.between(lo, hi); };
-        const std::string date = fmt::format("{}-{:02}-{:02}", n(1000, 9999), n(1, 12), n(1, 31));
-        std::string time = fmt::format("{:02}:{:02}:{:02}", n(0, 23), n(0, 59), n(0, 60));
+        const std::string date = fmt::format("{}-{:02}-{:02}", n(1000, 9999), n(1, 12), n(1, 28));
+        std::string time = fmt::format("{:02}:{:02}:{:02}", n(0, 23), n(0, 59), n(0, 59));
         if (d_.chance(0.5)) time += fmt::format(".{}", n(0, 999999));
         time += d_.chance(0.5) ? (d_.chance(0.5) ? "Z" : "z")
                                : fmt::format("{}{:02}:{:02}", d_.chance(0.5) ? '+' : '-', n(0, 23), n(0, 59));
@@ -609,7 +590,7 @@ private:
 
     json object(const json& s, int depth, bool minimal) {
         const json props = s.value("properties", json::object());
-        const json extra = s.value("additionalProperties", json(!s.contains("properties")));
+        const json extra = s.value("additionalProperties", json(true));
         const json required = s.value("required", json::array());
         json out = json::object();
         for (const auto& [k, sub] : props.items()) {
@@ -676,12 +657,13 @@ inline json mutate(json v, dice& d) {
     return v;
 }
 
-// v as text with 0..max_ws of [ \t\n] wherever JSON allows whitespace; strings as nlohmann
+// v as text with whitespace where JSON allows it, of the kind Tandem's bounded whitespace
+// takes (an optional line break, then up to max_indent spaces or tabs); strings as nlohmann
 // writes them, \u-escaped outside ASCII when `ascii`.
-inline std::string write(const json& v, dice& d, int max_ws, bool ascii) {
+inline std::string write(const json& v, dice& d, int max_indent, bool ascii) {
     const auto ws = [&] {
-        std::string s;
-        for (int64_t n = d.between(0, max_ws); n > 0; --n) s += d.pick(std::vector<char>{' ', '\t', '\n'});
+        std::string s = d.chance(0.2) ? "\n" : "";
+        for (int64_t n = d.between(0, max_indent); n > 0; --n) s += d.pick(std::vector<char>{' ', '\t'});
         return s;
     };
     if (v.is_string()) return v.dump(-1, ' ', ascii);
@@ -693,7 +675,7 @@ inline std::string write(const json& v, dice& d, int max_ws, bool ascii) {
         if (!first) out += ',' + ws();
         first = false;
         if (v.is_object()) out += json(k).dump(-1, ' ', ascii) + ws() + ":" + ws();
-        out += write(x, d, max_ws, ascii) + ws();
+        out += write(x, d, max_indent, ascii) + ws();
     }
     return out + (v.is_object() ? "}" : "]");
 }

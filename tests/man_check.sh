@@ -63,8 +63,14 @@ page="$mandir/tandem.1"
 subs="$("$tandem" --help | sed -n '/^Subcommands:/,/^$/p' | grep -E '^  [a-z]' | awk '{print $1}')"
 [ -n "$subs" ] || bad "no subcommands read from tandem --help"
 # (`tandem help [COMMAND]` has no options: `tandem help --help` asks for the command "--help")
+# (a subcommand's own subcommands too: `tandem guide compile --help`)
+subcommands_of() { sed -n '/^Subcommands:/,/^$/p' | grep -E '^  [a-z]' | awk '{print $1}'; }
 have="$( { "$tandem" --help | options_of
-           for s in $subs; do [ "$s" = help ] || "$tandem" "$s" --help | options_of; done; } | sort -u)"
+           for s in $subs; do
+             [ "$s" = help ] && continue
+             "$tandem" "$s" --help | options_of
+             for n in $("$tandem" "$s" --help | subcommands_of); do "$tandem" "$s" "$n" --help | options_of; done
+           done; } | sort -u)"
 all="$(text_of "$page")"
 for s in $subs; do mentions "$all" "tandem $s" || bad "$page: no subcommand $s"; done
 agree "$page" "$have" "$all" "$(text_of "$page" "THE DAEMON'S CLIENT"; text_of "$page" "OFFLINE COMMANDS")"

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace tandem::grammar {
 
@@ -106,7 +108,8 @@ namespace {
 
 constexpr char32_t max_cp = 0x10FFFF;
 
-// Sorted, merged, surrogates removed; the complement when negated.
+} // namespace
+
 std::vector<cp_range> normalize(std::vector<cp_range> r, bool negated) {
     for (auto& [lo, hi] : r) hi = std::min(hi, max_cp);
     std::erase_if(r, [](const cp_range& x) { return x.first > x.second; });
@@ -136,6 +139,8 @@ std::vector<cp_range> normalize(std::vector<cp_range> r, bool negated) {
     }
     return out;
 }
+
+namespace {
 
 int utf8_len(char32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
 
@@ -185,6 +190,7 @@ public:
 
     compiled run(rule_id root) {
         for (rule_id r = 0; r < defs_.size(); ++r) alts_[r] = alternatives(defs_[r]);
+        prune();
         g_.root = root;
         g_.alt_starts.resize(alts_.size());
         for (rule_id r = 0; r < alts_.size(); ++r) {
@@ -199,6 +205,31 @@ public:
 
 private:
     using seq_t = std::vector<element>;
+
+    // Drops the alternatives that can never complete (an empty class, or a rule that cannot):
+    // front ends build them where parts of a constraint turn out to allow nothing, and the
+    // matcher must not offer a byte that leads there.
+    void prune() {
+        std::vector<bool> prod(alts_.size(), false);
+        const auto ok = [&](const element& el) {
+            if (el.k == element::kind::ref) return bool(prod[el.arg]);
+            const auto& c = g_.classes[el.arg];
+            return (c[0] | c[1] | c[2] | c[3]) != 0;
+        };
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (rule_id r = 0; r < alts_.size(); ++r) {
+                if (prod[r]) continue;
+                for (const auto& a : alts_[r])
+                    if (std::all_of(a.begin(), a.end(), ok)) {
+                        prod[r] = changed = true;
+                        break;
+                    }
+            }
+        }
+        for (auto& alts : alts_)
+            std::erase_if(alts, [&](const seq_t& a) { return !std::all_of(a.begin(), a.end(), ok); });
+    }
 
     std::vector<seq_t> alternatives(const expr& e) {
         std::vector<seq_t> out;
@@ -435,37 +466,51 @@ void check_productive(const compiled& g) {
 // reference ends its alternative: a tail call) and ends back into pushed returns. Left
 // recursion is refused before this runs, so the pushes stay bounded and the search ends.
 void compute_closures(compiled& g, const build_limits& lim) {
-    using state = std::pair<uint32_t, std::vector<uint32_t>>;
+    // A search state is a position and its pushes; pushes are nodes of a trie (parent, value,
+    // depth), interned per start position, so a state is two numbers.
+    struct push_node {
+        uint32_t parent, value, depth;
+    };
+    std::vector<push_node> nodes;
+    std::unordered_map<uint64_t, uint32_t> node_index;
+    const auto push = [&](uint32_t parent, uint32_t value) {
+        const auto [it, fresh] = node_index.try_emplace(uint64_t(parent) << 32 | value, uint32_t(nodes.size()));
+        if (fresh) nodes.push_back({parent, value, nodes[parent].depth + 1});
+        return it->second;
+    };
     const auto n = uint32_t(g.elems.size());
     g.closure_begin.assign(1, 0);
     g.completes.assign(n, 0);
-    std::vector<state> work;
-    std::set<state> seen;
+    std::vector<std::pair<uint32_t, uint32_t>> work; // (position, push node)
+    std::unordered_set<uint64_t> seen;
+    std::vector<uint32_t> scratch;
     const size_t limit = 4 * lim.max_elems; // reaches and pushes, and the search's own states
     for (uint32_t p = 0; p < n; ++p) {
-        work.assign(1, {p, {}});
+        nodes.assign(1, {0, 0, 0}); // node 0: no pushes
+        node_index.clear();
+        work.assign(1, {p, 0});
         seen.clear();
         size_t searched = 0, n_states = 0;
         while (!work.empty()) {
             if ((++n_states & 4095) == 0 && std::chrono::steady_clock::now() > lim.deadline)
                 reject("the grammar took too long to compile (expanding position {} of {})", p, n);
-            state st = std::move(work.back());
+            const auto [x, node] = work.back();
             work.pop_back();
-            if ((searched += 1 + st.second.size()) > limit)
+            if ((searched += 1 + nodes[node].depth) > limit)
                 reject("the grammar is too large (expanding position {} passes {} entries)", p, limit);
-            if (!seen.insert(st).second) continue;
-            const auto& [x, pushes] = st;
+            if (!seen.insert(uint64_t(x) << 32 | node).second) continue;
             const element& el = g.elems[x];
             if (el.k == element::kind::bytes) {
+                scratch.clear();
+                for (uint32_t k = node; k != 0; k = nodes[k].parent) scratch.push_back(nodes[k].value);
                 const auto b = uint32_t(g.closure_pushes.size());
-                g.closure_pushes.insert(g.closure_pushes.end(), pushes.begin(), pushes.end());
+                g.closure_pushes.insert(g.closure_pushes.end(), scratch.rbegin(), scratch.rend());
                 g.closure.push_back({x, b, uint32_t(g.closure_pushes.size())});
             } else if (el.k == element::kind::end) {
-                if (pushes.empty()) g.completes[p] = 1;
-                else work.push_back({pushes.back(), {pushes.begin(), pushes.end() - 1}});
+                if (node == 0) g.completes[p] = 1;
+                else work.push_back({nodes[node].value, nodes[node].parent});
             } else {
-                std::vector<uint32_t> inner = pushes;
-                if (g.elems[x + 1].k != element::kind::end) inner.push_back(x + 1);
+                const uint32_t inner = g.elems[x + 1].k != element::kind::end ? push(node, x + 1) : node;
                 for (const uint32_t a : g.alt_starts[el.arg]) work.push_back({a, inner});
             }
         }

@@ -53,6 +53,9 @@ struct expr {
     int32_t min = 0, max = -1;         // repeat: max -1 is unbounded
 };
 
+// Sorted, merged, without surrogates (which UTF-8 cannot carry); the complement when negated.
+std::vector<cp_range> normalize(std::vector<cp_range> ranges, bool negated);
+
 expr lit(std::string_view utf8);                               // the exact text ("" matches empty)
 expr cls(std::vector<cp_range> ranges, bool negated = false);  // one code point in (or not in) ranges
 expr any_char();                                               // any one code point

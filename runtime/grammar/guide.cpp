@@ -53,17 +53,19 @@ std::shared_ptr<const compiled> compile(const constraint& c, std::chrono::millis
     const auto t0 = std::chrono::steady_clock::now();
     builder b;
     rule_id root = 0;
+    const json_options opt{.ws = c.ws, .closed_objects = c.closed_objects};
     switch (c.k) {
-    case constraint::kind::json_object: root = add_json_object(b); break;
-    case constraint::kind::json_schema: root = add_json_schema(b, parse_json(c.text, "schema")); break;
+    case constraint::kind::json_object: root = add_json_object(b, opt); break;
+    case constraint::kind::json_schema: root = add_json_schema(b, parse_json(c.text, "schema"), opt); break;
     case constraint::kind::regex: root = b.add("root", regex_expr(b, c.text)); break;
     case constraint::kind::gbnf: root = add_gbnf(b, c.text); break;
     case constraint::kind::choice: root = b.add("root", choice_expr(c.text)); break;
-    case constraint::kind::tools: root = add_tool_calls(b, parse_json(c.text, "tools")); break;
+    case constraint::kind::tools: root = add_tool_calls(b, parse_json(c.text, "tools"), opt); break;
     }
     build_limits lim;
     lim.deadline = t0 + budget;
-    auto g = std::make_shared<const compiled>(b.build(root, lim));
+    auto g = std::make_shared<const compiled>(c.k == constraint::kind::json_schema ? build_json_schema(b, root, lim)
+                                                                                    : b.build(root, lim));
     if (std::chrono::steady_clock::now() > lim.deadline)
         reject("the {} took over {} ms to compile", kind_name(c.k), budget.count());
     return g;

@@ -3,6 +3,7 @@
 // sequence's next token with it.
 #pragma once
 
+#include "runtime/grammar/json_schema.hpp"
 #include "runtime/grammar/token_mask.hpp"
 #include "runtime/logits_processor.hpp"
 
@@ -20,12 +21,18 @@ namespace tandem::grammar {
 
 // What a request constrains its output to. `text` is the schema (JSON text), the regular
 // expression, the GBNF grammar, the choices (a JSON array of strings), or the tools
-// (tools_constraint_text: calls to the request's functions).
+// (tools_constraint_text: calls to the request's functions). `ws` is the whitespace JSON
+// may have between tokens (json_object, json_schema and tools), `closed_objects` whether
+// objects that list properties may have others (json_schema and tools; json_schema.hpp).
 struct constraint {
     enum class kind : uint8_t { json_object, json_schema, regex, gbnf, choice, tools };
     kind k = kind::json_object;
     std::string text;
-    bool operator<(const constraint& o) const { return std::tie(k, text) < std::tie(o.k, o.text); }
+    whitespace ws = whitespace::bounded;
+    bool closed_objects = false; // json_options::closed_objects (json_schema and tools)
+    bool operator<(const constraint& o) const {
+        return std::tie(k, text, ws, closed_objects) < std::tie(o.k, o.text, o.ws, o.closed_objects);
+    }
 };
 
 std::string_view kind_name(constraint::kind k);

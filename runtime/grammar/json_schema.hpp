@@ -1,43 +1,34 @@
-// JSON Schema to grammar: the rules that produce exactly the JSON texts valid under a schema,
-// as Tandem reads one, in the forms listed below.
+// JSON Schema to grammar: the rules whose texts are exactly the JSON texts (as Tandem writes
+// them, below) of values valid under a schema, draft-04 to 2020-12, or a grammar_error that
+// names what cannot be honoured. docs/guided.md has the user's account.
 //
-// Honoured: `type` (each, and unions), `properties`, `required`, `additionalProperties`,
-// `enum`, `const`, `anyOf`/`oneOf`, `allOf` (object schemas merged), `$ref` to `#/$defs/...`
-// and `#/definitions/...` (recursion included), `items`, `prefixItems`, `minItems`,
-// `maxItems`, string `minLength`/`maxLength`/`pattern`/`format` (date, time, date-time,
-// uuid, email, ipv4), integer and number `minimum`/`maximum` (and the exclusive forms),
-// `nullable`; annotations (`title`, `description`, `$schema`, `$id`, `examples`, `default`,
-// `$comment`, `deprecated`, `readOnly`, `writeOnly`) are accepted and change nothing. Any
-// other keyword is a grammar_error naming it and its JSON pointer.
+// Semantics are the specification's:
+// - The dialect is `$schema`'s (draft-04, -06, -07, 2019-09, 2020-12; 2020-12 without one);
+//   keywords the dialect does not define are annotations and change nothing (`id`, `x-...`,
+//   `nullable`, `dependencies` after draft-07, ...). In draft-07 and before, the keywords
+//   beside `$ref` are ignored.
+// - Every keyword the dialects define is enforced exactly, or the schema is refused with a
+//   message naming keyword and JSON pointer: `uniqueItems` on arrays of more than one item,
+//   `$dynamicRef` to an anchor defined more than once, remote `$ref`, and combinations that
+//   pass the size limits. An unsatisfiable schema is refused as such.
+// - allOf intersects, anyOf unites, `not` complements, oneOf is a union where the branches
+//   exclude each other and otherwise each branch minus the ones it may overlap; if/then/else
+//   and the dependencies are the unions they stand for. Strings and number texts are regular
+//   languages (automaton.hpp), objects and arrays shapes over subschemas (schema_value.hpp).
+// - `format` is enforced for date, time, date-time, duration, email, ipv4, ipv6, uri,
+//   uri-reference, uuid, json-pointer and relative-json-pointer (json_text.cpp), an annotation
+//   for any other name.
 //
-// Tandem's reading, where JSON Schema leaves room or a generator needs one:
-// - Properties come in the order the schema object lists them (the schema is read as an
-//   ordered_json, so as the client wrote it), then required names it does not list, in
-//   `required`'s order; merged schemas (allOf, $ref siblings) list the first side's first.
-//   Required ones must appear.
-// - additionalProperties false: none; true or a schema: keys that are none of the listed names
-//   (however escaped), anywhere between them. Absent: none when the schema lists `properties`
-//   (OpenAI's strict mode and llama.cpp do the same; JSON Schema would allow any), any when it
-//   lists none. A required name not in `properties` takes additionalProperties' schema.
-// - Without `type`, the types the keywords are about (object for `properties`, string for
-//   `minLength`, ...); every type when there are none.
-// - oneOf is anyOf: exclusivity is not enforced. allOf, and keywords beside a $ref, merge into
-//   one schema (properties and required joined, any other keyword on two sides must agree);
-//   keywords beside anyOf/oneOf merge into each branch.
-// - $ref: JSON pointers into this document ("#", "#/$defs/a~1b" with ~0 ~1 escapes).
-// - enum and const values are written as nlohmann writes them (object keys in the schema's
-//   order), whitespace allowed between tokens; beside them only `type` (which filters them)
-//   and annotations.
-// - Numbers have at most 15 integer, 20 fraction and 2 exponent digits. Integers are plain
-//   digits (not 1.0 or 1e3), never -0. Bounded numbers have no exponent and no -0, and meet
-//   their bounds exactly in decimal, a bound read as the shortest decimal of its double.
-// - String characters are raw or escaped in any JSON way; lengths count code points (an
-//   escape, or a surrogate pair, is one). pattern and format strings write characters as
-//   regex.hpp does, and combine with neither lengths nor each other. Formats: date (month
-//   01-12, day 01-31), time (RFC 3339: offset required, leap second, 1-9 fraction digits),
-//   date-time, uuid, email (dot-atom local part, hostname labels), ipv4.
-// - A false schema forbids its property, ends an array before its prefix item or items, drops
-//   its anyOf branch; anywhere else it is an error, as are bounds no value meets.
+// What Tandem writes, where JSON leaves a choice (the valid texts outside it are never
+// generated):
+// - Whitespace between tokens is bounded (json_options), none before or after the value.
+// - Numbers have no exponent where a keyword constrains them, at most 15 integer and 20
+//   fraction digits, and no negative zero; unconstrained ones may have an exponent of 2 digits.
+// - Printable ASCII in strings is written raw (`\"`, `\\` and `\/` aside); other characters
+//   raw or escaped in any JSON way. Lengths count code points.
+// - Objects write each name once; with up to 6 names in any order, with more in the schema's
+//   order (merged schemas: the first's names first); keys of patternProperties and
+//   additionalProperties anywhere between them.
 #pragma once
 
 #include "runtime/grammar/grammar.hpp"
@@ -48,16 +39,29 @@
 
 namespace tandem::grammar {
 
+// Whitespace between JSON tokens: at each place JSON allows it, at most one line break (\n or
+// \r\n) then at most max_indent spaces or tabs (bounded), or none (compact).
+enum class whitespace : uint8_t { bounded, compact };
+
+std::string_view name_of(whitespace w);
+
 struct json_options {
-    // Whitespace between tokens is bounded (a model at temperature 1 must not be able to fill
-    // max_tokens with it): at most this many of space, \n, \t at each place JSON allows it,
-    // none before or after the value.
-    int32_t max_ws = 4;
+    static constexpr int32_t max_indent = 20;
+    whitespace ws = whitespace::bounded;
+    // For generation: an object schema that lists properties (or patternProperties, or required
+    // names) and says nothing of additionalProperties gets no other keys, as OpenAI's strict
+    // mode reads it. Every text is still valid under the schema; off (the specification's
+    // reading, and what checking instances needs), such objects may have any other key, which a
+    // weak model may fill without end.
+    bool closed_objects = false;
 };
 
 // The rule for a JSON value valid under `schema`; its rules are added to b.
 rule_id add_json_schema(builder& b, const nlohmann::ordered_json& schema, const json_options& opt = {});
 // The rule for any JSON object (response_format json_object).
 rule_id add_json_object(builder& b, const json_options& opt = {});
+// b.build(root, lim), where a grammar that matches nothing is a schema no value satisfies:
+// what the schema's parts allow, put together, may turn out to allow nothing.
+compiled build_json_schema(const builder& b, rule_id root, const build_limits& lim = {});
 
 } // namespace tandem::grammar

@@ -85,7 +85,7 @@ struct bounds {
 
 class parser {
 public:
-    parser(builder& b, std::string_view pattern, const regex_options& opt) : b_(b), p_(pattern), opt_(opt) {}
+    parser(builder* b, std::string_view pattern, const regex_options& opt) : b_(b), p_(pattern), opt_(opt) {}
 
     expr pattern() {
         std::vector<expr> branches;
@@ -311,9 +311,11 @@ private:
         return alt(std::move(forms));
     }
 
-    // Any text, for an end without its anchor under search: one rule shared by every use.
+    // Any text, for an end without its anchor under search: one rule shared by every use (or,
+    // without a builder, the expression itself).
     expr any_text() {
-        if (!any_text_) any_text_ = b_.add("regex-any", star(points({{0, max_cp}})));
+        if (!b_) return star(points({{0, max_cp}}));
+        if (!any_text_) any_text_ = b_->add("regex-any", star(points({{0, max_cp}})));
         return ref(*any_text_);
     }
 
@@ -334,7 +336,7 @@ private:
 
     [[noreturn]] static void fail(std::string_view what, size_t at) { reject("regex: {} (at offset {})", what, at); }
 
-    builder& b_;
+    builder* b_;
     std::string_view p_;
     regex_options opt_;
     size_t pos_ = 0;
@@ -344,7 +346,9 @@ private:
 } // namespace
 
 expr regex_expr(builder& b, std::string_view pattern, const regex_options& opt) {
-    return parser(b, pattern, opt).pattern();
+    return parser(&b, pattern, opt).pattern();
 }
+
+expr regex_expr(std::string_view pattern, const regex_options& opt) { return parser(nullptr, pattern, opt).pattern(); }
 
 } // namespace tandem::grammar

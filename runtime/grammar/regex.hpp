@@ -29,5 +29,7 @@ struct regex_options {
 
 // The expression for `pattern`; helper rules it needs are added to b.
 expr regex_expr(builder& b, std::string_view pattern, const regex_options& opt = {});
+// The same with no rule references (for automata: dfa::of).
+expr regex_expr(std::string_view pattern, const regex_options& opt = {});
 
 } // namespace tandem::grammar

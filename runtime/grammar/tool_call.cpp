@@ -52,22 +52,22 @@ tool_syntax syntax_named(const nlohmann::ordered_json& j) {
 
 // A function's arguments: always a JSON object. No schema, or an empty one, is any object; a
 // schema without `type` is read as an object schema.
-rule_id arguments_rule(builder& b, const nlohmann::ordered_json& params) {
-    if (params.is_null() || (params.is_object() && params.empty())) return add_json_object(b);
+rule_id arguments_rule(builder& b, const nlohmann::ordered_json& params, const json_options& opt) {
+    if (params.is_null() || (params.is_object() && params.empty())) return add_json_object(b, opt);
     if (!params.is_object()) reject("must be a JSON Schema object, not {}", params.dump());
     const auto type = params.find("type");
     if (type == params.end()) {
         nlohmann::ordered_json object_schema = params;
         object_schema["type"] = "object";
-        return add_json_schema(b, object_schema);
+        return add_json_schema(b, object_schema, opt);
     }
     if (*type != "object") reject("must describe an object (type \"object\"), not type {}", type->dump());
-    return add_json_schema(b, params);
+    return add_json_schema(b, params, opt);
 }
 
 } // namespace
 
-rule_id add_tool_calls(builder& b, const nlohmann::ordered_json& spec) {
+rule_id add_tool_calls(builder& b, const nlohmann::ordered_json& spec, const json_options& opt) {
     // A spec that is not tools_constraint_text's shape is refused like any bad constraint.
     const auto field = [](const nlohmann::ordered_json& j, const char* key) -> const nlohmann::ordered_json& {
         if (!j.is_object() || !j.contains(key)) reject("a tools constraint needs '{}'", key);
@@ -83,7 +83,7 @@ rule_id add_tool_calls(builder& b, const nlohmann::ordered_json& spec) {
         const std::string name = f["name"].get<std::string>();
         rule_id args = 0;
         try {
-            args = arguments_rule(b, field(f, "parameters"));
+            args = arguments_rule(b, field(f, "parameters"), opt);
         } catch (const grammar_error& e) {
             reject("function '{}': parameters {}", name, e.what());
         }

@@ -9,7 +9,7 @@
 // reads exactly that, so what the grammar lets a model write the parser reads back.
 #pragma once
 
-#include "runtime/grammar/grammar.hpp"
+#include "runtime/grammar/json_schema.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -51,7 +51,7 @@ std::string tools_constraint_text(tool_syntax s, std::span<const tool_function> 
 
 // The rule for a reply of calls, trigger included, from a tools constraint's text. A
 // function's parameters that cannot be honoured are a grammar_error naming the function.
-rule_id add_tool_calls(builder& b, const nlohmann::ordered_json& spec);
+rule_id add_tool_calls(builder& b, const nlohmann::ordered_json& spec, const json_options& opt = {});
 
 // Reads a reply as it streams: content until the trigger, then the calls. Text that may
 // still turn out to open a call (a partial trigger, and the whitespace before it) is held
