@@ -29,6 +29,9 @@ std::vector<int32_t> truncate_prompts(std::vector<std::vector<token_id>>& prompt
 std::optional<api_error> plan_constraint(const generation_request& req, const model_state& ms, const config& cfg,
                                          engine_request& base, generation_plan& plan) {
     std::optional<found_constraint> constraint = req.constraint;
+    if (constraint && (constraint->second.k == grammar::constraint::kind::json_object ||
+                       constraint->second.k == grammar::constraint::kind::json_schema))
+        constraint->second.ws = req.ws;
     std::string trigger; // tool_choice auto: free text until the model opens a call
     bool anchored = false;
     if (req.tools.active()) {
@@ -40,10 +43,13 @@ std::optional<api_error> plan_constraint(const generation_request& req, const mo
         std::vector<grammar::tool_function> offered;
         for (const auto& f : req.tools.functions)
             if (req.tools.choice != "function" || f.name == req.tools.named) offered.push_back(f);
+        // A call's arguments are the function's named parameters (its schema's other keys,
+        // which JSON Schema would tolerate, are not written: closed objects).
         constraint = found_constraint{
             req.tools.field,
             {grammar::constraint::kind::tools,
-             grammar::tools_constraint_text(syntax, offered, req.tools.parallel && req.tools.choice != "function")}};
+             grammar::tools_constraint_text(syntax, offered, req.tools.parallel && req.tools.choice != "function"),
+             req.ws, true}};
         if (req.tools.choice == "auto") {
             trigger = grammar::layout_of(syntax).trigger;
             anchored = grammar::layout_of(syntax).anchored;

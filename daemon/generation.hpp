@@ -48,6 +48,7 @@ struct generation_request {
     tools_request tools;
     grounding ground;                     // chat: documents to cite (none: no grounding)
     std::optional<found_constraint> constraint; // besides tools (at most one of the two)
+    grammar::whitespace ws = grammar::whitespace::bounded; // between JSON tokens, JSON constraints and tools
     engine_request base;                  // sampling, stop strings, max_tokens, priority, drafts, logprobs count
     int32_t n = 1;                        // choices per prompt
     int32_t best_of = 1;                  // sequences per prompt (>= n): the n best are returned, or the beam width

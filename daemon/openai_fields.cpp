@@ -348,6 +348,11 @@ field_error read_response_format(const json& rf, int max_depth, std::vector<foun
     TANDEM_TRY(check_keys(*js, "response_format.json_schema", {"name", "schema", "strict", "description"}));
     grammar::constraint c{grammar::constraint::kind::json_schema, ""};
     TANDEM_TRY(schema_text((*js)["schema"], "response_format.json_schema.schema", max_depth, c.text));
+    // strict (OpenAI's): an object writes the keys its schema names, no others the schema
+    // would tolerate (every text still valid under it; runtime/grammar closed_objects)
+    bool strict = false;
+    TANDEM_TRY(read_bool(*js, "strict", strict, "response_format.json_schema"));
+    c.closed_objects = strict;
     found.push_back({"response_format", std::move(c)});
     return std::nullopt;
 }

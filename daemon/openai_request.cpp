@@ -20,7 +20,7 @@ field_error check_fields(const json& body, bool chat) {
         "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "user",
         "ignore_eos", "priority", "speculative", "best_of", "response_format", "structured_outputs", "guided_json",
         "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", "functions", "function_call",
-        "use_beam_search", "length_penalty", "early_stopping", "truncate_prompt_tokens"};
+        "use_beam_search", "length_penalty", "early_stopping", "truncate_prompt_tokens", "whitespace"};
     static const std::set<std::string, std::less<>> chat_only{"messages",          "max_completion_tokens",
                                                               "top_logprobs",      "tools",
                                                               "tool_choice",       "parallel_tool_calls",
@@ -144,6 +144,13 @@ std::variant<generation_request, api_error> parse_openai_generation(const json& 
     req.base.max_tokens = int32_t(max_tokens);
     TANDEM_TRY(read_sampling(body, chat, ms, cfg, req));
     TANDEM_TRY(read_constraint(body, cfg.max_json_depth, req.constraint));
+    // The extension `whitespace`: between JSON tokens of a JSON constraint or a tool call,
+    // "bounded" (the default: a line break and up to 20 spaces or tabs) or "compact" (none).
+    std::string ws = "bounded";
+    TANDEM_TRY(read_string(body, "whitespace", ws));
+    if (ws != "bounded" && ws != "compact")
+        return bad(fmt::format("'whitespace' must be \"bounded\" or \"compact\", not \"{}\"", ws), "whitespace");
+    req.ws = ws == "compact" ? grammar::whitespace::compact : grammar::whitespace::bounded;
     return req;
 }
 

@@ -428,3 +428,5 @@ TEST_CASE("context limits: n_ctx capped by the KV memory, logged; an explicit n_
     const std::string log((std::istreambuf_iterator<char>(in)), {});
     INFO(log);
     CHECK(log.find("n_ctx 4096 (--set) is more than the model's training context, 2048 tokens") != std::string::npos);
+    CHECK(log.find("set n_ctx to 2048 or less") != std::string::npos);
+}
