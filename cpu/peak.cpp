@@ -152,4 +152,66 @@ int8_peak measure_int8_peak(thread_pool& pool, isa level, double seconds) {
     return r;
 }
 
+namespace {
+
+__attribute__((target("avx512f"))) uint64_t sum_avx512(const uint8_t* p, int64_t n) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 256 <= n; i += 256) {
+        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
+        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
+        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
+        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
+    }
+    alignas(64) uint64_t l[8];
+    _mm512_store_si512(l, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+    uint64_t s = 0;
+    for (uint64_t v : l) s += v;
+    for (; i < n; ++i) s += p[i];
+    return s;
+}
+
+uint64_t sum_plain(const uint8_t* p, int64_t n) {
+    uint64_t s[8] = {};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int j = 0; j < 8; ++j) {
+            uint64_t v;
+            std::memcpy(&v, p + i + 8 * j, 8);
+            s[j] += v;
+        }
+    uint64_t t = 0;
+    for (uint64_t v : s) t += v;
+    for (; i < n; ++i) t += p[i];
+    return t;
+}
+
+} // namespace
+
+double measure_read_bandwidth_gbs(thread_pool& pool, std::span<const std::span<const uint8_t>> ranges) {
+    std::vector<std::span<const uint8_t>> pieces;
+    int64_t total = 0;
+    for (const auto& r : ranges) {
+        for (size_t o = 0; o < r.size(); o += size_t(1) << 20) pieces.push_back(r.subspan(o, std::min(r.size() - o, size_t(1) << 20)));
+        total += int64_t(r.size());
+    }
+    const bool avx512 = __builtin_cpu_supports("avx512f");
+    std::atomic<uint64_t> sink{0};
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        pool.parallel_for(int64_t(pieces.size()), 1, [&](int64_t b, int64_t e) {
+            uint64_t s = 0;
+            for (int64_t i = b; i < e; ++i) {
+                const auto& piece = pieces[size_t(i)];
+                s += avx512 ? sum_avx512(piece.data(), int64_t(piece.size())) : sum_plain(piece.data(), int64_t(piece.size()));
+            }
+            sink += s;
+        });
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::max(best, double(total) / s / 1e9);
+    }
+    return best;
+}
+
 } // namespace tandem::cpu

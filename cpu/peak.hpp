@@ -7,6 +7,7 @@
 #include "cpu/isa.hpp"
 
 #include <cstdint>
+#include <span>
 
 namespace tandem::cpu {
 
@@ -38,5 +39,10 @@ int8_peak run_int8_peak(isa level, int64_t n_iter, uint8_t a, int8_t b);
 
 // The loop on every thread of `pool` at once for about `seconds`: the machine's peak.
 int8_peak measure_int8_peak(thread_pool& pool, isa level, double seconds);
+
+// Read bandwidth in GB/s: every range summed on the threads of `pool` (1 MiB pieces shared
+// out as the GEMV shares a matrix), the best of three passes. Over ranges well above the
+// cache size (a model's weights) it is the memory's, the bound of decode.
+double measure_read_bandwidth_gbs(thread_pool& pool, std::span<const std::span<const uint8_t>> ranges);
 
 } // namespace tandem::cpu

@@ -180,8 +180,9 @@ int main(int argc, char** argv) {
         const kv_layout lay = m.make_kv_layout(16);
         const int32_t n_pages = int32_t((n_prompt + lay.page_size - 1) / lay.page_size);
         kv_cache kv(lay, n_pages);
+        block_pool pages(n_pages);
         cuda::register_host(kv.base(), size_t(kv.bytes()));
-        sequence_kv seq(kv);
+        sequence_kv seq(pages, lay.page_size);
         if (!seq.reserve(int32_t(n_prompt))) throw error("KV pool too small");
         std::vector<token_id> toks(static_cast<size_t>(n_prompt));
         std::mt19937 rng(7);

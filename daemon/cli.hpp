@@ -26,7 +26,10 @@ using registry = std::vector<command>;
 // run, tokenize, detokenize, synth: offline, no daemon needed.
 void register_offline(CLI::App& app, registry& reg);
 
-// quantize, perplexity, eval-drift, bench: INT8 and measurement (cli_bench.cpp).
+// quantize, perplexity, eval-drift: INT8 and model quality (cli_eval.cpp).
+void register_eval(CLI::App& app, registry& reg);
+
+// bench and its modes: speed, roofline, compute peak, memory (cli_bench.cpp).
 void register_bench(CLI::App& app, registry& reg);
 
 // A mode of `tandem bench` that adds its flags to the subcommand: `flag` selects it, `run`
@@ -65,7 +68,7 @@ std::string read_stdin();
 void write_out(std::string_view s); // stdout, flushed at once so streams show token by token
 // --stop's escapes, as a shell user types them: \n, \t, \r and \\ (any other \ stays as it is).
 std::string unescape(std::string s);
-// --weights f32|int8 and --kv f32|f16|int8 into o (defined in cli_bench.cpp).
+// --weights f32|int8 and --kv f32|f16|int8 into o (defined in cli_eval.cpp).
 void add_precision_flags(CLI::App* sub, load_options& o);
 
 } // namespace tandem::cli

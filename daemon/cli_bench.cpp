@@ -1,23 +1,17 @@
-// Quantization and measurement subcommands of `tandem`: quantize, perplexity, eval-drift, bench.
+// Measurement subcommands of `tandem`: bench and its modes (speculative, beams, guided).
 #include "daemon/cli.hpp"
 
-#include "cpu/dnnl_matmul.hpp"
-#include "cpu/peak.hpp"
-#include "cpu/thread_pool.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/error.hpp"
-#include "runtime/evaluate.hpp"
 #include "quant/int8.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/host.hpp"
 #include "runtime/grammar/guide.hpp"
 #include "runtime/log.hpp"
 #include "runtime/logits_processor.hpp"
-#include "runtime/quantize_file.hpp"
 
 #include <nlohmann/json.hpp>
-
-#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -41,14 +35,6 @@ using clock_type = std::chrono::steady_clock;
 
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
-std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    TANDEM_CHECK(in.good(), "cannot read {}", path);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
 // VmRSS or VmHWM of this process in MB, from /proc/self/status.
 double proc_status_mb(const char* key) {
     std::ifstream in("/proc/self/status");
@@ -64,68 +50,6 @@ void reset_peak_rss() {
     f << "5";
 }
 
-struct eval_opts {
-    std::string model, text;
-    load_options load;
-    int32_t ctx = 512, batch = 128;
-    int threads = default_threads();
-    bool json = false;
-};
-
-std::vector<token_id> text_tokens(const model_bundle& b, const std::string& path) {
-    const std::string text = path == "-" ? read_stdin() : read_file(path);
-    return b.tok->encode(text, /*add_special=*/true);
-}
-
-int cmd_perplexity(const eval_opts& o) {
-    cpu::ensure_passive_openmp();
-    model_bundle b = load_model(resolve_model(o.model), o.load);
-    const auto toks = text_tokens(b, o.text);
-    cpu::thread_pool pool(o.threads);
-    const perplexity_result r = perplexity(exec_ctx{backend::cpu, &pool}, *b.mdl, toks, {o.ctx, o.batch});
-    if (o.json)
-        std::cout << nlohmann::json{{"ppl", r.ppl}, {"n_tokens", r.n_tokens}}.dump() << "\n";
-    else
-        std::cout << fmt::format("perplexity {:.4f} over {} tokens (weights {}, kv {})\n", r.ppl, r.n_tokens,
-                                 o.load.weights == weight_format::int8 ? "int8" : "f32", name_of(o.load.kv));
-    return 0;
-}
-
-int cmd_eval_drift(const eval_opts& o) {
-    cpu::ensure_passive_openmp();
-    const std::string path = resolve_model(o.model);
-    model_bundle base = load_model(path, {weight_format::f32, kv_dtype::f32});
-    model_bundle test = load_model(path, o.load);
-    const auto toks = text_tokens(base, o.text);
-    cpu::thread_pool pool(o.threads);
-    const drift_result r = eval_drift(exec_ctx{backend::cpu, &pool}, *base.mdl, *test.mdl, toks, {o.ctx, o.batch});
-    if (o.json)
-        std::cout << nlohmann::json{{"top1", r.top1}, {"mean_kl", r.mean_kl}, {"ppl_f32", r.ppl_base},
-                                    {"ppl_test", r.ppl_test}, {"n_tokens", r.n_tokens}}
-                         .dump()
-                  << "\n";
-    else
-        std::cout << fmt::format("top-1 agreement {:.4f}, mean KL {:.6f} nats over {} tokens; ppl f32 {:.4f}, "
-                                 "int8 (kv {}) {:.4f}\n",
-                                 r.top1, r.mean_kl, r.n_tokens, r.ppl_base, name_of(o.load.kv), r.ppl_test);
-    return 0;
-}
-
-struct quantize_opts {
-    std::string in, out;
-    int threads = default_threads();
-};
-
-int cmd_quantize(const quantize_opts& o) {
-    cpu::thread_pool pool(o.threads);
-    const auto t0 = clock_type::now();
-    const quantize_stats st = quantize_gguf(o.in, o.out, pool);
-    std::cout << fmt::format("{}: {} matrices as INT8 ({} v{}), {} tensors copied, {:.1f} MB, {:.2f} s\n", o.out,
-                             st.n_quantized, int8_scheme, int8_scheme_version, st.n_copied, double(st.out_bytes) / 1e6,
-                             since(t0));
-    return 0;
-}
-
 struct bench_opts {
     std::string model;
     load_options load;
@@ -139,40 +63,6 @@ struct bench_opts {
     int32_t beams = 0;       // --beams W: the beam-search mode
 };
 
-// Read bandwidth in GB/s, measured by streaming over the weight matrices themselves (well
-// above the cache size) on the pool: the bytes a decode step reads, on the threads it uses.
-__attribute__((target("avx512f"))) uint64_t sum_avx512(const uint8_t* p, int64_t n) {
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 256 <= n; i += 256) {
-        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
-        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
-        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
-        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
-    }
-    alignas(64) uint64_t l[8];
-    _mm512_store_si512(l, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
-    uint64_t s = 0;
-    for (uint64_t v : l) s += v;
-    for (; i < n; ++i) s += p[i];
-    return s;
-}
-
-uint64_t sum_plain(const uint8_t* p, int64_t n) {
-    uint64_t s[8] = {};
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64)
-        for (int j = 0; j < 8; ++j) {
-            uint64_t v;
-            std::memcpy(&v, p + i + 8 * j, 8);
-            s[j] += v;
-        }
-    uint64_t t = 0;
-    for (uint64_t v : s) t += v;
-    for (; i < n; ++i) t += p[i];
-    return t;
-}
-
 std::vector<const weight*> decode_matrices(const model_weights& w) {
     std::vector<const weight*> v;
     for (const auto& l : w.layers)
@@ -181,35 +71,17 @@ std::vector<const weight*> decode_matrices(const model_weights& w) {
     return v;
 }
 
-double measure_bandwidth_gbs(cpu::thread_pool& pool, const std::vector<const weight*>& mats) {
-    struct span_t {
-        const uint8_t* p;
-        int64_t n;
-    };
-    std::vector<span_t> spans;
-    int64_t total = 0;
+// Read bandwidth in GB/s, measured by streaming over the weight matrices themselves (well
+// above the cache size) on the threads: the bytes a decode step reads, on the threads it uses.
+double measure_bandwidth_gbs(const host_threads& threads, const std::vector<const weight*>& mats) {
+    std::vector<std::span<const uint8_t>> ranges;
     for (const weight* m : mats) {
         const uint8_t* p = m->is_i8() ? reinterpret_cast<const uint8_t*>(m->q())
                                       : reinterpret_cast<const uint8_t*>(m->data.data());
         const int64_t n = m->is_i8() ? m->n_out * m->n_in : int64_t(m->data.size()) * 4;
-        // 1 MiB pieces so the threads share every matrix as the GEMV does
-        for (int64_t o = 0; o < n; o += 1 << 20) spans.push_back({p + o, std::min<int64_t>(1 << 20, n - o)});
-        total += n;
+        ranges.emplace_back(p, size_t(n));
     }
-    const bool avx512 = __builtin_cpu_supports("avx512f");
-    std::atomic<uint64_t> sink{0};
-    double best = 0;
-    for (int rep = 0; rep < 3; ++rep) {
-        const auto t0 = clock_type::now();
-        pool.parallel_for(int64_t(spans.size()), 1, [&](int64_t b, int64_t e) {
-            uint64_t s = 0;
-            for (int64_t i = b; i < e; ++i) s += avx512 ? sum_avx512(spans[size_t(i)].p, spans[size_t(i)].n)
-                                                        : sum_plain(spans[size_t(i)].p, spans[size_t(i)].n);
-            sink += s;
-        });
-        best = std::max(best, double(total) / since(t0) / 1e9);
-    }
-    return best;
+    return threads.read_bandwidth_gbs(ranges);
 }
 
 std::vector<token_id> random_tokens(int n, int32_t n_vocab, uint32_t seed) {
@@ -257,7 +129,7 @@ void print_ops(const std::vector<op_profile::entry>& ops, double total_s) {
 }
 
 int cmd_bench(const bench_opts& o) {
-    cpu::ensure_passive_openmp();
+    prepare_inference_process();
     const auto t_load = clock_type::now();
     model_bundle b = load_model(resolve_model(o.model), o.load);
     const double load_s = since(t_load);
@@ -268,14 +140,14 @@ int cmd_bench(const bench_opts& o) {
     model& m = *b.mdl;
     const model_config& c = m.config();
     const int32_t n_vocab = c.n_vocab;
-    cpu::thread_pool pool(o.threads);
-    const exec_ctx ctx{backend::cpu, &pool};
+    const host_threads threads(o.threads);
+    const exec_ctx ctx = threads.ctx();
     auto log = logger("bench");
 
     const auto mats = decode_matrices(m.weights());
     int64_t step_bytes = 0;
     for (const weight* w : mats) step_bytes += w->bytes();
-    const double bw = measure_bandwidth_gbs(pool, mats);
+    const double bw = measure_bandwidth_gbs(threads, mats);
     const double roofline = bw * 1e9 / double(step_bytes);
     log->info("bandwidth {:.1f} GB/s over {:.0f} MB of weights: roofline {:.2f} tok/s", bw, double(step_bytes) / 1e6,
               roofline);
@@ -286,13 +158,14 @@ int cmd_bench(const bench_opts& o) {
     const int32_t n_short = 16; // prompt tokens per sequence before the decode steps
     const int32_t pages_seq = (seq_len + page - 1) / page, pages_dec = (n_short + o.n_gen + page) / page;
     kv_cache kv(m.make_kv_layout(page), std::max(pages_seq, int32_t(max_batch) * pages_dec) + 1);
+    block_pool pages(kv.n_pages());
     std::vector<float> logits(size_t(std::max(2, max_batch)) * size_t(n_vocab));
 
     // prefill: one sequence of n_prompt tokens in one step (a warm-up run first: JIT, pages)
     double prefill_s = 0;
     std::vector<token_id> prompt = random_tokens(o.n_prompt, n_vocab, 1);
     for (int rep = 0; rep < 2; ++rep) {
-        sequence_kv seq(kv);
+        sequence_kv seq(pages, page);
         TANDEM_ASSERT(seq.reserve(seq_len));
         const batch s = one_sequence(prompt, 0, seq.block_table());
         const auto t0 = clock_type::now();
@@ -305,7 +178,7 @@ int cmd_bench(const bench_opts& o) {
     op_profile prof;
     double prof_s = 0;
     {
-        sequence_kv seq(kv);
+        sequence_kv seq(pages, page);
         TANDEM_ASSERT(seq.reserve(seq_len));
         const batch s = one_sequence(prompt, 0, seq.block_table());
         exec_ctx pctx = ctx;
@@ -333,7 +206,7 @@ int cmd_bench(const bench_opts& o) {
             return step_batch;
         };
         for (int i = 0; i < nb; ++i) {
-            seqs.push_back(std::make_unique<sequence_kv>(kv));
+            seqs.push_back(std::make_unique<sequence_kv>(pages, page));
             TANDEM_ASSERT(seqs.back()->reserve(n_short + o.n_gen + 1));
             toks.push_back(random_tokens(n_short + o.n_gen + 1, n_vocab, uint32_t(100 + i)));
         }
@@ -366,10 +239,8 @@ int cmd_bench(const bench_opts& o) {
 
     // The compute limit: this machine's int8 peak on every thread (a register-only loop of the
     // instruction the kernels at this ISA level use) over the ops a prompt token's matmuls take.
-    const cpu::isa level = cpu::active_isa();
-    cpu::int8_peak peak;
-    if (level != cpu::isa::scalar) peak = cpu::measure_int8_peak(pool, level, 0.5);
-    const double limit_tok_s = peak.ops > 0 ? peak.tops() * 1e12 / (2.0 * macs_per_token) : 0;
+    const host_threads::int8_peak peak = threads.measure_int8_peak(0.5);
+    const double limit_tok_s = peak.tops > 0 ? peak.tops * 1e12 / (2.0 * macs_per_token) : 0;
 
     // oneDNN's raw int8 matmul throughput on this model's prefill shapes, as time for the
     // whole prefill's matmuls: prefill tok/s as a fraction of it excludes everything else.
@@ -379,9 +250,9 @@ int cmd_bench(const bench_opts& o) {
         std::map<std::pair<int64_t, int64_t>, double> gops;
         for (auto kn : per_layer) {
             if (gops.count(kn)) continue;
-            gops[kn] = cpu::dnnl_matmul_gops(o.threads, M, kn.first, kn.second, 5);
+            gops[kn] = host_matmul_gops(o.threads, M, kn.first, kn.second, 5);
             raw_shapes.push_back({{"m", M}, {"k", kn.first}, {"n", kn.second}, {"gops", gops[kn]},
-                                  {"impl", cpu::dnnl_impl_name(M, kn.first, kn.second)}});
+                                  {"impl", host_matmul_impl(M, kn.first, kn.second)}});
         }
         for (auto kn : per_layer) raw_s += 2.0 * double(M) * double(kn.first) * double(kn.second) / (gops[kn] * 1e9);
         raw_s *= c.n_layer;
@@ -417,8 +288,8 @@ int cmd_bench(const bench_opts& o) {
     j["decode_step_profiled_s"] = decode_prof_s;
     if (batch_tok_s.count(1) && batch_tok_s.count(16)) j["batch16_speedup"] = batch_tok_s[16] / batch_tok_s[1];
     if (limit_tok_s > 0) {
-        j["int8_peak_isa"] = std::string(cpu::name_of(level));
-        j["int8_peak_tops"] = peak.tops();
+        j["int8_peak_isa"] = peak.isa;
+        j["int8_peak_tops"] = peak.tops;
         j["compute_limit_tok_s"] = limit_tok_s;
         j["prefill_pct_of_peak"] = 100.0 * prefill_tok_s / limit_tok_s;
     }
@@ -453,7 +324,7 @@ int cmd_bench(const bench_opts& o) {
     if (limit_tok_s > 0)
         std::cout << fmt::format("compute      int8 peak {:.2f} TOPS ({} register loop, {} threads) / {:.2f} GOP per "
                                  "token = {:.0f} tok/s; prefill at {:.1f}%\n",
-                                 peak.tops(), cpu::name_of(level), o.threads, 2.0 * macs_per_token * 1e-9, limit_tok_s,
+                                 peak.tops, peak.isa, o.threads, 2.0 * macs_per_token * 1e-9, limit_tok_s,
                                  100.0 * prefill_tok_s / limit_tok_s);
     else
         std::cout << "compute      no int8 peak at the scalar level\n";
@@ -577,7 +448,7 @@ engine_run run_greedy(model_bundle& b, int threads, const std::vector<token_id>&
 // all W beams. The beams share the prompt's pages and whatever history they have in common:
 // the peak of pages in use (over every step) against W unshared copies of -p + -n tokens.
 int cmd_bench_beams(const bench_opts& o) {
-    cpu::ensure_passive_openmp();
+    prepare_inference_process();
     model_bundle b = load_model(resolve_model(o.model), o.load);
     const int32_t W = o.beams;
     engine_request req;
@@ -653,7 +524,7 @@ int cmd_bench_beams(const bench_opts& o) {
 // unconstrained, at each --batch size, runs interleaved; the schema's mask cache is warmed by
 // one run first, as a daemon's is by earlier requests, and that cold run is reported apart.
 int cmd_bench_guided(const bench_opts& o) {
-    cpu::ensure_passive_openmp();
+    prepare_inference_process();
     model_bundle b = load_model(resolve_model(o.model), o.load);
     const nlohmann::json schema = nlohmann::json::parse(R"({
       "type": "array", "minItems": 10000,
@@ -718,21 +589,22 @@ int cmd_bench_guided(const bench_opts& o) {
 // size, measured interleaved) and what prompt lookup gains on the engine (greedy, K drafts):
 // a prompt that holds a passage twice (the continuation copies it), and random tokens.
 int cmd_bench_speculative(const bench_opts& o) {
-    cpu::ensure_passive_openmp();
+    prepare_inference_process();
     model_bundle b = load_model(resolve_model(o.model), o.load);
     model& m = *b.mdl;
     const int32_t n_vocab = m.config().n_vocab, page = 16, n_short = 64, K = o.speculative, reps = 6;
-    cpu::thread_pool pool(o.threads);
-    const exec_ctx ctx{backend::cpu, &pool};
+    const host_threads threads(o.threads);
+    const exec_ctx ctx = threads.ctx();
     nlohmann::json j{{"model", resolve_model(o.model)}, {"threads", o.threads}, {"verify_cost", nlohmann::json::object()}};
     for (int nb : o.batches) {
         const int32_t n_pos = n_short + K + 1;
         kv_cache kv(m.make_kv_layout(page), nb * ((n_pos + page - 1) / page) + 1);
+        block_pool pages(kv.n_pages());
         std::vector<std::unique_ptr<sequence_kv>> seqs;
         std::vector<std::vector<token_id>> toks;
         std::vector<float> logits(size_t(nb) * size_t(K + 1) * size_t(n_vocab));
         for (int i = 0; i < nb; ++i) {
-            seqs.push_back(std::make_unique<sequence_kv>(kv));
+            seqs.push_back(std::make_unique<sequence_kv>(pages, page));
             TANDEM_ASSERT(seqs.back()->reserve(n_pos));
             toks.push_back(random_tokens(n_pos, n_vocab, uint32_t(200 + i)));
             m.forward(ctx, one_sequence(std::span(toks.back()).first(size_t(n_short)), 0, seqs.back()->block_table()), kv,
@@ -848,36 +720,7 @@ int cmd_bench_speculative(const bench_opts& o) {
 
 } // namespace
 
-void add_precision_flags(CLI::App* sub, load_options& o) {
-    auto value = [](auto e) { return std::to_string(int(e)); }; // the enum as CLI11 reads one
-    sub->add_option("--weights", o.weights, "weights in memory: int8 (default) or f32 (unquantized)")
-        ->transform(named({{"f32", value(weight_format::f32)}, {"int8", value(weight_format::int8)}}));
-    sub->add_option("--kv", o.kv, "KV cache: f16 (default), int8 or f32")
-        ->transform(named({{"f32", value(kv_dtype::f32)}, {"f16", value(kv_dtype::f16)}, {"int8", value(kv_dtype::i8)}}));
-}
-
 void register_bench(CLI::App& app, registry& reg) {
-    auto q = std::make_shared<quantize_opts>();
-    auto* qz = app.add_subcommand("quantize", "write a GGUF with INT8 weights (loads by mmap, no re-quantizing)");
-    qz->add_option("input", q->in, "input GGUF (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL or IQ4_XS weights)")->required();
-    qz->add_option("output", q->out, "output GGUF")->required();
-    qz->add_option("-t,--threads", q->threads, "threads")->check(at_least(1));
-    reg.push_back({qz, [q] { return cmd_quantize(*q); }});
-
-    for (const bool drift : {false, true}) {
-        auto e = std::make_shared<eval_opts>();
-        auto* sub = drift ? app.add_subcommand("eval-drift", "top-1 agreement and mean KL of INT8 vs F32 over a text")
-                          : app.add_subcommand("perplexity", "perplexity of a model over a text");
-        sub->add_option("-m,--model", e->model, "GGUF model (default: $TANDEM_MODEL)");
-        sub->add_option("-f,--file", e->text, "text file, or - for stdin")->required();
-        add_precision_flags(sub, e->load);
-        sub->add_option("-c,--ctx", e->ctx, "tokens per window")->check(between(2, 1 << 20));
-        sub->add_option("-b,--batch", e->batch, "tokens per forward step")->check(at_least(1));
-        sub->add_option("-t,--threads", e->threads, "CPU threads")->check(at_least(1));
-        sub->add_flag("--json", e->json, "print one JSON object");
-        reg.push_back({sub, [e, drift] { return drift ? cmd_eval_drift(*e) : cmd_perplexity(*e); }});
-    }
-
     auto bo = std::make_shared<bench_opts>();
     auto* bench = app.add_subcommand(
         "bench",

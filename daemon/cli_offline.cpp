@@ -381,7 +381,7 @@ void register_offline(CLI::App& app, registry& reg) {
     syn->add_option("--rope-scale", sy->rope_scale, "RoPE scaling factor")->check(between(1.0, 1024.0, number::real));
     auto* scaling_opt = syn->add_option("--rope-scaling", sy->rope_scaling, "linear | yarn | llama3 (with --rope-scale)")
                             ->check(one_of({"linear", "yarn", "llama3"}));
-    reg.push_back({syn, [sy, arch_opt, scaling_opt] {
+    reg.push_back({syn, [syn, sy, arch_opt, scaling_opt] {
         // The preset gives every shape; flags given on the command line override it.
         synth_params p = synth_preset(sy->preset);
         for (auto [opt, field] : sy->shape)
@@ -391,6 +391,12 @@ void register_offline(CLI::App& app, registry& reg) {
         p.tied_output = p.tied_output || sy->tied;
         if (sy->rope_scale > 0) p.rope_scale = sy->rope_scale;
         if (*scaling_opt) p.rope_scaling = sy->rope_scaling;
+        // A kind of scaling without a factor would write no scaling at all (the preset's factor
+        // counts: llama3.2-1b has one).
+        if (*scaling_opt && p.rope_scale == 0)
+            return usage_error(*syn, fmt::format("--rope-scaling: {} needs --rope-scale (the factor); without one the "
+                                                 "file would have no RoPE scaling",
+                                                 sy->rope_scaling));
         p.vocab_from = sy->vocab_from;
         if (*sy->type_opt) p.type = synth_types().at(sy->type);
         synth_write(p, sy->out);

@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
     cli::register_offline(app, reg);
     cli::register_info(app, reg);
     cli::register_guide(app, reg);
+    cli::register_eval(app, reg);
     cli::register_bench(app, reg);
     cli::register_embed(app, reg);
     cli::register_batch(app, reg);

@@ -19,11 +19,12 @@ void for_each_window(const exec_ctx& ctx, model& m, std::span<const token_id> to
     const int32_t n_vocab = m.config().n_vocab;
     const int32_t page = 16;
     kv_cache kv(m.make_kv_layout(page), (p.n_ctx + page - 1) / page);
+    block_pool pages(kv.n_pages());
     std::vector<float> logits;
     for (size_t w0 = 0; w0 + 1 < toks.size(); w0 += size_t(p.n_ctx)) {
         const auto win = toks.subspan(w0, std::min(toks.size() - w0, size_t(p.n_ctx)));
         if (win.size() < 2) break;
-        sequence_kv seq(kv);
+        sequence_kv seq(pages, page);
         TANDEM_ASSERT(seq.reserve(int32_t(win.size())));
         logits.resize(win.size() * size_t(n_vocab));
         for (size_t b = 0; b < win.size(); b += size_t(p.n_batch)) {

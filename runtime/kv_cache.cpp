@@ -27,7 +27,7 @@ std::optional<kv_dtype> parse_kv_dtype(std::string_view s) {
 
 void kv_cache::free_aligned::operator()(uint8_t* p) const { std::free(p); }
 
-kv_cache::kv_cache(const kv_layout& layout, int32_t n_pages) : layout_(layout), n_pages_(n_pages), pool_(n_pages) {
+kv_cache::kv_cache(const kv_layout& layout, int32_t n_pages) : layout_(layout), n_pages_(n_pages) {
     TANDEM_ASSERT(layout.page_size > 0 && layout.n_layer > 0 && layout.n_head_kv > 0 && layout.head_dim > 0);
     const size_t n = std::max<size_t>(64, size_t(n_pages) * size_t(layout.page_bytes()));
     data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, n)));
@@ -37,23 +37,22 @@ kv_cache::kv_cache(const kv_layout& layout, int32_t n_pages) : layout_(layout), 
 }
 
 kv_cache::kv_cache(const kv_layout& layout, int32_t n_pages, uint8_t* base)
-    : layout_(layout), n_pages_(n_pages), pool_(n_pages), base_(base) {
+    : layout_(layout), n_pages_(n_pages), base_(base) {
     TANDEM_ASSERT(layout.page_size > 0 && layout.n_layer > 0 && layout.n_head_kv > 0 && layout.head_dim > 0);
     TANDEM_ASSERT(base != nullptr && reinterpret_cast<uintptr_t>(base) % 64 == 0);
 }
 
 bool sequence_kv::reserve(int32_t n_tokens) {
-    const int32_t ps = cache_->layout().page_size;
-    const int32_t need = (n_tokens + ps - 1) / ps - int32_t(pages_.size());
+    const int32_t need = (n_tokens + page_size_ - 1) / page_size_ - int32_t(pages_.size());
     if (need <= 0) return true;
-    auto got = cache_->pool().allocate(need);
+    auto got = pages_of_->allocate(need);
     if (!got) return false;
     pages_.insert(pages_.end(), got->begin(), got->end());
     return true;
 }
 
 void sequence_kv::clear() {
-    if (!pages_.empty()) cache_->pool().release(pages_);
+    if (!pages_.empty()) pages_of_->release(pages_);
     pages_.clear();
 }
 

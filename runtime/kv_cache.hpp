@@ -1,4 +1,5 @@
-// The KV cache as fixed-size pages: page storage, its layout, and per-sequence block tables.
+// The KV cache as fixed-size pages: page storage and its layout; per-sequence block tables
+// for code that runs a model without a scheduler.
 #pragma once
 
 #include "runtime/block_pool.hpp"
@@ -14,13 +15,10 @@ class kv_cache {
 public:
     kv_cache(const kv_layout& layout, int32_t n_pages);
     // A view of pages someone else owns (the shared-memory pool of a worker): `base` holds
-    // n_pages pages of layout.page_bytes(), 64-byte aligned. The local block pool is unused
-    // there: the supervisor hands out pages.
+    // n_pages pages of layout.page_bytes(), 64-byte aligned.
     kv_cache(const kv_layout& layout, int32_t n_pages, uint8_t* base);
 
     const kv_layout& layout() const { return layout_; }
-    block_pool& pool() { return pool_; }
-    const block_pool& pool() const { return pool_; }
 
     // Page 0 (64-byte aligned); kernels index pages with layout().page_bytes().
     uint8_t* base() { return base_; }
@@ -35,15 +33,16 @@ private:
 
     kv_layout layout_;
     int32_t n_pages_ = 0;
-    block_pool pool_;
     std::unique_ptr<uint8_t[], free_aligned> data_; // null for a view
     uint8_t* base_ = nullptr;
 };
 
-// The pages of one sequence and how many positions they hold.
+// The pages of one sequence, taken from a block_pool (the one page allocator; the engine's is
+// its scheduler's) by code that runs a model without a scheduler: offline evaluation,
+// benchmarks, tests. Pages are page_size positions each.
 class sequence_kv {
 public:
-    explicit sequence_kv(kv_cache& cache) : cache_(&cache) {}
+    sequence_kv(block_pool& pages, int32_t page_size) : pages_of_(&pages), page_size_(page_size) {}
     ~sequence_kv() { clear(); }
     sequence_kv(const sequence_kv&) = delete;
     sequence_kv& operator=(const sequence_kv&) = delete;
@@ -53,10 +52,11 @@ public:
     void clear(); // returns every page to the pool
 
     const std::vector<int32_t>& block_table() const { return pages_; }
-    int32_t capacity() const { return int32_t(pages_.size()) * cache_->layout().page_size; }
+    int32_t capacity() const { return int32_t(pages_.size()) * page_size_; }
 
 private:
-    kv_cache* cache_;
+    block_pool* pages_of_;
+    int32_t page_size_;
     std::vector<int32_t> pages_;
 };
 

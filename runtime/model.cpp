@@ -266,9 +266,7 @@ void model::project_logits(const exec_ctx& ctx, const model_weights& w, const fl
     if (out_w.is_i8()) {
         // The logits' error moves the argmax directly, so their input goes in as two int8 terms
         // (the second quantizes the first's rounding error, as for the down projection), run as
-        // 2 * n_rows rows of one int8 matmul and summed. On stories260K that matches f32
-        // activations (W8A32): top-1 0.985006 both, mean KL 0.000873 both, ppl 3.97538 against
-        // 3.97539; on the 1.1B shape at 16 rows with two threads it takes 6.7 ms against 10.1.
+        // 2 * n_rows rows of one int8 matmul and summed (its accuracy and cost: docs/cpu.md).
         // Integer dots make each row's logits independent of the batch it is in.
         const int64_t nv = cfg_.n_vocab;
         const ops::act_i8 lo{act.q + n_rows * e, act.s + n_rows};

@@ -22,6 +22,15 @@
 
 namespace tandem::test {
 
+// A KV cache with the block_pool its sequences take pages from: tests run models and workers
+// without a scheduler. Constructed as kv_cache is: its own pages, or a view of others'.
+struct paged_kv : kv_cache {
+    block_pool pages;
+    paged_kv(const kv_layout& layout, int32_t n_pages) : kv_cache(layout, n_pages), pages(n_pages) {}
+    paged_kv(const kv_layout& layout, int32_t n_pages, uint8_t* base) : kv_cache(layout, n_pages, base), pages(n_pages) {}
+    sequence_kv sequence() { return sequence_kv(pages, layout().page_size); }
+};
+
 inline double nmse(std::span<const float> want, std::span<const float> got) {
     double err = 0, ref = 0;
     for (size_t i = 0; i < want.size(); ++i) {
@@ -51,21 +60,21 @@ inline std::vector<float> read_kv(const kv_cache& kv, std::span<const int32_t> t
 // `r` may change between steps: another device continues on the same pages.
 struct seq_driver {
     runner* r;
-    kv_cache& kv;
+    paged_kv& kv;
     sequence_kv seq;
     int32_t n_past = 0;
     std::vector<float> logits;
     bool generations = false;      // pass the pages' generations (a runner keeping pages uses them)
     std::vector<uint32_t> gens;
 
-    seq_driver(runner& r_, kv_cache& kv_, int32_t n_vocab) : r(&r_), kv(kv_), seq(kv_), logits(size_t(n_vocab)) {}
+    seq_driver(runner& r_, paged_kv& kv_, int32_t n_vocab) : r(&r_), kv(kv_), seq(kv_.sequence()), logits(size_t(n_vocab)) {}
 
     // Returns the argmax of the logits after the last token.
     token_id step(std::span<const token_id> toks) {
         REQUIRE(seq.reserve(n_past + int32_t(toks.size())));
         gens.clear();
         if (generations)
-            for (int32_t p : seq.block_table()) gens.push_back(kv.pool().generation(p));
+            for (int32_t p : seq.block_table()) gens.push_back(kv.pages.generation(p));
         batch b;
         b.add_seq(0, n_past, toks, seq.block_table(), gens, n_past + int32_t(toks.size()) - 1);
         r->forward(b, kv, logits.data());
@@ -126,7 +135,7 @@ inline void check_rows(std::span<const float> want, std::span<const float> got, 
 // one decode token; the same on other pages of `kv` as 5 one-token steps gives the same 5 rows,
 // the same row for the other sequence, and the same K/V in the pages. `kv` is where `r` writes
 // (a view of a worker's shared pool, say); the check takes 18 of its free pages at page size 3.
-inline void check_multi_token_step(runner& r, const model& m, kv_cache& kv, double tol) {
+inline void check_multi_token_step(runner& r, const model& m, paged_kv& kv, double tol) {
     const int32_t n_vocab = m.config().n_vocab;
     const auto prompt = random_ids(13, n_vocab, 1), draft = random_ids(5, n_vocab, 2), other = random_ids(9, n_vocab, 3);
     const int32_t n_prompt = int32_t(prompt.size());
@@ -136,7 +145,7 @@ inline void check_multi_token_step(runner& r, const model& m, kv_cache& kv, doub
     std::vector<std::vector<float>> kv_of(2);
     std::vector<float> multi, steps;
     // Both paths hold their pages to the end: the second writes pages the first never touched.
-    sequence_kv a0(kv), o0(kv), a1(kv), o1(kv);
+    sequence_kv a0 = kv.sequence(), o0 = kv.sequence(), a1 = kv.sequence(), o1 = kv.sequence();
     for (int path = 0; path < 2; ++path) {
         sequence_kv& a = path == 0 ? a0 : a1;
         sequence_kv& o = path == 0 ? o0 : o1;
@@ -170,7 +179,7 @@ inline void check_multi_token_step(runner& r, const model& m, kv_cache& kv, doub
 
 // The same on a private cache of page_size positions a page.
 inline void check_multi_token_step(runner& r, const model& m, int32_t page_size, double tol) {
-    kv_cache kv(m.make_kv_layout(page_size), 32);
+    paged_kv kv(m.make_kv_layout(page_size), 32);
     check_multi_token_step(r, m, kv, tol);
 }
 

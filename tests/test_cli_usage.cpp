@@ -60,6 +60,10 @@ TEST_CASE("tandem: every parse error is one line `tandem: <option>: <problem>` a
                 "tandem: --type: expected bf16, f16, f32, iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k or "
                 "q8_0, got 'q3'",
                 "tandem synth --help");
+    check_usage(run_tandem({"synth", "-o", "/tmp/x.gguf", "--rope-scaling", "llama3"}),
+                "tandem: --rope-scaling: llama3 needs --rope-scale (the factor); without one the file would have no "
+                "RoPE scaling",
+                "tandem synth --help");
     // Values that are fine still work: the enum behind --weights/--kv is set from its name.
     auto ok = run_tandem({"run", "-m", stories, "-p", "Once", "-n", "3", "--temp", "0", "--weights", "f32", "--kv",
                           "int8", "--json", "-t", "1"});

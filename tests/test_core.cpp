@@ -136,9 +136,9 @@ TEST_CASE("block pool against a naive model") {
 }
 
 TEST_CASE("sequence_kv reserves whole pages and gives them back") {
-    kv_cache kv(kv_layout{2, 2, 4, 16}, 5);
+    block_pool pool(5);
     {
-        sequence_kv a(kv), b(kv);
+        sequence_kv a(pool, 16), b(pool, 16);
         CHECK(a.reserve(1));
         CHECK(a.block_table().size() == 1);
         CHECK(a.reserve(16));
@@ -146,14 +146,14 @@ TEST_CASE("sequence_kv reserves whole pages and gives them back") {
         CHECK(a.reserve(17));
         CHECK(a.block_table().size() == 2);
         CHECK(b.reserve(48));
-        CHECK(kv.pool().n_free() == 0);
+        CHECK(pool.n_free() == 0);
         CHECK_FALSE(a.reserve(33)); // the pool is empty: no change
         CHECK(a.block_table().size() == 2);
         std::set<int32_t> all(a.block_table().begin(), a.block_table().end());
         all.insert(b.block_table().begin(), b.block_table().end());
         CHECK(all.size() == 5);
     }
-    CHECK(kv.pool().n_free() == 5);
+    CHECK(pool.n_free() == 5);
 }
 
 TEST_CASE("kv layout offsets tile a page without overlap") {

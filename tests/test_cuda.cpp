@@ -27,6 +27,7 @@
 using namespace tandem;
 using test::nmse;
 using test::read_kv;
+using test::paged_kv;
 using test::seq_driver;
 
 namespace {
@@ -176,7 +177,7 @@ TEST_CASE("CUDA runner: greedy tokens on stories260K equal the CPU runner's (eve
         for (int32_t ps : {16, 5}) {
             kv_layout lay = m.make_kv_layout(ps);
             lay.dtype = dt;
-            kv_cache kv_cpu(lay, 64), kv_gpu(lay, 64);
+            paged_kv kv_cpu(lay, 64), kv_gpu(lay, 64);
             seq_driver c(*cpu, kv_cpu, m.config().n_vocab), g(*gpu, kv_gpu, m.config().n_vocab);
             const token_id c0 = c.prefill(prompt, prompt.size());
             const token_id g0 = g.prefill(prompt, prompt.size());
@@ -205,14 +206,14 @@ TEST_CASE("CUDA runner: K/V hand-off through host pages, both ways, with chunked
     auto gpu = make_cuda_runner(m, 0);
     auto cpu = make_cpu_runner(m, 2);
     const kv_layout lay = m.make_kv_layout(16); // F16, the engine's default
-    kv_cache kv_ref(lay, 64);
+    paged_kv kv_ref(lay, 64);
     seq_driver ref(*cpu, kv_ref, n_vocab);
     const auto want = ref.decode(ref.prefill(prompt, prompt.size()), n_greedy);
 
     // GPU prefill (in chunks of 7: pages half full between chunks) into registered host pages,
     // then the CPU decodes from those very pages.
     {
-        kv_cache kv(lay, 64);
+        paged_kv kv(lay, 64);
         cuda::register_host(kv.base(), size_t(kv.bytes()));
         seq_driver d(*gpu, kv, n_vocab);
         const token_id next = d.prefill(prompt, 7);
@@ -231,7 +232,7 @@ TEST_CASE("CUDA runner: K/V hand-off through host pages, both ways, with chunked
     }
     // CPU prefill, then the GPU decodes (its mirror brings the CPU's pages over every step).
     {
-        kv_cache kv(lay, 64);
+        paged_kv kv(lay, 64);
         seq_driver d(*cpu, kv, n_vocab);
         const token_id next = d.prefill(prompt, prompt.size());
         d.r = gpu.get();
@@ -253,7 +254,7 @@ TEST_CASE("CUDA runner keeping its pages: decode steps upload only what the devi
     const auto p2 = b.tok->encode("Once upon a time, there was a little girl named Lily.", true);
     std::vector<std::vector<token_id>> want;
     for (const auto* p : {&p1, &p2}) {
-        kv_cache kv_ref(lay, 64);
+        paged_kv kv_ref(lay, 64);
         seq_driver ref(*cpu, kv_ref, n_vocab);
         want.push_back(ref.decode(ref.prefill(*p, p->size()), n_greedy));
     }
@@ -264,7 +265,7 @@ TEST_CASE("CUDA runner keeping its pages: decode steps upload only what the devi
         ro.keep_pages = true;
         ro.mirror_bytes = mirror_bytes;
         auto gpu = make_cuda_runner(m, 0, ro);
-        kv_cache kv(lay, 64);
+        paged_kv kv(lay, 64);
         cuda::register_host(kv.base(), size_t(kv.bytes()));
         for (size_t k = 0; k < 2; ++k) {
             // CPU prefill; the GPU decodes the first half, the CPU the rest from the same pages.
@@ -321,12 +322,12 @@ TEST_CASE("CUDA runner: a flat batch of sequences (prefill and decode) matches t
         prompts.push_back(p);
     }
     const kv_layout lay = m.make_kv_layout(16);
-    kv_cache kv_c(lay, 64), kv_g(lay, 64);
+    paged_kv kv_c(lay, 64), kv_g(lay, 64);
     std::vector<std::unique_ptr<sequence_kv>> sc, sg;
     batch bc, bg;
     for (const auto& p : prompts) {
-        sc.push_back(std::make_unique<sequence_kv>(kv_c));
-        sg.push_back(std::make_unique<sequence_kv>(kv_g));
+        sc.push_back(std::make_unique<sequence_kv>(kv_c.pages, lay.page_size));
+        sg.push_back(std::make_unique<sequence_kv>(kv_g.pages, lay.page_size));
         REQUIRE(sc.back()->reserve(int32_t(p.size()) + 1));
         REQUIRE(sg.back()->reserve(int32_t(p.size()) + 1));
         const int32_t last = int32_t(p.size()) - 1;
@@ -415,7 +416,7 @@ TEST_CASE("CUDA runner: every architecture's synthetic file tracks the CPU") {
         const int32_t n_vocab = m.config().n_vocab;
         auto gpu = make_cuda_runner(m, 0);
         auto cpu = make_cpu_runner(m, 2);
-        kv_cache kv_c(m.make_kv_layout(16), 16), kv_g(m.make_kv_layout(16), 16);
+        paged_kv kv_c(m.make_kv_layout(16), 16), kv_g(m.make_kv_layout(16), 16);
         seq_driver c(*cpu, kv_c, n_vocab), g(*gpu, kv_g, n_vocab);
         std::vector<token_id> toks;
         for (int i = 0; i < 40; ++i) toks.push_back(token_id((i * 37 + 11) % n_vocab));

@@ -75,8 +75,8 @@ void engine_matches_reference(const std::string& name, model& m) {
         exec_ctx ctx{be, &pool};
         for (int32_t page_size : {1, 16}) {
             const std::string what = name + " " + std::string(name_of(be)) + " page " + std::to_string(page_size);
-            kv_cache kv(m.make_kv_layout(page_size), 64);
-            sequence_kv seq(kv);
+            test::paged_kv kv(m.make_kv_layout(page_size), 64);
+            sequence_kv seq = kv.sequence();
             REQUIRE(seq.reserve(int32_t(toks.size())));
 
             // the whole sequence in one step, every position's logits
@@ -214,14 +214,14 @@ TEST_CASE("a flat batch of sequences gives each sequence its solo logits") {
     const int32_t n_vocab = m.config().n_vocab;
     cpu::thread_pool pool(2);
     exec_ctx ctx{backend::cpu, &pool};
-    kv_cache kv(m.make_kv_layout(16), 64);
+    test::paged_kv kv(m.make_kv_layout(16), 64);
 
     const std::vector<std::vector<token_id>> prompts{test::random_ids(20, n_vocab, 1), test::random_ids(3, n_vocab, 2),
                                                      test::random_ids(37, n_vocab, 3)};
     std::vector<std::unique_ptr<sequence_kv>> seqs;
     batch b;
     for (const auto& p : prompts) {
-        seqs.push_back(std::make_unique<sequence_kv>(kv));
+        seqs.push_back(std::make_unique<sequence_kv>(kv.pages, 16));
         REQUIRE(seqs.back()->reserve(int32_t(p.size()) + 1));
         b.add_seq(b.seq_id.size(), 0, p, seqs.back()->block_table(), {}, int32_t(p.size()) - 1);
     }
@@ -246,7 +246,7 @@ TEST_CASE("a flat batch of sequences gives each sequence its solo logits") {
         check_close(&logits[i * size_t(n_vocab)], reference_logits(m, next[i]).back(), "decode " + std::to_string(i));
     // pages go back to the pool
     seqs.clear();
-    CHECK(kv.pool().n_free() == kv.pool().n_pages());
+    CHECK(kv.pages.n_free() == kv.pages.n_pages());
 }
 
 TEST_CASE("a sequence computing 5 tokens with logits for all 5 equals 5 one-token steps (ref, CPU; F32 and INT8)") {
@@ -353,8 +353,8 @@ TEST_CASE("default INT8 path tracks the F32 reference on stories260K") {
     const auto want = reference_logits(*f.mdl, toks);
     cpu::thread_pool pool(2);
     for (backend be : {backend::ref, backend::cpu}) {
-        kv_cache kv(q.mdl->make_kv_layout(16), 8);
-        sequence_kv seq(kv);
+        test::paged_kv kv(q.mdl->make_kv_layout(16), 8);
+        sequence_kv seq = kv.sequence();
         REQUIRE(seq.reserve(int32_t(toks.size())));
         std::vector<float> all(toks.size() * size_t(n_vocab));
         batch s;
@@ -392,7 +392,7 @@ TEST_CASE("model::prepare builds every primitive and all the scratch a forward o
     const size_t prepared = cpu::dnnl_primitive_count(), reserved = scratch.capacity();
     if (dnnl) CHECK(prepared >= 3); // at least 64, 128 and 192 rows of one shape
     CHECK(reserved == m.scratch_bytes(max_tokens, max_tokens));
-    kv_cache kv(m.make_kv_layout(16), 16);
+    test::paged_kv kv(m.make_kv_layout(16), 16);
     const int32_t n_vocab = m.config().n_vocab;
     std::vector<float> logits(size_t(max_tokens) * size_t(n_vocab));
     const auto run = [&](const batch& b, int32_t n) {
@@ -401,14 +401,14 @@ TEST_CASE("model::prepare builds every primitive and all the scratch a forward o
         CHECK_MESSAGE(scratch.capacity() == reserved, "a forward of ", n, " tokens grew the scratch arena");
     };
     for (const int32_t n : {63, 64, 65, 127, 128, 129, 150, 191, 192, 200}) {
-        sequence_kv seq(kv);
+        sequence_kv seq = kv.sequence();
         REQUIRE(seq.reserve(n));
         batch b;
         b.add_seq(0, 0, test::random_ids(n, n_vocab, uint32_t(n)), seq.block_table(), {}, 0); // logits for all
         run(b, n);
     }
     // Hidden rows beside logits rows: the rows are gathered, projected and copied apart.
-    sequence_kv a(kv), h(kv);
+    sequence_kv a = kv.sequence(), h = kv.sequence();
     REQUIRE(a.reserve(100));
     REQUIRE(h.reserve(100));
     batch b;

@@ -17,7 +17,7 @@ TEST_CASE("workers: through a worker process, 5 tokens with logits for all 5 in 
         const std::string path = scratch().file("multi" + std::to_string(ps) + ".kv");
         auto pool = ipc::kv_pool::create_or_adopt(path, {fp, layout, n_pages});
         // The supervisor's view of the pool: its block pool hands out the pages.
-        kv_cache pages(layout, n_pages, pool->pages());
+        paged_kv pages(layout, n_pages, pool->pages());
         auto ex = start_decode_worker(decode_spec(path, fp, lo, ps, n_pages, n_vocab, 6)); // 6: the 6-token step's rows
         executor_runner r(*ex, pages, n_vocab);
         check_multi_token_step(r, *b.mdl, pages, 1e-9);
@@ -35,18 +35,18 @@ TEST_CASE("workers: a worker that corrupts its command ring is restarted and the
     const kv_layout layout = b.mdl->make_kv_layout(16);
     const std::string path = scratch().file("corrupt-ring.kv");
     auto pool = ipc::kv_pool::create_or_adopt(path, {fp, layout, n_pages});
-    kv_cache pages(layout, n_pages, pool->pages());
+    paged_kv pages(layout, n_pages, pool->pages());
     auto ex = start_decode_worker(decode_spec(path, fp, lo, 16, n_pages, n_vocab, 1));
     executor_runner r(*ex, pages, n_vocab);
     const std::vector<token_id> prompt{1, 403, 407, 136, 261};
-    sequence_kv seq(pages);
+    sequence_kv seq = pages.sequence();
     REQUIRE(seq.reserve(int32_t(prompt.size())));
     std::vector<float> before(size_t(n_vocab), 0.f), after(size_t(n_vocab), 0.f);
     r.forward(one_sequence(prompt, 0, seq.block_table()), pages, before.data());
 
     command_ring_of_channel()->head.store(3); // not a record boundary: the supervisor's next push sees it
     batch wire = one_sequence(prompt, 0, seq.block_table());
-    for (int32_t p : wire.tables) wire.generations.push_back(pages.pool().generation(p));
+    for (int32_t p : wire.tables) wire.generations.push_back(pages.pages.generation(p));
     REQUIRE(ex->ready());
     ex->start(wire);
     std::optional<executor::outcome> out;

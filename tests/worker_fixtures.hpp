@@ -66,7 +66,7 @@ inline void check_gpu_text(const std::string& got, const std::string& prompt, in
     static model_bundle b = load_model(model_path("stories260K.gguf"));
     static const std::unique_ptr<runner> cpu = make_cpu_runner(*b.mdl, 1);
     const auto ptoks = b.tok->encode(prompt, true, false);
-    kv_cache kv(b.mdl->make_kv_layout(16), int32_t((ptoks.size() + size_t(n)) / 16 + 2));
+    paged_kv kv(b.mdl->make_kv_layout(16), int32_t((ptoks.size() + size_t(n)) / 16 + 2));
     seq_driver d(*cpu, kv, b.mdl->config().n_vocab);
     token_id next = d.prefill(ptoks, ptoks.size());
     size_t at = 0;
@@ -254,13 +254,13 @@ inline bool poll_until(executor& ex, const std::function<bool(const std::optiona
 // into the shared pool (mapped here as `pages`), the rows come back through the channel.
 class executor_runner final : public runner {
 public:
-    executor_runner(executor& ex, kv_cache& pages, int32_t n_vocab) : ex_(ex), pages_(pages), n_vocab_(n_vocab) {}
+    executor_runner(executor& ex, paged_kv& pages, int32_t n_vocab) : ex_(ex), pages_(pages), n_vocab_(n_vocab) {}
     std::string device() const override { return ex_.name(); }
     void forward(const batch& b, kv_cache& kv, float* logits) override {
         REQUIRE(&kv == &pages_); // the worker writes the pool, nothing else
         wire_ = b;
         wire_.generations.clear();
-        for (int32_t p : wire_.tables) wire_.generations.push_back(p == no_page ? 0 : pages_.pool().generation(p));
+        for (int32_t p : wire_.tables) wire_.generations.push_back(p == no_page ? 0 : pages_.pages.generation(p));
         REQUIRE(ex_.ready());
         ex_.start(wire_);
         std::optional<executor::outcome> out;
@@ -275,7 +275,7 @@ public:
 
 private:
     executor& ex_;
-    kv_cache& pages_;
+    paged_kv& pages_;
     int32_t n_vocab_;
     batch wire_; // valid until the outcome is taken
 };
