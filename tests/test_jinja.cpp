@@ -90,7 +90,13 @@ TEST_CASE("real chat templates render as Jinja2 renders them") {
             } else {
                 CAPTURE(err);
                 const std::string exp = c["expected"].get<std::string>();
-                CHECK(got == exp);
+                size_t at = 0;
+                while (at < got.size() && at < exp.size() && got[at] == exp[at]) ++at;
+                const size_t from = at < 40 ? 0 : at - 40;
+                CAPTURE(at);
+                CAPTURE(got.substr(from, 100));
+                CAPTURE(exp.substr(from, 100));
+                CHECK_MESSAGE(got == exp, "rendering differs from Jinja2's");
                 all_same &= err.empty() && got == exp;
             }
         }

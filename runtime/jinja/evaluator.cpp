@@ -294,11 +294,6 @@ void fail_if_undefined(const value& v) {
 
 bool is_intlike(const value& v) { return v.is_int() || v.is_bool(); }
 
-int64_t checked(bool overflow, int64_t r) {
-    if (overflow) throw error("integer overflow");
-    return r;
-}
-
 } // namespace
 
 value evaluator::binop(const expr& e, const frame_ptr& f) {
@@ -337,7 +332,8 @@ value evaluator::binop(const expr& e, const frame_ptr& f) {
     if (op == "+") {
         if (is_intlike(a) && is_intlike(b)) {
             int64_t r;
-            return value(checked(__builtin_add_overflow(a.as_int(), b.as_int(), &r), r));
+            if (__builtin_add_overflow(a.as_int(), b.as_int(), &r)) throw error("integer overflow");
+            return value(r);
         }
         if (a.is_number() && b.is_number()) return value(a.as_double() + b.as_double());
         if (a.is_string() && b.is_string()) {
@@ -357,7 +353,8 @@ value evaluator::binop(const expr& e, const frame_ptr& f) {
     if (op == "-") {
         if (is_intlike(a) && is_intlike(b)) {
             int64_t r;
-            return value(checked(__builtin_sub_overflow(a.as_int(), b.as_int(), &r), r));
+            if (__builtin_sub_overflow(a.as_int(), b.as_int(), &r)) throw error("integer overflow");
+            return value(r);
         }
         if (a.is_number() && b.is_number()) return value(a.as_double() - b.as_double());
         type_error("-", a, b);
@@ -365,7 +362,8 @@ value evaluator::binop(const expr& e, const frame_ptr& f) {
     if (op == "*") {
         if (is_intlike(a) && is_intlike(b)) {
             int64_t r;
-            return value(checked(__builtin_mul_overflow(a.as_int(), b.as_int(), &r), r));
+            if (__builtin_mul_overflow(a.as_int(), b.as_int(), &r)) throw error("integer overflow");
+            return value(r);
         }
         if (a.is_number() && b.is_number()) return value(a.as_double() * b.as_double());
         const value* seq = a.is_string() || a.is_list() ? &a : &b;

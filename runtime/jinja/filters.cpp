@@ -121,7 +121,6 @@ std::string html_escape(const std::string& s) {
 value apply_filter(evaluator& ev, const std::string& name, const value& v, call_args& a, int line) {
     if (name == "tojson") {
         const value* ea = opt_arg(a, 0, "ensure_ascii");
-        if (ea && truthy(*ea)) throw error("tojson: ensure_ascii=True is not supported", line);
         const value* ind = opt_arg(a, 1, "indent");
         int indent = -1;
         if (ind && !ind->is_none()) {
@@ -137,7 +136,7 @@ value apply_filter(evaluator& ev, const std::string& name, const value& v, call_
         }
         const bool sort_keys = bool_arg(a, 3, "sort_keys", false);
         std::string r = to_json(v, indent, sort_keys, seps && !seps->is_none() ? &is : nullptr,
-                                seps && !seps->is_none() ? &ks : nullptr);
+                                seps && !seps->is_none() ? &ks : nullptr, ea && truthy(*ea));
         ev.check_size(r.size());
         return value(std::move(r));
     }

@@ -162,9 +162,26 @@ std::string repr_string(const std::string& s) {
     return out;
 }
 
-void json_string(std::string& out, const std::string& s) {
+void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
     out += '"';
-    for (unsigned char c : s) {
+    for (size_t i = 0; i < s.size(); ++i) {
+        const unsigned char c = static_cast<unsigned char>(s[i]);
+        if (ensure_ascii && c >= 0x80) {
+            // decode one UTF-8 sequence; \uXXXX (surrogate pairs above the BMP)
+            uint32_t cp = c;
+            int n = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+            cp = n == 3 ? c & 0x07 : n == 2 ? c & 0x0F : n == 1 ? c & 0x1F : 0xFFFD;
+            for (int k = 0; k < n && i + 1 < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[++i]) & 0x3F);
+            char b[16];
+            if (cp >= 0x10000) {
+                cp -= 0x10000;
+                std::snprintf(b, sizeof b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+            } else {
+                std::snprintf(b, sizeof b, "\\u%04x", cp);
+            }
+            out += b;
+            continue;
+        }
         switch (c) {
         case '"': out += "\\\""; break;
         case '\\': out += "\\\\"; break;
@@ -185,7 +202,7 @@ void json_string(std::string& out, const std::string& s) {
 }
 
 void json_dump(std::string& out, const value& x, int indent, bool sort_keys, const std::string& item_sep,
-               const std::string& key_sep, int depth) {
+               const std::string& key_sep, int depth, bool ea) {
     if (depth > 512) throw error("tojson: nesting too deep");
     auto newline = [&](int d) {
         if (indent < 0) return;
@@ -203,7 +220,7 @@ void json_dump(std::string& out, const value& x, int indent, bool sort_keys, con
         else out += python_float(d);
         return;
     }
-    if (x.is_string()) { json_string(out, x.str()); return; }
+    if (x.is_string()) { json_string(out, x.str(), ea); return; }
     if (x.is_list()) {
         const auto& items = x.list()->items;
         if (items.empty()) { out += "[]"; return; }
@@ -211,7 +228,7 @@ void json_dump(std::string& out, const value& x, int indent, bool sort_keys, con
         for (size_t i = 0; i < items.size(); ++i) {
             if (i) out += item_sep;
             newline(depth + 1);
-            json_dump(out, items[i], indent, sort_keys, item_sep, key_sep, depth + 1);
+            json_dump(out, items[i], indent, sort_keys, item_sep, key_sep, depth + 1, ea);
         }
         newline(depth);
         out += ']';
@@ -227,9 +244,9 @@ void json_dump(std::string& out, const value& x, int indent, bool sort_keys, con
         for (size_t i = 0; i < items.size(); ++i) {
             if (i) out += item_sep;
             newline(depth + 1);
-            json_string(out, items[i]->first);
+            json_string(out, items[i]->first, ea);
             out += key_sep;
-            json_dump(out, items[i]->second, indent, sort_keys, item_sep, key_sep, depth + 1);
+            json_dump(out, items[i]->second, indent, sort_keys, item_sep, key_sep, depth + 1, ea);
         }
         newline(depth);
         out += '}';
@@ -295,11 +312,11 @@ std::string repr(const value& x) {
 }
 
 std::string to_json(const value& x, int indent, bool sort_keys, const std::string* item_sep,
-                    const std::string* key_sep) {
+                    const std::string* key_sep, bool ensure_ascii) {
     const std::string is = item_sep ? *item_sep : (indent < 0 ? ", " : ",");
     const std::string ks = key_sep ? *key_sep : ": ";
     std::string out;
-    json_dump(out, x, indent, sort_keys, is, ks, 0);
+    json_dump(out, x, indent, sort_keys, is, ks, 0, ensure_ascii);
     return out;
 }
 

@@ -139,7 +139,7 @@ std::string python_float(double d);
 // Python's json.dumps(x, ensure_ascii=False, indent=indent, separators=..., sort_keys=...)
 // as Hugging Face's tojson runs it. indent < 0: none.
 std::string to_json(const value& x, int indent, bool sort_keys, const std::string* item_sep = nullptr,
-                    const std::string* key_sep = nullptr);
+                    const std::string* key_sep = nullptr, bool ensure_ascii = false);
 
 // Python's == (1 == 1.0 == True; lists and dicts compared item by item).
 bool equals(const value& a, const value& b);
