@@ -204,10 +204,7 @@ std::vector<value> iterate(const value& v, int line) {
         for (auto& c : code_points(v.str())) out.emplace_back(std::move(c));
         return out;
     }
-    if (v.is_undefined()) {
-        if (v.undef().unsafe) throw error(v.undef().hint, line);
-        return {};
-    }
+    if (v.is_undefined()) return {};
     throw error("'" + type_name(v) + "' object is not iterable", line);
 }
 

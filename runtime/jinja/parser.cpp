@@ -89,7 +89,7 @@ private:
             const token& tk = cur();
             if (tk.kind == tok::eof) {
                 if (end_tags.size() != 0)
-                    fail(std::string("unexpected end of template, expected '") + *end_tags.begin() + "'");
+                    fail(std::string("unexpected end of template, expected '") + *(end_tags.end() - 1) + "'");
                 return out;
             }
             if (tk.kind == tok::data) {

@@ -290,10 +290,8 @@ void repr_into(std::string& out, const value& x, int depth) {
 } // namespace
 
 std::string to_str(const value& x) {
-    if (x.is_undefined()) {
-        if (x.undef().unsafe) throw error(x.undef().hint);
-        return {};
-    }
+    if (x.is_undefined()) return {}; // also a sandbox refusal: Jinja2 prints it as ""
+
     if (x.is_none()) return "None";
     if (x.is_bool()) return std::get<bool>(x.v) ? "True" : "False";
     if (x.is_int()) return std::to_string(std::get<int64_t>(x.v));
