@@ -9,6 +9,7 @@ pkgs=(
   dpkg-dev man-db
   clang libclang-rt-14-dev
   ccache
+  python3-jinja2
 )
 
 missing=()
