@@ -5,6 +5,7 @@
 #include "runtime/error.hpp"
 #include "runtime/evaluate.hpp"
 #include "runtime/generate.hpp"
+#include "runtime/gguf.hpp"
 #include "runtime/host.hpp"
 #include "runtime/quantize_file.hpp"
 
