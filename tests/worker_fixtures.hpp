@@ -329,4 +329,91 @@ inline ipc::ring_header* command_ring_of_channel() {
 }
 
 
+using text_of = std::function<std::string(const std::string& prompt, int n)>;
+
+// Kills the `role` worker of `d` with requests in its batch (decode: once their tokens flow;
+// prefill: stopped first, holding the first chunk of long prompts), then checks that a new
+// worker comes within 2 s and the requests end as if nothing had happened (resumed from the
+// pages in the pool: the text `want` gives), their pages returned.
+inline void kill_mid_batch(const daemon_process& d, const std::string& role, int n_decode, const text_of& want = offline_text) {
+    CAPTURE(role);
+    std::string story;
+    for (const auto& p : prompts) story += p + " and then. ";
+    const pid_t victim = worker_pid(d.pid, role);
+    REQUIRE(victim > 0);
+    std::vector<std::future<streamed>> fs;
+    std::vector<std::string> sent;
+    if (role == "decode") {
+        fs = streaming(d, 4, n_decode, 40); // once tokens flow, kill it
+        sent.assign(prompts.begin(), prompts.begin() + 4);
+        CHECK(status(d.sock)["running"].get<int>() >= 1); // killed while streaming
+    } else {
+        REQUIRE(::kill(victim, SIGSTOP) == 0);
+        for (size_t i = 0; i < 2; ++i) {
+            sent.push_back(prompts[i] + ". " + story);
+            fs.push_back(std::async(std::launch::async, [sock = d.sock, p = sent.back()] { return stream(sock, p, 40); }));
+        }
+        REQUIRE(wait_for([&] { return status(d.sock)["running"].get<int>() >= 1; }, 10));
+    }
+    const auto t_kill = std::chrono::steady_clock::now();
+    REQUIRE(::kill(victim, SIGKILL) == 0);
+    // a new worker within a second or two (model load included)
+    CHECK(wait_for([&] { const pid_t p = worker_pid(d.pid, role); return p > 0 && p != victim; }, 2));
+    const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
+    CHECK(noticed < 2.0);
+    for (size_t i = 0; i < fs.size(); ++i) {
+        const streamed s = fs[i].get();
+        CHECK(s.done);
+        CHECK_MESSAGE(s.finish == "length", "request ", i);
+        CHECK_MESSAGE(s.text == want(sent[i], role == "decode" ? n_decode : 40), "request ", i);
+    }
+    CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+}
+
+// A synthetic Llama with a window of 24 on every layer (written once), and what one greedy
+// request of 96 tokens gives on it in-process.
+inline const std::string& windowed_model_path() {
+    static const std::string path = [] {
+        synth_params p = synth_preset("tiny");
+        p.sliding_window = 24;
+        p.n_ctx = 512;
+        p.seed = 17;
+        const std::string f = scratch().file("swa.gguf");
+        synth_write(p, f);
+        return f;
+    }();
+    return path;
+}
+
+inline const std::string windowed_prompt = "abc def ghi";
+
+// tandemd on the windowed model with these placements: while a request generates 4 windows'
+// worth of tokens, the pages behind its window go back to the shared pool's free list at once,
+// so it never holds more than ceil(23 / 16) + 1 = 3 pages (without the release, 7 at the end).
+// Returns its text ("" when the placement cannot start here).
+inline std::string windowed_run(const std::string& name, const std::vector<std::string>& placement) {
+    daemon_process d;
+    d.sock = scratch().file(name + ".sock");
+    d.log = scratch().file(name + ".log");
+    std::vector<std::string> args{"--model", windowed_model_path(), "--socket", d.sock, "--threads", "1", "--log",
+                                  "warn", "--set", "kv_pool=" + d.sock + ".kv", "--set", "kv_pool_persist=false"};
+    args.insert(args.end(), placement.begin(), placement.end());
+    d.spawn(args);
+    if (!placement.empty()) {
+        if (!gpu_daemon_up(d, placement[1])) return ""; // the first placement set (prefill's)
+    } else {
+        REQUIRE(d.wait_ready());
+    }
+    const streamed s = stream(d.sock, windowed_prompt, 96);
+    CHECK(s.done);
+    CHECK(s.finish == "length");
+    CHECK(wait_for([&] { return status(d.sock)["kv_pages_used"] == 0; }, 5));
+    const int most = status(d.sock)["kv_pages_peak"].get<int>(); // over the daemon's one request
+    CHECK(most >= 1);
+    CHECK(most <= 3);
+    CHECK(d.stop() == 0);
+    return s.text;
+}
+
+
 } // namespace tandem::test
