@@ -357,6 +357,16 @@ value slice_of(evaluator& ev, const value& obj, const value& start, const value&
     return make_list(std::move(items), obj.list()->tuple);
 }
 
+bool is_test(const std::string& name) {
+    static const char* const names[] = {
+        "defined", "undefined", "none", "boolean", "true", "false", "integer", "float", "number", "string", "mapping",
+        "iterable", "sequence", "callable", "odd", "even", "divisibleby", "eq", "equalto", "==", "ne", "!=", "lt",
+        "lessthan", "<", "gt", "greaterthan", ">", "le", "<=", "ge", ">=", "in", "sameas", "lower", "upper", "escaped"};
+    for (const char* n : names)
+        if (name == n) return true;
+    return false;
+}
+
 bool apply_test(evaluator& ev, const std::string& name, const value& v, call_args& a, int line) {
     auto arg = [&](size_t i) -> const value& {
         if (i >= a.pos.size()) throw error("test '" + name + "' expects an argument", line);

@@ -503,9 +503,37 @@ value evaluator::eval(const expr& e, const frame_ptr& f) {
     return value();
 }
 
+namespace {
+
+// Jinja2 refuses unknown filters and tests when it compiles a template; so does this.
+void check_names(const expr& e) {
+    if (e.kind == ex::filter && !is_filter(e.name)) throw error("No filter named '" + e.name + "'.", e.line);
+    if (e.kind == ex::test && !is_test(e.name)) throw error("No test named '" + e.name + "'.", e.line);
+    for (const auto& a : e.args)
+        if (a) check_names(*a);
+    for (const auto& [k, a] : e.kwargs) check_names(*a);
+}
+
+void check_names(const body& b) {
+    for (const auto& s : b) {
+        for (const expr* e : {s->e.get(), s->cond.get()})
+            if (e) check_names(*e);
+        for (const auto& c : s->conds) check_names(*c);
+        for (const auto& br : s->branches) check_names(br);
+        check_names(s->inner);
+        check_names(s->else_body);
+        for (const auto& p : s->params)
+            if (p.def) check_names(*p.def);
+    }
+}
+
+} // namespace
+
 template_program template_program::parse(std::string_view source) {
     template_program p;
-    p.body_ = std::make_shared<const body>(jinja::parse(lex(source)));
+    auto b = std::make_shared<body>(jinja::parse(lex(source)));
+    check_names(*b);
+    p.body_ = std::move(b);
     return p;
 }
 

@@ -54,6 +54,8 @@ private:
 };
 
 // builtins.cpp
+bool is_filter(const std::string& name);
+bool is_test(const std::string& name);
 value apply_filter(evaluator& ev, const std::string& name, const value& input, call_args& args, int line);
 bool apply_test(evaluator& ev, const std::string& name, const value& input, call_args& args, int line);
 value get_attr(evaluator& ev, const value& obj, const std::string& name);

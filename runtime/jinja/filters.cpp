@@ -118,6 +118,17 @@ std::string html_escape(const std::string& s) {
 
 } // namespace
 
+bool is_filter(const std::string& name) {
+    static const char* const names[] = {
+        "tojson", "trim", "length", "count", "string", "safe", "lower", "upper", "title", "capitalize", "e", "escape",
+        "replace", "join", "first", "last", "default", "d", "items", "list", "reverse", "map", "select", "reject",
+        "selectattr", "rejectattr", "unique", "sort", "dictsort", "min", "max", "int", "float", "abs", "round",
+        "indent", "wordcount", "batch", "sum", "format", "center", "attr"};
+    for (const char* n : names)
+        if (name == n) return true;
+    return name == body_placeholder;
+}
+
 value apply_filter(evaluator& ev, const std::string& name, const value& v, call_args& a, int line) {
     if (name == "tojson") {
         const value* ea = opt_arg(a, 0, "ensure_ascii");
