@@ -505,25 +505,30 @@ value evaluator::eval(const expr& e, const frame_ptr& f) {
 
 namespace {
 
-// Jinja2 refuses unknown filters and tests when it compiles a template; so does this.
-void check_names(const expr& e) {
-    if (e.kind == ex::filter && !is_filter(e.name)) throw error("No filter named '" + e.name + "'.", e.line);
-    if (e.kind == ex::test && !is_test(e.name)) throw error("No test named '" + e.name + "'.", e.line);
+// Jinja2 refuses unknown filters and tests when it compiles a template, except inside an `if`
+// or a conditional expression (a "soft" frame: they fail only if reached); so does this.
+void check_names(const expr& e, bool soft) {
+    if (!soft && e.kind == ex::filter && !is_filter(e.name)) throw error("No filter named '" + e.name + "'.", e.line);
+    if (!soft && e.kind == ex::test && !is_test(e.name)) throw error("No test named '" + e.name + "'.", e.line);
+    soft |= e.kind == ex::cond;
     for (const auto& a : e.args)
-        if (a) check_names(*a);
-    for (const auto& [k, a] : e.kwargs) check_names(*a);
+        if (a) check_names(*a, soft);
+    for (const auto& [k, a] : e.kwargs) check_names(*a, soft);
 }
 
-void check_names(const body& b) {
+void check_names(const body& b, bool soft) {
     for (const auto& s : b) {
+        const bool inner_soft = s->kind == st::if_ || (soft && s->kind != st::for_ && s->kind != st::macro &&
+                                                        s->kind != st::call_block && s->kind != st::scope);
+        const bool own_soft = s->kind == st::if_ || soft;
         for (const expr* e : {s->e.get(), s->cond.get()})
-            if (e) check_names(*e);
-        for (const auto& c : s->conds) check_names(*c);
-        for (const auto& br : s->branches) check_names(br);
-        check_names(s->inner);
-        check_names(s->else_body);
+            if (e) check_names(*e, own_soft && s->kind != st::for_);
+        for (const auto& c : s->conds) check_names(*c, own_soft);
+        for (const auto& br : s->branches) check_names(br, inner_soft);
+        check_names(s->inner, inner_soft);
+        check_names(s->else_body, inner_soft);
         for (const auto& p : s->params)
-            if (p.def) check_names(*p.def);
+            if (p.def) check_names(*p.def, false);
     }
 }
 
@@ -532,7 +537,7 @@ void check_names(const body& b) {
 template_program template_program::parse(std::string_view source) {
     template_program p;
     auto b = std::make_shared<body>(jinja::parse(lex(source)));
-    check_names(*b);
+    check_names(*b, false);
     p.body_ = std::move(b);
     return p;
 }
