@@ -467,8 +467,9 @@ void install_globals(frame& g) {
               for (const auto& k : a.kw) d->set(k.name, k.v);
               return value(std::move(d));
           }));
-    g.set("namespace", make_func("namespace", [](evaluator&, call_args& a) -> value {
+    g.set("namespace", make_func("namespace", [](evaluator& ev, call_args& a) -> value {
               auto d = std::make_shared<dict_obj>();
+              ev.adopt(d);
               if (!a.pos.empty() && a.pos[0].is_dict())
                   for (const auto& [k, v] : a.pos[0].dict()->items) d->set(k, v);
               for (const auto& k : a.kw) d->set(k.name, k.v);

@@ -29,6 +29,11 @@ void frame::set(const std::string& name, value v) {
 evaluator::evaluator(const render_options& opt, frame_ptr globals)
     : opt_(opt), globals_(std::move(globals)), deadline_(std::chrono::steady_clock::now() + opt.limits.max_time) {}
 
+evaluator::~evaluator() {
+    for (auto& f : owned_frames_) f->vars.clear();
+    for (auto& d : owned_dicts_) d->items.clear();
+}
+
 void evaluator::tick() {
     if (++n_ticks_ > opt_.limits.max_iterations)
         throw error("template exceeded " + std::to_string(opt_.limits.max_iterations) + " loop iterations");
@@ -215,6 +220,7 @@ void evaluator::run_for(const stmt& s, const frame_ptr& f, std::string& out) {
 }
 
 value evaluator::make_macro(const stmt& s, const frame_ptr& f) {
+    owned_frames_.push_back(f);
     const stmt* sp = &s;
     frame_ptr closure = f;
     const std::string name = s.kind == st::macro ? s.text : "caller";
@@ -557,9 +563,13 @@ std::string template_program::render(const value& context, const render_options&
     top->parent = globals;
     if (context.is_dict())
         for (const auto& [k, v] : context.dict()->items) top->set(k, v);
-    evaluator ev(opt, globals);
     std::string out;
-    ev.exec(*body_, top, out);
+    {
+        evaluator ev(opt, globals);
+        ev.exec(*body_, top, out);
+    }
+    top->vars.clear();
+    globals->vars.clear();
     return out;
 }
 
