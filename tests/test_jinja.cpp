@@ -193,6 +193,13 @@ TEST_CASE("limits: a hostile template fails with an error, never hangs or exhaus
     CHECK(fails(deep_if).find("nested too deeply") != std::string::npos);
     CHECK(fails("{{ " + std::string(5000, '-') + "1 }}").find("nested too deeply") != std::string::npos);
     CHECK(fails("{{ 9223372036854775807 + 1 }}").starts_with("integer overflow"));
+    // a list holding one list twice, doubled 60 times: printing, tojson and == would walk 2^60 items
+    std::string dag = "{% set a = [1] %}{% set b = [1] %}";
+    for (int i = 0; i < 60; ++i) dag += "{% set a = [a, a] %}{% set b = [b, b] %}";
+    CHECK(fails(dag + "{{ a }}").find("exceeded") != std::string::npos);
+    CHECK(fails(dag + "{{ a | tojson }}").find("exceeded") != std::string::npos);
+    CHECK(fails(dag + "{{ a == b }}").find("exceeded") != std::string::npos);
+    CHECK(render(dag + "{{ a == a }}") == "True");
 }
 
 TEST_CASE("values from JSON keep their order and print as Python prints them") {

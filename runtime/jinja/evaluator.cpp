@@ -27,7 +27,12 @@ void frame::set(const std::string& name, value v) {
 }
 
 evaluator::evaluator(const render_options& opt, frame_ptr globals)
-    : opt_(opt), globals_(std::move(globals)), deadline_(std::chrono::steady_clock::now() + opt.limits.max_time) {}
+    : opt_(opt), globals_(std::move(globals)), deadline_(std::chrono::steady_clock::now() + opt.limits.max_time) {
+    value_budget b;
+    b.steps = opt.limits.max_iterations * 16;
+    b.max_bytes = opt.limits.max_output;
+    set_value_budget(b);
+}
 
 evaluator::~evaluator() {
     for (auto& f : owned_frames_) f->vars.clear();
