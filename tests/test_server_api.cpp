@@ -715,7 +715,7 @@ TEST_CASE("chat_template: the config's template file renders apply-template and 
     REQUIRE(in);
     const json doc = json::parse(in);
     daemon_process d;
-    d.start(scratch().file("tmpl.sock"), {"--set", "chat_template=" + tmpl});
+    d.start(scratch().file("tmpl.sock"), {"--chat-template", tmpl});
     REQUIRE(d.wait_ready());
     int n_checked = 0;
     for (const auto& c : doc["cases"]) {
