@@ -200,6 +200,8 @@ TEST_CASE("limits: a hostile template fails with an error, never hangs or exhaus
     CHECK(fails(dag + "{{ a | tojson }}").find("exceeded") != std::string::npos);
     CHECK(fails(dag + "{{ a == b }}").find("exceeded") != std::string::npos);
     CHECK(render(dag + "{{ a == a }}") == "True");
+    // a library exception inside (an index past every integer) is the template's error too
+    CHECK(fails("{{ '{99999999999999999999999}'.format(1) }}").starts_with("template failed: "));
 }
 
 TEST_CASE("values from JSON keep their order and print as Python prints them") {

@@ -547,9 +547,15 @@ void check_names(const body& b, bool soft) {
 
 template_program template_program::parse(std::string_view source) {
     template_program p;
-    auto b = std::make_shared<body>(jinja::parse(lex(source)));
-    check_names(*b, false);
-    p.body_ = std::move(b);
+    try {
+        auto b = std::make_shared<body>(jinja::parse(lex(source)));
+        check_names(*b, false);
+        p.body_ = std::move(b);
+    } catch (const error&) {
+        throw;
+    } catch (const std::exception& e) { // (std::bad_alloc, out_of_range ...): still the template's failure
+        throw error(std::string("template failed to load: ") + e.what());
+    }
     return p;
 }
 
@@ -569,9 +575,17 @@ std::string template_program::render(const value& context, const render_options&
     if (context.is_dict())
         for (const auto& [k, v] : context.dict()->items) top->set(k, v);
     std::string out;
-    {
+    try {
         evaluator ev(opt, globals);
         ev.exec(*body_, top, out);
+    } catch (const error&) {
+        top->vars.clear();
+        globals->vars.clear();
+        throw;
+    } catch (const std::exception& e) { // (std::bad_alloc, out_of_range ...): still the template's failure
+        top->vars.clear();
+        globals->vars.clear();
+        throw error(std::string("template failed: ") + e.what());
     }
     top->vars.clear();
     globals->vars.clear();
