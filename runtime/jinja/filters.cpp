@@ -445,7 +445,11 @@ value apply_filter(evaluator& ev, const std::string& name, const value& v, call_
     }
     if (name == "attr") {
         if (a.pos.empty()) throw error("attr expects a name", line);
-        return get_attr(ev, v, to_str(a.pos[0]));
+        // Python's getattr: a dict's keys are not its attributes (its methods are)
+        value r = get_attr(ev, v, to_str(a.pos[0]));
+        if (v.is_dict() && !v.dict()->is_namespace && !v.dict()->is_loop && !r.is_func())
+            return value::undefined("'dict object' has no attribute '" + to_str(a.pos[0]) + "'");
+        return r;
     }
     if (name == body_placeholder) return v;
     throw error("No filter named '" + name + "'.", line);
