@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace tandem {
 
 namespace {
@@ -86,7 +88,13 @@ std::string chat_template::render_jinja(std::span<const chat_message> messages, 
     if (kwargs && kwargs->is_object())
         for (const auto& [k, v] : kwargs->items())
             if (!ctx.contains(k)) ctx[k] = v; // the conversation's own variables win
-    return program_->render(ctx);
+    // The output limit grows with the conversation: a long prompt is not a hostile template.
+    jinja::render_options opt;
+    size_t n_in = 0;
+    for (const chat_message& m : messages) n_in += m.content.size() + m.reasoning_content.size() + 64;
+    for (const std::string& t : tools) n_in += t.size();
+    opt.limits.max_output = std::max(opt.limits.max_output, 8 * n_in);
+    return program_->render(ctx, opt);
 }
 
 std::string chat_template::render(std::span<const chat_message> messages, bool add_generation_prompt,

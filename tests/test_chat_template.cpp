@@ -455,3 +455,10 @@ TEST_CASE("jinja: the shared DeepSeek-R1 template gives its own turns, not the p
     const std::string text = t.render(std::vector<chat_message>{{"system", "Be brief."}, {"user", "Hi"}});
     CHECK(text == "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜><think>\n");
 }
+
+TEST_CASE("jinja: a long conversation is not mistaken for a hostile template (the output limit grows with it)") {
+    const auto t = chat_template::from_jinja("{% for m in messages %}[{{ m.content }}]{% endfor %}", "", "");
+    const std::string big(6 << 20, 'x'); // past the engine's default 4 MiB
+    const std::string text = t.render_jinja(std::vector<chat_message>{{"user", big}}, true, {}, nullptr);
+    CHECK(text.size() == big.size() + 2);
+}
