@@ -4,6 +4,7 @@
 
 #include "runtime/chat_template.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/grammar/tool_call.hpp"
 #include "runtime/kv_layout.hpp"
 #include "runtime/model_config.hpp"
 #include "runtime/tokenizer.hpp"
@@ -103,7 +104,10 @@ ojson describe(const std::string& path, const info_opts& o) {
     if (c.rope_freq_base_swa > 0) j["rope"]["base_windowed"] = c.rope_freq_base_swa;
 
     j["chat_template"] = {{"family", std::string(name_of(tmpl.family()))},
-                          {"in_file", f.get_string("tokenizer.chat_template").has_value()}};
+                          {"in_file", f.get_string("tokenizer.chat_template").has_value()},
+                          {"renderer", tmpl.renderer_name()},
+                          {"tool_syntax", std::string(grammar::name_of(tmpl.tool_syntax()))}};
+    if (!tmpl.uses_jinja()) j["chat_template"]["renderer_note"] = tmpl.jinja_error();
     j["tokenizer"] = {{"model", std::string(tok.kind())},
                       {"pre", std::string(tok.pre())},
                       {"n_vocab", tok.n_vocab()},
@@ -156,8 +160,11 @@ void print_text(const ojson& j) {
                                                    : std::string(),
                        r["dims"].get<int>(), s["head_dim"].get<int>(), r["style"].get<std::string>(), scaling);
     const auto& ct = j["chat_template"];
-    out += fmt::format("  chat template  {}{}\n", ct["family"].get<std::string>(),
-                       ct["in_file"].get<bool>() ? "" : " (the file has none)");
+    out += fmt::format("  chat template  {}; family {} (tool calls {}){}\n",
+                       ct["renderer"].get<std::string>() == "jinja" ? "the file's own (Jinja)" : "the family's format",
+                       ct["family"].get<std::string>(), ct["tool_syntax"].get<std::string>(),
+                       ct["in_file"].get<bool>() ? (ct.contains("renderer_note") ? " (" + ct["renderer_note"].get<std::string>() + ")" : "")
+                                                 : " (the file has none)");
     const auto& t = j["tokenizer"];
     const auto tok_text = [](const ojson& x) {
         return x.is_null() ? std::string("none") : fmt::format("{} {}", x["id"].get<int>(), ojson(x["text"]).dump(-1, ' ', false, ojson::error_handler_t::replace));

@@ -13,6 +13,7 @@ namespace tandem::daemon {
 struct config {
     std::string model;                 // GGUF path; "" = default_model_path(), if installed
     std::string model_id;              // the id /v1/models reports; "" = the file's stem
+    std::string chat_template;         // a .jinja file that replaces the model's chat template; "" = the file's
     std::string socket;                // "" = the default for this user (see default_socket_path)
     std::string socket_group;          // "" = the daemon's group
     uint32_t socket_mode = 0660;

@@ -127,7 +127,8 @@ std::variant<generation_plan, api_error> plan_generation(generation_request req,
             // tool_choice "none": the model is not told of the tools, so it writes a message
             const std::string text = ms.tmpl.render(req.messages, true,
                                                     req.tools.active() ? std::span(req.tools.defs)
-                                                                       : std::span<const std::string>{});
+                                                                       : std::span<const std::string>{},
+                                                    &req.template_kwargs);
             prompts.push_back(tok.encode(text, false, true));
         }
         for (const std::string& s : ms.tmpl.stop_strings()) req.base.stop.push_back(s);

@@ -10,6 +10,7 @@
 #include "runtime/grammar/guide.hpp"
 #include "runtime/grammar/tool_call.hpp"
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <variant>
@@ -44,6 +45,7 @@ struct prompt_input {
 struct generation_request {
     bool chat = false;
     std::vector<chat_message> messages;   // chat: rendered through the model's chat template
+    nlohmann::ordered_json template_kwargs; // chat: chat_template_kwargs (null: none)
     std::vector<prompt_input> prompts;    // completions: one choice group per prompt
     tools_request tools;
     grounding ground;                     // chat: documents to cite (none: no grounding)

@@ -121,6 +121,21 @@ field_error read_message_calls(const json& calls, const std::string& p, std::vec
     return std::nullopt;
 }
 
+field_error read_template_kwargs(const json& body, nlohmann::ordered_json& out) {
+    const auto it = body.find("chat_template_kwargs");
+    if (it == body.end() || it->is_null()) return std::nullopt;
+    if (!it->is_object())
+        return bad("'chat_template_kwargs' must be an object of the template's variables (e.g. enable_thinking)",
+                   "chat_template_kwargs");
+    static const char* const reserved[] = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"};
+    for (const char* k : reserved)
+        if (it->contains(k))
+            return bad(fmt::format("'chat_template_kwargs.{}' is set by the request itself", k),
+                       std::string("chat_template_kwargs.") + k);
+    out = nlohmann::ordered_json::parse(it->dump());
+    return std::nullopt;
+}
+
 field_error read_messages(const json& body, std::vector<chat_message>& out) {
     auto it = body.find("messages");
     if (it == body.end() || it->is_null()) return bad("'messages' is required", "messages");
@@ -138,7 +153,8 @@ field_error read_messages(const json& body, std::vector<chat_message>& out) {
         // An assistant message may be a reply echoed back whole: its citations describe what was
         // said, and OpenAI's reply fields pass when empty (refusal, annotations, audio: null).
         if (role == "assistant")
-            TANDEM_TRY(check_keys(m, p, {"role", "content", "tool_calls"}, true, {"citations", "unsupported"}));
+            TANDEM_TRY(check_keys(m, p, {"role", "content", "tool_calls", "reasoning_content"}, true,
+                                  {"citations", "unsupported"}));
         else if (role == "tool")
             TANDEM_TRY(check_keys(m, p, {"role", "content", "tool_call_id"}));
         else
@@ -154,6 +170,10 @@ field_error read_messages(const json& body, std::vector<chat_message>& out) {
         if (const auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
             if (role != "assistant") return bad(p + ".tool_calls is only for assistant messages", p + ".tool_calls");
             TANDEM_TRY(read_message_calls(*calls, p + ".tool_calls", cm.tool_calls));
+        }
+        if (const auto r = m.find("reasoning_content"); r != m.end() && !r->is_null()) {
+            if (!r->is_string()) return bad(p + ".reasoning_content must be a string", p + ".reasoning_content");
+            cm.reasoning_content = r->get<std::string>(); // for templates that show earlier reasoning
         }
         auto c = m.find("content");
         if (c == m.end() || c->is_null()) {

@@ -25,6 +25,9 @@ field_error read_model(const json& body, const model_state& ms);
 // `messages`: roles system/developer/user/assistant/tool, text content (or text parts),
 // assistants' tool_calls, tools' tool_call_id.
 field_error read_messages(const json& body, std::vector<chat_message>& out);
+// chat_template_kwargs: extra variables for the model's chat template (an object; not the
+// ones the request sets itself).
+field_error read_template_kwargs(const json& body, nlohmann::ordered_json& out);
 // An assistant message's tool_calls at `p`: [{"id", "type": "function", "function": {"name", "arguments"}}].
 field_error read_message_calls(const json& calls, const std::string& p, std::vector<chat_tool_call>& out);
 // `stop`: a string or up to 16, each at most max_bytes.

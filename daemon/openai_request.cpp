@@ -24,7 +24,8 @@ field_error check_fields(const json& body, bool chat) {
     static const std::set<std::string, std::less<>> chat_only{"messages",          "max_completion_tokens",
                                                               "top_logprobs",      "tools",
                                                               "tool_choice",       "parallel_tool_calls",
-                                                              "documents",         "citation_options"};
+                                                              "documents",         "citation_options",
+                                                              "chat_template_kwargs"};
     static const std::set<std::string, std::less<>> completion_only{"prompt", "echo", "suffix"};
     for (const auto& [key, value] : body.items())
         if (!common.contains(key) && !(chat ? chat_only : completion_only).contains(key))
@@ -126,6 +127,7 @@ std::variant<generation_request, api_error> parse_openai_generation(const json& 
     }
     if (chat) {
         TANDEM_TRY(read_messages(body, req.messages));
+        TANDEM_TRY(read_template_kwargs(body, req.template_kwargs));
         TANDEM_TRY(read_tools(body, req.tools));
         TANDEM_TRY(read_grounding(body, cfg.max_document_bytes, req.ground));
     } else {

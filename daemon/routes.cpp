@@ -53,7 +53,8 @@ json model_card(const model_state& ms, const daemon_state& st) {
                   {"n_vocab", c.n_vocab},
                   {"n_layer", c.n_layer},
                   {"n_embd", c.n_embd},
-                  {"chat_template", std::string(name_of(ms.tmpl.family()))}}}};
+                  {"chat_template", std::string(name_of(ms.tmpl.family()))},
+                  {"chat_template_renderer", ms.tmpl.renderer_name()}}}};
 }
 
 reply health(exchange& x) {
@@ -167,7 +168,8 @@ reply apply_template(exchange& x) {
     auto parsed = body_of(x);
     if (auto* e = std::get_if<api_error>(&parsed)) return reply::of(*e);
     const json& j = std::get<json>(parsed);
-    if (auto e = check_keys(j, "", {"messages", "tools", "tool_choice", "add_generation_prompt"})) return reply::of(*e);
+    if (auto e = check_keys(j, "", {"messages", "tools", "tool_choice", "add_generation_prompt", "chat_template_kwargs"}))
+        return reply::of(*e);
     const model_state& ms = *x.st.ms;
     std::vector<chat_message> messages;
     if (auto e = read_messages(j, messages)) return reply::of(*e);
@@ -175,11 +177,14 @@ reply apply_template(exchange& x) {
     if (auto e = read_tools(j, tools)) return reply::of(*e);
     bool add_gen = true;
     if (auto e = read_bool(j, "add_generation_prompt", add_gen)) return reply::of(*e);
-    const std::string text =
-        ms.tmpl.render(messages, add_gen, tools.active() ? std::span(tools.defs) : std::span<const std::string>{});
+    nlohmann::ordered_json kwargs;
+    if (auto e = read_template_kwargs(j, kwargs)) return reply::of(*e);
+    const std::string text = ms.tmpl.render(
+        messages, add_gen, tools.active() ? std::span(tools.defs) : std::span<const std::string>{}, &kwargs);
     return reply::of_json({{"prompt", text},
                            {"tokens", ms.bundle.tok->encode(text, false, true)},
                            {"template", std::string(name_of(ms.tmpl.family()))},
+                           {"renderer", ms.tmpl.renderer_name()},
                            {"stop", ms.tmpl.stop_strings()}});
 }
 

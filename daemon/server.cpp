@@ -32,6 +32,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
+#include <sstream>
 #include <csignal>
 #include <cstddef>
 #include <cstring>
@@ -184,7 +186,19 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
         if (ms.model_fd < 0) fail("{}: cannot open: {}", cfg.model, std::strerror(errno));
         ms.bundle = open_model_metadata(cfg.model, ms.model_fd);
     } else ms.bundle = load_model(cfg.model, load_options{weight_format::int8, kv, 0});
-    ms.tmpl = chat_template::from_gguf(*ms.bundle.file, *ms.bundle.tok);
+    std::string template_src; // the config's chat_template file, which replaces the model's
+    if (!cfg.chat_template.empty()) {
+        std::ifstream in(cfg.chat_template, std::ios::binary);
+        if (!in) fail("chat_template: cannot read {}", cfg.chat_template);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        template_src = ss.str();
+        if (template_src.empty()) fail("chat_template: {} is empty", cfg.chat_template);
+    }
+    ms.tmpl = chat_template::from_gguf(*ms.bundle.file, *ms.bundle.tok, template_src);
+    log->info("chat template: {}{}{}", ms.tmpl.renderer_name(),
+              cfg.chat_template.empty() ? "" : " from " + cfg.chat_template,
+              ms.tmpl.uses_jinja() ? "" : " (" + ms.tmpl.jinja_error() + ")");
     const model_config& mc = ms.bundle.cfg;
     const int n_threads = cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     engine_options eo;

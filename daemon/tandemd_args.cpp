@@ -9,6 +9,7 @@ namespace tandem::daemon {
 void add_options(CLI::App& app, tandemd_args& a) {
     app.add_option("--config", a.config_file, "config file of `key = value` lines (docs/config.md)");
     app.add_option("-m,--model", a.model, "GGUF model file (default: the installed demo model, share/tandem/models/stories260K.gguf)");
+    app.add_option("--chat-template", a.chat_template, "Jinja chat template file that replaces the model's (docs/chat_templates.md)");
     app.add_option("--socket", a.socket, "Unix socket path (default $XDG_RUNTIME_DIR/tandem/tandem.sock, or /run/tandem/tandem.sock as root)");
     app.add_option("-t,--threads", a.threads, "compute threads (default 0: all cores)")->check(cli::at_least(0));
     app.add_option("--listen-tcp", a.listen_tcp, "also listen on a loopback TCP address, e.g. 127.0.0.1:8080");
@@ -32,6 +33,7 @@ bool apply_args(const tandemd_args& a, config& cfg) {
         cfg.origin[k] = "command line";
     };
     if (!a.model.empty()) put("model", a.model);
+    if (!a.chat_template.empty()) put("chat_template", a.chat_template);
     if (!a.socket.empty()) put("socket", a.socket);
     if (a.threads >= 0) put("threads", std::to_string(a.threads));
     if (!a.listen_tcp.empty()) put("listen_tcp", a.listen_tcp);

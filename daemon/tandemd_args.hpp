@@ -11,7 +11,7 @@
 namespace tandem::daemon {
 
 struct tandemd_args {
-    std::string config_file, model, socket, listen_tcp, log_level;
+    std::string config_file, model, chat_template, socket, listen_tcp, log_level;
     int threads = -1;               // -1: not given
     std::vector<std::string> sets;  // --set KEY=VALUE, in order
     bool list_keys = false;

@@ -293,12 +293,13 @@ chat_template chat_template::parse(std::string_view src, std::string bos_text, s
     return t;
 }
 
-chat_template chat_template::from_gguf(const gguf::file& f, const tokenizer& tok) {
+chat_template chat_template::from_gguf(const gguf::file& f, const tokenizer& tok, const std::string& override_source) {
     const token_id bos = tok.bos(), eos = tok.eos();
     std::string bos_text = bos >= 0 && bos < tok.n_vocab() ? tok.token_text(bos) : "";
     std::string eos_text = eos >= 0 && eos < tok.n_vocab() ? tok.token_text(eos) : "";
-    const std::string src = f.get_string("tokenizer.chat_template").value_or("");
-    chat_template t = parse(src, std::move(bos_text), std::move(eos_text));
+    const std::string src =
+        override_source.empty() ? f.get_string("tokenizer.chat_template").value_or("") : override_source;
+    chat_template t = from_jinja(src, std::move(bos_text), std::move(eos_text));
     // The plain template starts as encode(add_special) would: BOS only where the model asks.
     if (t.family_ == chat_family::plain && !tok.add_bos()) t.bos_text_.clear();
     return t;
@@ -312,8 +313,8 @@ grammar::tool_syntax chat_template::tool_syntax() const {
     }
 }
 
-std::string chat_template::render(std::span<const chat_message> messages, bool add_generation_prompt,
-                                  std::span<const std::string> tools) const {
+std::string chat_template::render_family(std::span<const chat_message> messages, bool add_generation_prompt,
+                                         std::span<const std::string> tools) const {
     std::vector<chat_message> folded;
     if (tool_syntax() == grammar::tool_syntax::hermes && (!tools.empty() || has_tool_turns(messages))) {
         folded = fold_hermes(messages, tools, family_ == chat_family::chatml ? default_system_ : "");

@@ -1,8 +1,14 @@
-// Chat templates: the common families recognised from a GGUF's tokenizer.chat_template,
-// rendered natively (no Jinja engine), with a documented plain fallback.
+// Chat templates: the model's own tokenizer.chat_template rendered by the sandboxed Jinja
+// engine (runtime/jinja), and the common families recognised from its markers, which say how
+// the model writes tool calls and which stop texts end a turn, and render the prompt natively
+// when a file has no template or its template fails (docs/chat_templates.md).
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -11,6 +17,7 @@
 namespace tandem {
 
 namespace gguf { class file; }
+namespace jinja { class template_program; }
 namespace grammar { enum class tool_syntax : uint8_t; }
 class tokenizer;
 
@@ -26,6 +33,7 @@ struct chat_message {
     std::string content;
     std::vector<chat_tool_call> tool_calls; // assistant turns that called functions
     std::string tool_call_id;               // tool turns: the call this is the result of
+    std::string reasoning_content;          // assistant turns: their reasoning, where given
 };
 
 enum class chat_family { llama2, llama3, chatml, mistral, zephyr, gemma, phi3, plain };
@@ -38,8 +46,13 @@ chat_family detect_chat_family(std::string_view template_src);
 
 class chat_template {
 public:
-    // From tokenizer.chat_template (when present) and the tokenizer's BOS/EOS texts.
-    static chat_template from_gguf(const gguf::file& f, const tokenizer& tok);
+    // From tokenizer.chat_template (when present) and the tokenizer's BOS/EOS texts: the
+    // template is compiled by the Jinja engine, and its family found from its markers. A
+    // non-empty `override_source` (the config's chat_template file) replaces the file's
+    // template. A template the engine refuses is logged with the reason and the family renders.
+    static chat_template from_gguf(const gguf::file& f, const tokenizer& tok, const std::string& override_source = {});
+    // From a template's source rendered by the Jinja engine (the family from its markers).
+    static chat_template from_jinja(std::string_view template_src, std::string bos_text, std::string eos_text);
     // From a template's Jinja source: the family, and the variant details its literals show
     // (Qwen's default system text, Llama 3.1's dated system header, Mistral's spacing).
     static chat_template parse(std::string_view template_src, std::string bos_text, std::string eos_text);
@@ -47,6 +60,12 @@ public:
     static chat_template of(chat_family family, std::string bos_text = "<s>", std::string eos_text = "</s>");
 
     chat_family family() const { return family_; }
+
+    // Whether prompts come from the model's own template (the Jinja engine), and why not.
+    bool uses_jinja() const { return program_ != nullptr; }
+    const std::string& jinja_error() const { return jinja_error_; }
+    // "jinja" or "family:<name>"
+    std::string renderer_name() const;
 
     // The prompt text for `messages`, as the family's reference Jinja template renders it
     // (a leading system message is folded into the first user turn where the family has no
@@ -61,8 +80,21 @@ public:
     // ({"type": "function", "function": {...}}); they are described to the model where the
     // family's reference template puts them, and past calls and tool results are rendered in
     // the family's form (docs/chat_templates.md).
+    //
+    // With the model's template (uses_jinja()), the text is the template's rendering, as
+    // Hugging Face's apply_chat_template gives it: messages (tool calls' arguments as JSON
+    // objects, tool results with the called function's name, reasoning_content), tools,
+    // add_generation_prompt, bos_token/eos_token from the vocabulary, and `kwargs` (a JSON
+    // object: the request's chat_template_kwargs, e.g. enable_thinking). Should the template
+    // fail for a conversation, the failure is logged (once) and the family renders it.
     std::string render(std::span<const chat_message> messages, bool add_generation_prompt = true,
-                       std::span<const std::string> tools = {}) const;
+                       std::span<const std::string> tools = {}, const nlohmann::ordered_json* kwargs = nullptr) const;
+    // The family's native rendering (the fallback), whatever the template.
+    std::string render_family(std::span<const chat_message> messages, bool add_generation_prompt = true,
+                              std::span<const std::string> tools = {}) const;
+    // The template's rendering; throws jinja::error where the template fails (no fallback).
+    std::string render_jinja(std::span<const chat_message> messages, bool add_generation_prompt,
+                             std::span<const std::string> tools, const nlohmann::ordered_json* kwargs) const;
 
     // How this family writes a call (hermes for families without a form of their own).
     grammar::tool_syntax tool_syntax() const;
@@ -86,6 +118,11 @@ private:
     bool date_now_ = false;      // llama-3.2: today's date instead (strftime_now)
     mistral_variant mistral_;
     bool phi3_bos_ = false, phi3_eos_ = true;
+
+    std::shared_ptr<const jinja::template_program> program_; // null: the family renders
+    std::string jinja_error_;                                // why the template is not used
+    std::string jinja_bos_, jinja_eos_;                      // bos_token / eos_token
+    std::shared_ptr<std::atomic<bool>> warned_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 } // namespace tandem

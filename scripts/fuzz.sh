@@ -8,7 +8,7 @@
 # stat::number_of_executed_units), as rows to paste into docs/reliability.md.
 # Usage: scripts/fuzz.sh [-j N] [MINUTES] [TARGET...]
 #   -j N (or PARALLEL=N): N targets at a time (default 1; a machine with 2 cores: -j 2).
-#   targets: fuzz_gguf fuzz_text fuzz_wire fuzz_http fuzz_tokenizer fuzz_grammar fuzz_config fuzz_ring
+#   targets: fuzz_gguf fuzz_text fuzz_wire fuzz_http fuzz_tokenizer fuzz_grammar fuzz_config fuzz_ring fuzz_jinja
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parallel="${PARALLEL:-1}"
@@ -20,7 +20,7 @@ minutes="${1:-10}"
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] ||
-  targets=(fuzz_gguf fuzz_text fuzz_wire fuzz_http fuzz_tokenizer fuzz_grammar fuzz_config fuzz_ring)
+  targets=(fuzz_gguf fuzz_text fuzz_wire fuzz_http fuzz_tokenizer fuzz_grammar fuzz_config fuzz_ring fuzz_jinja)
 command -v clang++ >/dev/null || { echo "fuzz.sh: the fuzz targets need clang (apt install clang)" >&2; exit 2; }
 export CC=clang CXX=clang++
 # scripts/test.sh's flags for this build, so the two share it without rebuilding

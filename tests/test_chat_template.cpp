@@ -6,6 +6,7 @@
 // tighter than `+`); none was produced by running a Jinja engine.
 #include "runtime/chat_template.hpp"
 #include "runtime/gguf.hpp"
+#include "runtime/jinja/jinja.hpp"
 #include "runtime/tokenizer.hpp"
 #include "test_util.hpp"
 
@@ -13,6 +14,8 @@
 
 #include <algorithm>
 #include <ctime>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 using namespace tandem;
@@ -389,4 +392,73 @@ TEST_CASE("tools: described where each family's template puts them; past calls a
                          "{\"city\": \"Paris\"}}\n</tool_call>\nUser: <tool_response>\n18 C\n</tool_response>\n"
                          "<tool_response>\n18 C\n</tool_response>\nAssistant:"));
     CHECK(plain.render(turns, true, tools).starts_with("# Tools\n\nYou may call one or more functions"));
+}
+
+// ---- the model's own template through the Jinja engine ----
+
+TEST_CASE("jinja: the template renders the conversation as Jinja2 would, with calls, results and kwargs") {
+    const std::string src =
+        "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
+        "{% if m.reasoning_content %}[think:{{ m.reasoning_content }}]{% endif %}"
+        "{% for c in m.tool_calls | default([]) %}[call {{ c.function.name }} {{ c.function.arguments | tojson }} "
+        "{{ c.function.arguments.city }}]{% endfor %}{% if m.role == 'tool' %}({{ m.name }}/{{ m.tool_call_id }}){% endif %}"
+        "{{ eos_token }}{% endfor %}{% if tools %}[tools {{ tools | map(attribute='function.name') | join(',') }}]{% endif %}"
+        "{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is defined and not enable_thinking %}"
+        "<think></think>{% endif %}{% endif %}";
+    const auto t = chat_template::from_jinja(src, "<s>", "</s>");
+    REQUIRE(t.uses_jinja());
+    CHECK(t.renderer_name() == "jinja");
+    std::vector<chat_message> msgs{{"user", "Weather?"}, {"assistant", "", {{"c1", "get_weather", "{\"city\": \"Paris\"}"}}},
+                                   {"tool", "18 C", {}, "c1"}};
+    msgs.push_back({"assistant", "Mild.", {}, {}, "it said 18"});
+    const std::vector<std::string> tools{R"({"type": "function", "function": {"name": "get_weather"}})"};
+    CHECK(t.render(msgs, true, tools) ==
+          "<s><|user|>Weather?</s><|assistant|>[call get_weather {\"city\": \"Paris\"} Paris]</s>"
+          "<|tool|>18 C(get_weather/c1)</s><|assistant|>Mild.[think:it said 18]</s>[tools get_weather]<|assistant|>");
+    const nlohmann::ordered_json kwargs = {{"enable_thinking", false}};
+    CHECK(t.render(std::vector<chat_message>{{"user", "Hi"}}, true, {}, &kwargs) ==
+          "<s><|user|>Hi</s><|assistant|><think></think>");
+    CHECK(t.render(std::vector<chat_message>{{"user", "Hi"}}, false) == "<s><|user|>Hi</s>");
+}
+
+TEST_CASE("jinja: a template that fails falls back to its family, and says why") {
+    // refused at load: an unsupported tag; the family (chatml, from the markers) renders
+    const auto bad = chat_template::from_jinja("{% include 'x' %}<|im_start|>", "", "<|im_end|>");
+    CHECK_FALSE(bad.uses_jinja());
+    CHECK(bad.renderer_name() == "family:chatml");
+    CHECK(bad.jinja_error() == "unsupported tag 'include' (line 1)");
+    CHECK(bad.render(std::vector<chat_message>{{"user", "Hi"}}) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    // failing for one conversation (raise_exception): that prompt comes from the family
+    const auto strict = chat_template::from_jinja(
+        "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n",
+        "", "<|im_end|>");
+    REQUIRE(strict.uses_jinja());
+    CHECK_THROWS_WITH_AS(strict.render_jinja(std::vector<chat_message>{{"system", "S"}}, true, {}, nullptr),
+                         "no system role (line 1)", jinja::error);
+    CHECK(strict.render(std::vector<chat_message>{{"system", "S"}, {"user", "U"}}) ==
+          "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+    // no template at all
+    const auto none = chat_template::from_jinja("", "<s>", "</s>");
+    CHECK_FALSE(none.uses_jinja());
+    CHECK(none.renderer_name() == "family:plain");
+}
+
+TEST_CASE("jinja: the shared DeepSeek-R1 template gives its own turns, not the plain family's") {
+    std::ifstream in(std::string(TANDEM_SHARED_DIR) + "/data/templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja");
+    REQUIRE(in);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const auto t = chat_template::from_jinja(ss.str(), "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>");
+    REQUIRE(t.uses_jinja());
+    CHECK(t.family() == chat_family::plain); // no family of its own: tool calls and stops stay generic
+    const std::string text = t.render(std::vector<chat_message>{{"system", "Be brief."}, {"user", "Hi"}});
+    CHECK(text == "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜><think>\n");
+}
+
+TEST_CASE("jinja: a long conversation is not mistaken for a hostile template (the output limit grows with it)") {
+    const auto t = chat_template::from_jinja("{% for m in messages %}[{{ m.content }}]{% endfor %}", "", "");
+    const std::string big(6 << 20, 'x'); // past the engine's default 4 MiB
+    const std::string text = t.render_jinja(std::vector<chat_message>{{"user", big}}, true, {}, nullptr);
+    CHECK(text.size() == big.size() + 2);
 }

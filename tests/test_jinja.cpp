@@ -141,8 +141,13 @@ TEST_CASE("syntax errors and unsupported constructs name the problem and its lin
     CHECK(fails("{# open") == "Missing end of comment tag (line 1)");
     CHECK(fails("{{ 'abc }}").starts_with("unexpected end of string"));
     CHECK(fails("{{ (1 }}").find("unexpected '}'") != std::string::npos);
-    CHECK(fails("\n\n{{ x | nosuchfilter }}") == "No filter named 'nosuchfilter'. (line 3)");
-    CHECK(fails("{{ 1 is nosuchtest }}") == "No test named 'nosuchtest'. (line 1)");
+    // unknown filters and tests: refused when loading, as Jinja2 compiles them, except inside
+    // an if (or a conditional expression), where they fail only when reached
+    CHECK_THROWS_WITH_AS(template_program::parse("\n\n{% for m in x %}{{ x | nosuchfilter }}{% endfor %}"),
+                         "No filter named 'nosuchfilter'. (line 3)", error);
+    CHECK_THROWS_WITH_AS(template_program::parse("{{ 1 is nosuchtest }}"), "No test named 'nosuchtest'. (line 1)", error);
+    CHECK(render("{% if false %}{{ x | from_json }}{% endif %}{{ 'a' if true else y | nope }}") == "a");
+    CHECK(fails("{% if true %}{{ '{}' | from_json }}{% endif %}") == "No filter named 'from_json'. (line 1)");
     CHECK(fails("{% for x in y recursive %}{% endfor %}").starts_with("recursive loops are not supported"));
     CHECK(fails("{{ f(*a) }}").starts_with("*args and **kwargs"));
     CHECK(fails("{{ raise_exception('no system role') }}") == "no system role (line 1)");
@@ -188,6 +193,15 @@ TEST_CASE("limits: a hostile template fails with an error, never hangs or exhaus
     CHECK(fails(deep_if).find("nested too deeply") != std::string::npos);
     CHECK(fails("{{ " + std::string(5000, '-') + "1 }}").find("nested too deeply") != std::string::npos);
     CHECK(fails("{{ 9223372036854775807 + 1 }}").starts_with("integer overflow"));
+    // a list holding one list twice, doubled 60 times: printing, tojson and == would walk 2^60 items
+    std::string dag = "{% set a = [1] %}{% set b = [1] %}";
+    for (int i = 0; i < 60; ++i) dag += "{% set a = [a, a] %}{% set b = [b, b] %}";
+    CHECK(fails(dag + "{{ a }}").find("exceeded") != std::string::npos);
+    CHECK(fails(dag + "{{ a | tojson }}").find("exceeded") != std::string::npos);
+    CHECK(fails(dag + "{{ a == b }}").find("exceeded") != std::string::npos);
+    CHECK(render(dag + "{{ a == a }}") == "True");
+    // a library exception inside (an index past every integer) is the template's error too
+    CHECK(fails("{{ '{99999999999999999999999}'.format(1) }}").starts_with("template failed: "));
 }
 
 TEST_CASE("values from JSON keep their order and print as Python prints them") {

@@ -2,6 +2,8 @@
 // each answer against the offline loop.
 #include "server_fixtures.hpp"
 
+#include <fstream>
+
 using namespace tandem;
 using namespace tandem::test;
 
@@ -705,3 +707,44 @@ TEST_CASE("best_of samples more than it returns; echo returns the prompt, with l
     CHECK(post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 0}}).status == 400); // 0 needs echo
 }
 
+
+TEST_CASE("chat_template: the config's template file renders apply-template and chats as Jinja2 renders it") {
+    const std::string name = "Qwen3-Coder";
+    const std::string tmpl = std::string(TANDEM_SHARED_DIR) + "/data/templates/" + name + ".jinja";
+    std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/tests/data/templates/" + name + ".json");
+    REQUIRE(in);
+    const json doc = json::parse(in);
+    daemon_process d;
+    d.start(scratch().file("tmpl.sock"), {"--chat-template", tmpl});
+    REQUIRE(d.wait_ready());
+    int n_checked = 0;
+    for (const auto& c : doc["cases"]) {
+        const std::string cname = c["name"].get<std::string>();
+        if (cname != "system_user" && cname != "multi_turn" && cname != "user_only_no_prompt" && cname != "thinking_off")
+            continue;
+        CAPTURE(cname);
+        const json& ctx = c["context"];
+        json body = {{"messages", ctx["messages"]}, {"add_generation_prompt", ctx["add_generation_prompt"]}};
+        if (ctx.contains("enable_thinking")) body["chat_template_kwargs"] = {{"enable_thinking", ctx["enable_thinking"]}};
+        auto r = post(d.sock, "/v1/tandem/apply-template", body);
+        REQUIRE(r.status == 200);
+        CHECK(r.j()["renderer"] == "jinja");
+        CHECK(r.j()["prompt"] == c["expected"]);
+        ++n_checked;
+    }
+    CHECK(n_checked == 4);
+    auto chat = post(d.sock, "/v1/chat/completions",
+                     {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3},
+                      {"chat_template_kwargs", {{"enable_thinking", false}}}});
+    CHECK(chat.status == 200);
+    auto bad = post(d.sock, "/v1/chat/completions",
+                    {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"chat_template_kwargs", {{"tools", 1}}}});
+    CHECK(bad.status == 400);
+    CHECK(bad.j()["error"]["param"] == "chat_template_kwargs.tools");
+    CHECK(d.stop() == 0);
+    // an unreadable template file: tandemd does not start
+    const auto r = run_built("tandemd", {"--model", model_path("stories260K.gguf"), "--socket", scratch().file("none.sock"),
+                                "--set", "chat_template=/nonexistent/x.jinja"});
+    CHECK(r.rc != 0);
+    CHECK(r.err.find("chat_template: cannot read /nonexistent/x.jinja") != std::string::npos);
+}

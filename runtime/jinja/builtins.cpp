@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 
 namespace tandem::jinja {
@@ -357,6 +358,16 @@ value slice_of(evaluator& ev, const value& obj, const value& start, const value&
     return make_list(std::move(items), obj.list()->tuple);
 }
 
+bool is_test(const std::string& name) {
+    static const char* const names[] = {
+        "defined", "undefined", "none", "boolean", "true", "false", "integer", "float", "number", "string", "mapping",
+        "iterable", "sequence", "callable", "odd", "even", "divisibleby", "eq", "equalto", "==", "ne", "!=", "lt",
+        "lessthan", "<", "gt", "greaterthan", ">", "le", "<=", "ge", ">=", "in", "sameas", "lower", "upper", "escaped"};
+    for (const char* n : names)
+        if (name == n) return true;
+    return false;
+}
+
 bool apply_test(evaluator& ev, const std::string& name, const value& v, call_args& a, int line) {
     auto arg = [&](size_t i) -> const value& {
         if (i >= a.pos.size()) throw error("test '" + name + "' expects an argument", line);
@@ -457,8 +468,9 @@ void install_globals(frame& g) {
               for (const auto& k : a.kw) d->set(k.name, k.v);
               return value(std::move(d));
           }));
-    g.set("namespace", make_func("namespace", [](evaluator&, call_args& a) -> value {
+    g.set("namespace", make_func("namespace", [](evaluator& ev, call_args& a) -> value {
               auto d = std::make_shared<dict_obj>();
+              ev.adopt(d);
               if (!a.pos.empty() && a.pos[0].is_dict())
                   for (const auto& [k, v] : a.pos[0].dict()->items) d->set(k, v);
               for (const auto& k : a.kw) d->set(k.name, k.v);
@@ -503,12 +515,43 @@ value python_format(evaluator& ev, const std::string& fmt, const value& args) {
             out.push_back('%');
             continue;
         }
+        // %[flags][width][.precision]type, as str.format's spec
+        std::string flags;
+        size_t j = i;
+        while (j < fmt.size() && std::strchr("-+ 0#", fmt[j])) flags += fmt[j++];
+        std::string width, prec;
+        while (j < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[j]))) width += fmt[j++];
+        bool has_prec = false;
+        if (j < fmt.size() && fmt[j] == '.') {
+            has_prec = true;
+            ++j;
+            while (j < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[j]))) prec += fmt[j++];
+        }
+        if (j >= fmt.size()) throw error("incomplete format");
+        const char t = fmt[j];
+        i = j;
         if (k >= pos.size()) throw error("not enough arguments for format string");
         const value& v = pos[k++];
-        if (c == 's') out += to_str(v);
-        else if (c == 'r') out += repr(v);
-        else if (c == 'd' || c == 'i') out += std::to_string(v.is_float() ? int64_t(v.as_double()) : v.as_int());
-        else throw error(std::string("unsupported format character '") + c + "'");
+        std::string spec;
+        if (flags.find('-') != std::string::npos) spec += '<';
+        else if (!width.empty()) spec += '>';
+        if (flags.find('+') != std::string::npos) spec += '+';
+        else if (flags.find(' ') != std::string::npos) spec += ' ';
+        if (flags.find('0') != std::string::npos && flags.find('-') == std::string::npos) spec = spec.empty() || spec == ">" ? "0" : spec + "0";
+        spec += width;
+        if (has_prec) spec += "." + (prec.empty() ? std::string("0") : prec);
+        if (t == 's' || t == 'r') {
+            const value sv(t == 's' ? to_str(v) : repr(v));
+            out += format_spec(sv, spec);
+        } else if (t == 'd' || t == 'i' || t == 'u') {
+            if (!v.is_number()) throw error("%d format: a real number is required, not " + type_name(v));
+            out += format_spec(value(v.is_float() ? int64_t(v.as_double()) : v.as_int()), spec + "d");
+        } else if (std::strchr("fFeEgGxXo", t)) {
+            if (!v.is_number()) throw error(std::string("%") + t + " format: a real number is required, not " + type_name(v));
+            out += format_spec(std::strchr("xXo", t) && v.is_bool() ? value(v.as_int()) : v, spec + t);
+        } else {
+            throw error(std::string("unsupported format character '") + t + "'");
+        }
         ev.check_size(out.size());
     }
     if (k < pos.size()) throw error("not all arguments converted during string formatting");

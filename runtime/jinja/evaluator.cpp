@@ -27,7 +27,17 @@ void frame::set(const std::string& name, value v) {
 }
 
 evaluator::evaluator(const render_options& opt, frame_ptr globals)
-    : opt_(opt), globals_(std::move(globals)), deadline_(std::chrono::steady_clock::now() + opt.limits.max_time) {}
+    : opt_(opt), globals_(std::move(globals)), deadline_(std::chrono::steady_clock::now() + opt.limits.max_time) {
+    value_budget b;
+    b.steps = opt.limits.max_iterations * 16;
+    b.max_bytes = opt.limits.max_output;
+    set_value_budget(b);
+}
+
+evaluator::~evaluator() {
+    for (auto& f : owned_frames_) f->vars.clear();
+    for (auto& d : owned_dicts_) d->items.clear();
+}
 
 void evaluator::tick() {
     if (++n_ticks_ > opt_.limits.max_iterations)
@@ -215,6 +225,7 @@ void evaluator::run_for(const stmt& s, const frame_ptr& f, std::string& out) {
 }
 
 value evaluator::make_macro(const stmt& s, const frame_ptr& f) {
+    owned_frames_.push_back(f);
     const stmt* sp = &s;
     frame_ptr closure = f;
     const std::string name = s.kind == st::macro ? s.text : "caller";
@@ -503,9 +514,48 @@ value evaluator::eval(const expr& e, const frame_ptr& f) {
     return value();
 }
 
+namespace {
+
+// Jinja2 refuses unknown filters and tests when it compiles a template, except inside an `if`
+// or a conditional expression (a "soft" frame: they fail only if reached); so does this.
+void check_names(const expr& e, bool soft) {
+    if (!soft && e.kind == ex::filter && !is_filter(e.name)) throw error("No filter named '" + e.name + "'.", e.line);
+    if (!soft && e.kind == ex::test && !is_test(e.name)) throw error("No test named '" + e.name + "'.", e.line);
+    soft |= e.kind == ex::cond;
+    for (const auto& a : e.args)
+        if (a) check_names(*a, soft);
+    for (const auto& [k, a] : e.kwargs) check_names(*a, soft);
+}
+
+void check_names(const body& b, bool soft) {
+    for (const auto& s : b) {
+        const bool inner_soft = s->kind == st::if_ || (soft && s->kind != st::for_ && s->kind != st::macro &&
+                                                        s->kind != st::call_block && s->kind != st::scope);
+        const bool own_soft = s->kind == st::if_ || soft;
+        for (const expr* e : {s->e.get(), s->cond.get()})
+            if (e) check_names(*e, own_soft && s->kind != st::for_);
+        for (const auto& c : s->conds) check_names(*c, own_soft);
+        for (const auto& br : s->branches) check_names(br, inner_soft);
+        check_names(s->inner, inner_soft);
+        check_names(s->else_body, inner_soft);
+        for (const auto& p : s->params)
+            if (p.def) check_names(*p.def, false);
+    }
+}
+
+} // namespace
+
 template_program template_program::parse(std::string_view source) {
     template_program p;
-    p.body_ = std::make_shared<const body>(jinja::parse(lex(source)));
+    try {
+        auto b = std::make_shared<body>(jinja::parse(lex(source)));
+        check_names(*b, false);
+        p.body_ = std::move(b);
+    } catch (const error&) {
+        throw;
+    } catch (const std::exception& e) { // (std::bad_alloc, out_of_range ...): still the template's failure
+        throw error(std::string("template failed to load: ") + e.what());
+    }
     return p;
 }
 
@@ -524,9 +574,21 @@ std::string template_program::render(const value& context, const render_options&
     top->parent = globals;
     if (context.is_dict())
         for (const auto& [k, v] : context.dict()->items) top->set(k, v);
-    evaluator ev(opt, globals);
     std::string out;
-    ev.exec(*body_, top, out);
+    try {
+        evaluator ev(opt, globals);
+        ev.exec(*body_, top, out);
+    } catch (const error&) {
+        top->vars.clear();
+        globals->vars.clear();
+        throw;
+    } catch (const std::exception& e) { // (std::bad_alloc, out_of_range ...): still the template's failure
+        top->vars.clear();
+        globals->vars.clear();
+        throw error(std::string("template failed: ") + e.what());
+    }
+    top->vars.clear();
+    globals->vars.clear();
     return out;
 }
 

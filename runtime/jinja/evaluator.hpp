@@ -22,6 +22,12 @@ using frame_ptr = std::shared_ptr<frame>;
 class evaluator {
 public:
     evaluator(const render_options& opt, frame_ptr globals);
+    // Clears what can hold a reference cycle (a macro's scope holds the macro, a namespace
+    // can hold itself), so that nothing a template made outlives its render.
+    ~evaluator();
+    evaluator(const evaluator&) = delete;
+    evaluator& operator=(const evaluator&) = delete;
+    void adopt(const dict_ptr& d) { owned_dicts_.push_back(d); }
 
     void exec(const body& b, const frame_ptr& f, std::string& out);
     value eval(const expr& e, const frame_ptr& f);
@@ -47,6 +53,8 @@ private:
 
     const render_options& opt_;
     frame_ptr globals_;
+    std::vector<frame_ptr> owned_frames_;
+    std::vector<dict_ptr> owned_dicts_;
     uint64_t n_ticks_ = 0;
     int depth_ = 0;
     int eval_depth_ = 0;
@@ -54,6 +62,8 @@ private:
 };
 
 // builtins.cpp
+bool is_filter(const std::string& name);
+bool is_test(const std::string& name);
 value apply_filter(evaluator& ev, const std::string& name, const value& input, call_args& args, int line);
 bool apply_test(evaluator& ev, const std::string& name, const value& input, call_args& args, int line);
 value get_attr(evaluator& ev, const value& obj, const std::string& name);

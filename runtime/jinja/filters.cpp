@@ -118,6 +118,17 @@ std::string html_escape(const std::string& s) {
 
 } // namespace
 
+bool is_filter(const std::string& name) {
+    static const char* const names[] = {
+        "tojson", "trim", "length", "count", "string", "safe", "lower", "upper", "title", "capitalize", "e", "escape",
+        "replace", "join", "first", "last", "default", "d", "items", "list", "reverse", "map", "select", "reject",
+        "selectattr", "rejectattr", "unique", "sort", "dictsort", "min", "max", "int", "float", "abs", "round",
+        "indent", "wordcount", "batch", "sum", "format", "center", "attr"};
+    for (const char* n : names)
+        if (name == n) return true;
+    return name == body_placeholder;
+}
+
 value apply_filter(evaluator& ev, const std::string& name, const value& v, call_args& a, int line) {
     if (name == "tojson") {
         const value* ea = opt_arg(a, 0, "ensure_ascii");
@@ -434,7 +445,11 @@ value apply_filter(evaluator& ev, const std::string& name, const value& v, call_
     }
     if (name == "attr") {
         if (a.pos.empty()) throw error("attr expects a name", line);
-        return get_attr(ev, v, to_str(a.pos[0]));
+        // Python's getattr: a dict's keys are not its attributes (its methods are)
+        value r = get_attr(ev, v, to_str(a.pos[0]));
+        if (v.is_dict() && !v.dict()->is_namespace && !v.dict()->is_loop && !r.is_func())
+            return value::undefined("'dict object' has no attribute '" + to_str(a.pos[0]) + "'");
+        return r;
     }
     if (name == body_placeholder) return v;
     throw error("No filter named '" + name + "'.", line);

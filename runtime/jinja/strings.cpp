@@ -4,6 +4,8 @@
 #include "runtime/jinja/evaluator.hpp"
 
 #include <cctype>
+#include <cstdio>
+#include <cstring>
 
 namespace tandem::jinja {
 
@@ -15,13 +17,53 @@ char up(char c) { return char(std::toupper(static_cast<unsigned char>(c))); }
 char low(char c) { return char(std::tolower(static_cast<unsigned char>(c))); }
 } // namespace
 
+namespace {
+
+// The length of the Unicode whitespace (Python's str.isspace) starting at s[i], or 0.
+size_t space_at(const std::string& s, size_t i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (py_space(char(c)) || (c >= 0x1c && c <= 0x1f)) return 1;
+    auto is = [&](std::initializer_list<unsigned char> seq) {
+        if (i + seq.size() > s.size()) return false;
+        size_t k = 0;
+        for (unsigned char b : seq)
+            if (static_cast<unsigned char>(s[i + k++]) != b) return false;
+        return true;
+    };
+    if (c == 0xC2 && (is({0xC2, 0x85}) || is({0xC2, 0xA0}))) return 2;
+    if (c == 0xE1 && is({0xE1, 0x9A, 0x80})) return 3;
+    if (c == 0xE2 && i + 2 < s.size()) {
+        const auto b1 = static_cast<unsigned char>(s[i + 1]), b2 = static_cast<unsigned char>(s[i + 2]);
+        if (b1 == 0x80 && ((b2 >= 0x80 && b2 <= 0x8A) || b2 == 0xA8 || b2 == 0xA9 || b2 == 0xAF)) return 3;
+        if (b1 == 0x81 && b2 == 0x9F) return 3;
+    }
+    if (c == 0xE3 && is({0xE3, 0x80, 0x80})) return 3;
+    return 0;
+}
+
+// The length of the Unicode whitespace ending at s[e-1], or 0.
+size_t space_before(const std::string& s, size_t e) {
+    for (size_t n = 1; n <= 3 && n <= e; ++n)
+        if (space_at(s, e - n) == n) return n;
+    return 0;
+}
+
+} // namespace
+
 std::string py_strip(const std::string& s, const std::string* chars, bool left, bool right) {
-    auto strip_me = [&](char c) { return chars ? chars->find(c) != std::string::npos : py_space(c); };
     size_t b = 0, e = s.size();
+    if (chars) {
+        auto strip_me = [&](char c) { return chars->find(c) != std::string::npos; };
+        if (left)
+            while (b < e && strip_me(s[b])) ++b;
+        if (right)
+            while (e > b && strip_me(s[e - 1])) --e;
+        return s.substr(b, e - b);
+    }
     if (left)
-        while (b < e && strip_me(s[b])) ++b;
+        for (size_t n; b < e && (n = space_at(s, b)) > 0;) b += n;
     if (right)
-        while (e > b && strip_me(s[e - 1])) --e;
+        for (size_t n; e > b && (n = space_before(s, e)) > 0;) e -= n;
     return s.substr(b, e - b);
 }
 
@@ -196,6 +238,81 @@ bool py_is(const std::string& s, const std::string& what) {
     return (what == "isupper" || what == "islower") ? any_cased : true;
 }
 
+std::string format_spec(const value& v, const std::string& spec) {
+    // [[fill]align][sign][0][width][.precision][type]
+    size_t i = 0;
+    char fill = ' ', align = 0, sign = '-';
+    if (spec.size() >= 2 && std::strchr("<>^", spec[1])) {
+        fill = spec[0];
+        align = spec[1];
+        i = 2;
+    } else if (!spec.empty() && std::strchr("<>^", spec[0])) {
+        align = spec[0];
+        i = 1;
+    }
+    if (i < spec.size() && std::strchr("+- ", spec[i])) sign = spec[i++];
+    bool zero = false;
+    if (i < spec.size() && spec[i] == '0') {
+        zero = true;
+        ++i;
+    }
+    int width = 0, precision = -1;
+    while (i < spec.size() && std::isdigit(static_cast<unsigned char>(spec[i]))) width = std::min(width * 10 + (spec[i++] - '0'), 4096);
+    if (i < spec.size() && spec[i] == '.') {
+        precision = 0;
+        ++i;
+        while (i < spec.size() && std::isdigit(static_cast<unsigned char>(spec[i])))
+            precision = std::min(precision * 10 + (spec[i++] - '0'), 300);
+    }
+    char type = i < spec.size() ? spec[i++] : 0;
+    if (i != spec.size()) throw error("Invalid format specifier '" + spec + "'");
+    std::string body;
+    const bool numeric = v.is_number() && !v.is_bool();
+    if (type == 0 && numeric) type = v.is_float() ? (precision >= 0 ? 'g' : 0) : 'd';
+    if (type == 0 || type == 's') {
+        if (type == 's' && !v.is_string()) throw error("Unknown format code 's' for object of type '" + type_name(v) + "'");
+        body = to_str(v);
+        if (precision >= 0) {
+            auto cps = code_points(body);
+            if (cps.size() > size_t(precision)) {
+                body.clear();
+                for (int k = 0; k < precision; ++k) body += cps[size_t(k)];
+            }
+        }
+    } else if (std::strchr("dfFeEgG%xXob", type)) {
+        if (!v.is_number()) throw error(std::string("Unknown format code '") + type + "' for object of type '" + type_name(v) + "'");
+        char buf[512];
+        std::string f = "%";
+        if (sign != '-') f += sign;
+        if (type == 'd' || type == 'x' || type == 'X' || type == 'o') {
+            if (v.is_float()) throw error(std::string("Unknown format code '") + type + "' for object of type 'float'");
+            f += std::string("ll") + (type == 'd' ? 'd' : type);
+            std::snprintf(buf, sizeof buf, f.c_str(), static_cast<long long>(v.as_int()));
+        } else if (type == '%') {
+            f += "." + std::to_string(precision < 0 ? 6 : precision) + "f%%";
+            std::snprintf(buf, sizeof buf, f.c_str(), v.as_double() * 100);
+        } else {
+            f += "." + std::to_string(precision < 0 ? 6 : precision) + type;
+            std::snprintf(buf, sizeof buf, f.c_str(), v.as_double());
+        }
+        body = buf;
+    } else {
+        throw error(std::string("Unknown format code '") + type + "'");
+    }
+    const int n = int(n_code_points(body));
+    if (width > n) {
+        const size_t pad = size_t(width - n);
+        if (!align) align = numeric ? '>' : '<';
+        if (zero && numeric && align == '>') {
+            const size_t at = (!body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ')) ? 1 : 0;
+            body.insert(at, pad, '0');
+        } else if (align == '<') body += std::string(pad, fill);
+        else if (align == '>') body = std::string(pad, fill) + body;
+        else body = std::string(pad / 2, fill) + body + std::string(pad - pad / 2, fill);
+    }
+    return body;
+}
+
 std::string py_str_format(evaluator& ev, const std::string& fmt, const call_args& args) {
     std::string out;
     size_t auto_idx = 0;
@@ -219,9 +336,10 @@ std::string py_str_format(evaluator& ev, const std::string& fmt, const call_args
         const size_t close = fmt.find('}', i);
         if (close == std::string::npos) throw error("Single '{' encountered in format string");
         std::string field = fmt.substr(i + 1, close - i - 1);
+        std::string spec;
         const size_t colon = field.find(':');
         if (colon != std::string::npos) {
-            if (colon + 1 != field.size()) throw error("format specs in str.format are not supported");
+            spec = field.substr(colon + 1);
             field.resize(colon);
         }
         const value* v = nullptr;
@@ -237,7 +355,7 @@ std::string py_str_format(evaluator& ev, const std::string& fmt, const call_args
                 if (kw.name == field) v = &kw.v;
             if (!v) throw error("KeyError: '" + field + "'");
         }
-        out += to_str(*v);
+        out += spec.empty() ? to_str(*v) : format_spec(*v, spec);
         ev.check_size(out.size());
         i = close;
     }

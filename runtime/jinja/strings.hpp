@@ -25,5 +25,7 @@ std::string jinja_title(const std::string& s);   // the title filter
 std::string py_capitalize(const std::string& s);
 bool py_is(const std::string& s, const std::string& what); // isdigit, isalpha, ...
 std::string py_str_format(evaluator& ev, const std::string& fmt, const call_args& args);
+// One replacement field's spec of str.format ("{:>8.2f}"): [[fill]align][sign][0][width][.precision][type].
+std::string format_spec(const value& v, const std::string& spec);
 
 } // namespace tandem::jinja

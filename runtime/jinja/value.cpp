@@ -8,6 +8,24 @@
 
 namespace tandem::jinja {
 
+namespace {
+
+thread_local value_budget budget;
+
+void step() {
+    if (budget.steps == 0) throw error("template exceeded its work limit (values too large to print or compare)");
+    --budget.steps;
+}
+
+void check_bytes(const std::string& out) {
+    if (out.size() > budget.max_bytes)
+        throw error("template output exceeded " + std::to_string(budget.max_bytes) + " bytes");
+}
+
+} // namespace
+
+void set_value_budget(const value_budget& b) { budget = b; }
+
 double value::as_double() const {
     if (is_int()) return double(std::get<int64_t>(v));
     if (is_float()) return std::get<double>(v);
@@ -204,6 +222,8 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
 void json_dump(std::string& out, const value& x, int indent, bool sort_keys, const std::string& item_sep,
                const std::string& key_sep, int depth, bool ea) {
     if (depth > 512) throw error("tojson: nesting too deep");
+    step();
+    check_bytes(out);
     auto newline = [&](int d) {
         if (indent < 0) return;
         out += '\n';
@@ -257,6 +277,8 @@ void json_dump(std::string& out, const value& x, int indent, bool sort_keys, con
 
 void repr_into(std::string& out, const value& x, int depth) {
     if (depth > 512) throw error("repr: nesting too deep");
+    step();
+    check_bytes(out);
     if (x.is_string()) { out += repr_string(x.str()); return; }
     if (x.is_list()) {
         const auto& l = *x.list();
@@ -319,6 +341,7 @@ std::string to_json(const value& x, int indent, bool sort_keys, const std::strin
 }
 
 bool equals(const value& a, const value& b) {
+    step();
     if (a.is_number() && b.is_number()) {
         if ((a.is_int() || a.is_bool()) && (b.is_int() || b.is_bool())) return a.as_int() == b.as_int();
         return a.as_double() == b.as_double();
@@ -327,6 +350,7 @@ bool equals(const value& a, const value& b) {
     if (a.is_undefined() || a.is_none()) return true;
     if (a.is_string()) return a.str() == b.str();
     if (a.is_list()) {
+        if (a.list() == b.list()) return true;
         const auto& x = a.list()->items;
         const auto& y = b.list()->items;
         if (x.size() != y.size() || a.list()->tuple != b.list()->tuple) return false;
@@ -350,6 +374,7 @@ bool equals(const value& a, const value& b) {
 }
 
 bool less(const value& a, const value& b) {
+    step();
     if (a.is_number() && b.is_number()) {
         if ((a.is_int() || a.is_bool()) && (b.is_int() || b.is_bool())) return a.as_int() < b.as_int();
         return a.as_double() < b.as_double();

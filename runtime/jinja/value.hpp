@@ -149,6 +149,15 @@ bool less(const value& a, const value& b);
 // A value's type name as Python says it ("str", "list", "dict", "NoneType", ...).
 std::string type_name(const value& x);
 
+// The budget of the recursive value operations (str/repr, tojson, ==, <) in this thread: a
+// list can hold one list twice, so a few `set a = [a, a]` make a value whose walk is
+// exponential. A render sets it from its limits; exceeding it is an error.
+struct value_budget {
+    uint64_t steps = 64'000'000;
+    size_t max_bytes = size_t(64) << 20;
+};
+void set_value_budget(const value_budget& b);
+
 // UTF-8 code point counts and slicing by code points (Python's str indexing).
 size_t n_code_points(std::string_view s);
 std::vector<std::string> code_points(std::string_view s);
