@@ -1,10 +1,12 @@
 // The route table and its handlers (daemon/routes.hpp).
 #include "daemon/routes.hpp"
 
+#include "daemon/anthropic.hpp"
 #include "daemon/batch_jobs.hpp"
 #include "daemon/completion.hpp"
 #include "daemon/embedding.hpp"
 #include "daemon/openai_fields.hpp"
+#include "daemon/ollama.hpp"
 #include "daemon/openai_request.hpp"
 #include "daemon/state.hpp"
 #include "runtime/tokenizer.hpp"
@@ -204,6 +206,50 @@ handler_fn openai_generation(bool chat) {
     };
 }
 
+// POST /v1/messages: Anthropic's Messages API through the completion handler.
+handler_fn anthropic_messages() {
+    surface s;
+    s.parse = [](const json& body, const exchange& x) { return parse_anthropic(body, *x.st.ms, x.st.cfg); };
+    s.make_encoder = [](const generation_request& req) { return make_anthropic_encoder(req.base.stop); };
+    s.error = anthropic_error;
+    s.id_prefix = "msg";
+    return generation_route(std::move(s));
+}
+
+// POST /v1/messages/count_tokens: the prompt's tokens as the chat template renders the request.
+reply anthropic_count_tokens(exchange& x) {
+    auto body = body_of(x);
+    if (auto* e = std::get_if<api_error>(&body)) return anthropic_error(*e);
+    const model_state& ms = *x.st.ms;
+    auto parsed = parse_anthropic(std::get<json>(body), ms, x.st.cfg, true);
+    if (auto* e = std::get_if<api_error>(&parsed)) return anthropic_error(*e);
+    const generation_request& req = std::get<generation_request>(parsed);
+    std::string text = ms.tmpl.render(req.messages, true,
+                                      req.tools.active() ? std::span(req.tools.defs) : std::span<const std::string>{});
+    if (ms.reasoning && req.reasoning.enable == false && ms.reasoning->can_disable &&
+        start_of(*ms.reasoning, text) != reasoning_start::content)
+        text += ms.reasoning->disabled_suffix();
+    return reply::of_json({{"input_tokens", ms.bundle.tok->encode(text, false, true).size()}});
+}
+
+// POST /api/chat and /api/generate: Ollama's API through the completion handler.
+handler_fn ollama_generation(bool generate) {
+    surface s;
+    s.parse = [generate](const json& body, const exchange& x) { return parse_ollama(body, *x.st.ms, x.st.cfg, generate); };
+    s.make_encoder = [generate](const generation_request&) {
+        return make_ollama_encoder(generate, std::chrono::steady_clock::now());
+    };
+    s.error = ollama_error;
+    s.id_prefix = generate ? "gen" : "chat";
+    if (generate) // no prompt: Ollama loads the model and answers done (the model here is loaded)
+        s.shortcut = [](const json& body, const exchange& x) -> std::optional<reply> {
+            if (!body.is_object() || body.contains("prompt") || !body.value("model", json()).is_string()) return std::nullopt;
+            if (body["model"] != x.st.ms->id && body["model"] != ollama_name(*x.st.ms)) return std::nullopt;
+            return reply::of_json({{"model", ollama_name(*x.st.ms)}, {"response", ""}, {"done", true}, {"done_reason", "load"}});
+        };
+    return generation_route(std::move(s));
+}
+
 // The batch routes (404 when the daemon runs no batch jobs), their disk work off the io thread.
 handler_fn jobs(std::function<reply(batch_jobs&, exchange&)> fn) {
     return blocking([fn = std::move(fn)](exchange& x) {
@@ -235,6 +281,21 @@ std::vector<route> make_routes() {
         {"/v1/chat/completions", "POST", "/v1/chat/completions", true, true, openai_generation(true)},
         {"/v1/completions", "POST", "/v1/completions", true, true, openai_generation(false)},
         {"/v1/embeddings", "POST", "/v1/embeddings", true, true, handle_embeddings},
+        {"/v1/messages", "POST", "/v1/messages", true, true, anthropic_messages()},
+        {"/v1/messages/count_tokens", "POST", "/v1/messages/count_tokens", true, false, blocking(anthropic_count_tokens)},
+        {"/api/chat", "POST", "/api/chat", true, true, ollama_generation(false)},
+        {"/api/generate", "POST", "/api/generate", true, true, ollama_generation(true)},
+        {"/api/embed", "POST", "/api/embed", true, true, ollama_embed(false)},
+        {"/api/embeddings", "POST", "/api/embeddings", true, true, ollama_embed(true)},
+        {"/api/tags", "GET", "/api/tags", true, false, simple(ollama_tags)},
+        {"/api/show", "POST", "/api/show", true, false, simple(ollama_show)},
+        {"/api/ps", "GET", "/api/ps", true, false, simple(ollama_ps)},
+        {"/api/version", "GET", "/api/version", false, false, simple(ollama_version)},
+        {"/api/pull", "POST", "/api/pull", false, false, simple(ollama_unsupported)},
+        {"/api/push", "POST", "/api/push", false, false, simple(ollama_unsupported)},
+        {"/api/create", "POST", "/api/create", false, false, simple(ollama_unsupported)},
+        {"/api/copy", "POST", "/api/copy", false, false, simple(ollama_unsupported)},
+        {"/api/delete", "DELETE", "/api/delete", false, false, simple(ollama_unsupported)},
         {"/v1/files", "GET", "/v1/files", false, false,
          jobs([](jobs_t& j, exchange& x) { return j.list_files(x.req.query, x.req.who); })},
         {"/v1/files", "POST", "/v1/files", false, false,

@@ -185,6 +185,11 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
         ms.bundle = open_model_metadata(cfg.model, ms.model_fd);
     } else ms.bundle = load_model(cfg.model, load_options{weight_format::int8, kv, 0});
     ms.tmpl = chat_template::from_gguf(*ms.bundle.file, *ms.bundle.tok);
+    {
+        const auto* src = ms.bundle.file->find("tokenizer.chat_template");
+        const std::string* text = src ? src->as_string() : nullptr;
+        ms.reasoning = find_reasoning(text ? std::string_view(*text) : std::string_view{}, *ms.bundle.tok);
+    }
     const model_config& mc = ms.bundle.cfg;
     const int n_threads = cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     engine_options eo;

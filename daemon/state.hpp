@@ -7,6 +7,7 @@
 #include "daemon/metrics.hpp"
 #include "daemon/retrieval.hpp"
 #include "runtime/chat_template.hpp"
+#include "runtime/reasoning.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/grammar/guide.hpp"
 #include "ipc/kv_pool.hpp"
@@ -25,6 +26,7 @@ namespace tandem::daemon {
 struct model_state {
     model_bundle bundle;             // without weights when workers hold them
     chat_template tmpl;
+    std::optional<reasoning_format> reasoning; // the template's thinking markers (runtime/reasoning.hpp)
     int model_fd = -1;                    // the model file the workers load (workers only; closed with the state)
     std::unique_ptr<ipc::kv_pool> pool;   // the shared KV pool (workers only)
     std::unique_ptr<page_store> store;    // its prefix-cache page table
