@@ -137,12 +137,12 @@ handler_fn generation_route(surface s) {
             if (auto* e = std::get_if<api_error>(&body)) return *e;
             if (s.shortcut)
                 if (auto r = s.shortcut(std::get<json>(body), x)) return planned{{}, nullptr, std::move(r)};
-            auto req = s.parse(std::get<json>(body), x);
-            if (auto* e = std::get_if<api_error>(&req)) return *e;
-            auto enc = s.make_encoder(std::get<generation_request>(req));
-            auto plan = plan_generation(std::move(std::get<generation_request>(req)), *x.st.ms, x.st.cfg);
+            auto parsed_req = s.parse(std::get<json>(body), x);
+            if (auto* e = std::get_if<api_error>(&parsed_req)) return *e;
+            parsed_request& pr = std::get<parsed_request>(parsed_req);
+            auto plan = plan_generation(std::move(pr.req), *x.st.ms, x.st.cfg);
             if (auto* e = std::get_if<api_error>(&plan)) return *e;
-            return planned{std::move(std::get<generation_plan>(plan)), std::move(enc), std::nullopt};
+            return planned{std::move(std::get<generation_plan>(plan)), std::move(pr.enc), std::nullopt};
         });
         if (auto* e = std::get_if<api_error>(&parsed)) {
             x.st.met.request_done(x.label, e->status);

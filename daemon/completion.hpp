@@ -26,9 +26,12 @@ asio::awaitable<bool> run_completion(exchange& x, const std::string& route, std:
 // A generation route of one API surface: its body parsed (off the io thread, as planning
 // is) into the internal request, planned, and run through run_completion with the surface's
 // encoder; errors before the encoder exists in the surface's shape.
+struct parsed_request {
+    generation_request req;
+    std::unique_ptr<encoder> enc;     // how the reply is written
+};
 struct surface {
-    std::function<std::variant<generation_request, api_error>(const json& body, const exchange& x)> parse;
-    std::function<std::unique_ptr<encoder>(const generation_request& req)> make_encoder;
+    std::function<std::variant<parsed_request, api_error>(const json& body, const exchange& x)> parse;
     std::function<reply(const api_error& e)> error = [](const api_error& e) { return reply::of(e); };
     std::string id_prefix;            // response ids "PREFIX-..."
     // A reply that needs no generation (Ollama's generate with no prompt), or nullopt.

@@ -176,15 +176,13 @@ reply ollama_show(const exchange& x) {
         e.status = 404;
         return ollama_error(e);
     }
-    const auto* src = ms.bundle.file->find("tokenizer.chat_template");
-    const std::string* tmpl = src ? src->as_string() : nullptr;
     json caps = json::array({"completion", "tools"});
     if (ms.reasoning) caps.push_back("thinking");
     if (!embeddings_unavailable(ms)) caps.push_back("embedding");
     const auto& c = ms.bundle.cfg;
     return reply::of_json({{"modelfile", ""},
                            {"parameters", ""},
-                           {"template", tmpl ? *tmpl : std::string()},
+                           {"template", ms.template_source},
                            {"details", details_json(ms)},
                            {"model_info",
                             {{"general.architecture", c.arch},

@@ -8,6 +8,7 @@
 #include "daemon/openai_fields.hpp"
 #include "daemon/ollama.hpp"
 #include "daemon/openai_request.hpp"
+#include "daemon/responses.hpp"
 #include "daemon/state.hpp"
 #include "runtime/tokenizer.hpp"
 
@@ -209,8 +210,12 @@ handler_fn openai_generation(bool chat) {
 // POST /v1/messages: Anthropic's Messages API through the completion handler.
 handler_fn anthropic_messages() {
     surface s;
-    s.parse = [](const json& body, const exchange& x) { return parse_anthropic(body, *x.st.ms, x.st.cfg); };
-    s.make_encoder = [](const generation_request& req) { return make_anthropic_encoder(req.base.stop); };
+    s.parse = [](const json& body, const exchange& x) -> std::variant<parsed_request, api_error> {
+        auto req = parse_anthropic(body, *x.st.ms, x.st.cfg);
+        if (auto* e = std::get_if<api_error>(&req)) return *e;
+        auto enc = make_anthropic_encoder(std::get<generation_request>(req).base.stop);
+        return parsed_request{std::move(std::get<generation_request>(req)), std::move(enc)};
+    };
     s.error = anthropic_error;
     s.id_prefix = "msg";
     return generation_route(std::move(s));
@@ -232,12 +237,42 @@ reply anthropic_count_tokens(exchange& x) {
     return reply::of_json({{"input_tokens", ms.bundle.tok->encode(text, false, true).size()}});
 }
 
+// POST /v1/responses: OpenAI's Responses API through the completion handler.
+handler_fn openai_responses() {
+    surface s;
+    s.parse = [](const json& body, const exchange& x) -> std::variant<parsed_request, api_error> {
+        responses_context ctx;
+        auto req = parse_responses(body, *x.st.ms, x.st.cfg, x.st.responses.get(), x.req.who, ctx);
+        if (auto* e = std::get_if<api_error>(&req)) return *e;
+        ctx.store_to = x.st.responses;
+        return parsed_request{std::move(std::get<generation_request>(req)), make_responses_encoder(std::move(ctx))};
+    };
+    s.id_prefix = "resp";
+    return generation_route(std::move(s));
+}
+
+// GET and DELETE /v1/responses/{id}: the caller's own stored responses (another's are a 404).
+reply stored_response(exchange& x, bool remove) {
+    const std::string& id = x.req.params.at("id");
+    api_error missing{404, fmt::format("Response with id '{}' not found.", id), "invalid_request_error", "id",
+                      "not_found"};
+    if (!x.st.responses) return reply::of(missing);
+    if (remove) {
+        if (!x.st.responses->remove(id, x.req.who)) return reply::of(missing);
+        return reply::of_json({{"id", id}, {"object", "response"}, {"deleted", true}});
+    }
+    auto found = x.st.responses->find(id, x.req.who);
+    if (!found) return reply::of(missing);
+    return reply::of_json(found->response);
+}
+
 // POST /api/chat and /api/generate: Ollama's API through the completion handler.
 handler_fn ollama_generation(bool generate) {
     surface s;
-    s.parse = [generate](const json& body, const exchange& x) { return parse_ollama(body, *x.st.ms, x.st.cfg, generate); };
-    s.make_encoder = [generate](const generation_request&) {
-        return make_ollama_encoder(generate, std::chrono::steady_clock::now());
+    s.parse = [generate](const json& body, const exchange& x) -> std::variant<parsed_request, api_error> {
+        auto req = parse_ollama(body, *x.st.ms, x.st.cfg, generate);
+        if (auto* e = std::get_if<api_error>(&req)) return *e;
+        return parsed_request{std::move(std::get<generation_request>(req)), make_ollama_encoder(generate, x.req.received)};
     };
     s.error = ollama_error;
     s.id_prefix = generate ? "gen" : "chat";
@@ -282,6 +317,11 @@ std::vector<route> make_routes() {
         {"/v1/completions", "POST", "/v1/completions", true, true, openai_generation(false)},
         {"/v1/embeddings", "POST", "/v1/embeddings", true, true, handle_embeddings},
         {"/v1/messages", "POST", "/v1/messages", true, true, anthropic_messages()},
+        {"/v1/responses", "POST", "/v1/responses", true, true, openai_responses()},
+        {"/v1/responses/{id}", "GET", "/v1/responses", false, false,
+         blocking([](exchange& x) { return stored_response(x, false); })},
+        {"/v1/responses/{id}", "DELETE", "/v1/responses", false, false,
+         blocking([](exchange& x) { return stored_response(x, true); })},
         {"/v1/messages/count_tokens", "POST", "/v1/messages/count_tokens", true, false, blocking(anthropic_count_tokens)},
         {"/api/chat", "POST", "/api/chat", true, true, ollama_generation(false)},
         {"/api/generate", "POST", "/api/generate", true, true, ollama_generation(true)},

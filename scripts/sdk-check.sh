@@ -3,6 +3,7 @@
 # over TCP, the batch flow tests/sdk/openai_batch.mjs over the Unix socket), Anthropic's
 # (anthropic_check.mjs: /v1/messages), ollama-js (ollama_check.mjs: /api/), and the reasoning
 # split through the OpenAI SDK against a synthetic Qwen3-like model (reasoning_check.mjs).
+# The Responses interface of the OpenAI SDK: responses_check.mjs.
 # Installs the SDKs from the npm registry into BUILD/sdk-node on first use; with --no-install
 # (the ctest sdk_check) it exits 77, skipped, when they are not there (CI has no downloads).
 # Usage: scripts/sdk-check.sh [--no-install] [build-dir]
@@ -44,6 +45,7 @@ serve models/stories260K.gguf "$port" "$dir/tandem.sock"
 cp tests/sdk/*.mjs "$sdk/"
 TANDEM_URL="http://127.0.0.1:$port/v1" node "$sdk/openai_check.mjs"
 TANDEM_SOCKET="$dir/tandem.sock" node "$sdk/openai_batch.mjs"
+TANDEM_URL="http://127.0.0.1:$port/v1" node "$sdk/responses_check.mjs"
 TANDEM_URL="http://127.0.0.1:$port/v1" node "$sdk/anthropic_check.mjs"
 TANDEM_URL="http://127.0.0.1:$port/v1" node "$sdk/ollama_check.mjs"
 

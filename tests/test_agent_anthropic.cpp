@@ -144,7 +144,7 @@ TEST_CASE("messages with tools: tool_use blocks, input_json_delta, the result se
     const json tools = {{{"name", "get_weather"}, {"description", "Weather now"}, {"input_schema", schema}}};
     json body = messages_body(user_turn, 120);
     body["tools"] = tools;
-    body["tool_choice"] = {{"type", "any"}};
+    body["tool_choice"] = {{"type", "any"}, {"disable_parallel_tool_use", true}};
     auto r = post(s, "/v1/messages", body);
     REQUIRE(r.status == 200);
     const json m = r.j();
@@ -159,7 +159,7 @@ TEST_CASE("messages with tools: tool_use blocks, input_json_delta, the result se
     // the same call through Chat Completions
     const json oa_tools = {{{"type", "function"},
                             {"function", {{"name", "get_weather"}, {"description", "Weather now"}, {"parameters", schema}}}}};
-    const json chat = chat_reply(s, user_turn, 120, {{"tools", oa_tools}, {"tool_choice", "required"}});
+    const json chat = chat_reply(s, user_turn, 120, {{"tools", oa_tools}, {"tool_choice", "required"}, {"parallel_tool_calls", false}});
     const json call = chat["choices"][0]["message"]["tool_calls"][0]["function"];
     CHECK(json::parse(call["arguments"].get<std::string>()) == use["input"]);
 
@@ -188,7 +188,7 @@ TEST_CASE("messages with tools: tool_use blocks, input_json_delta, the result se
     json history = user_turn;
     history.push_back({{"role", "assistant"}, {"content", m["content"]}});
     history.push_back({{"role", "user"},
-                       {"content", {{{"type", "tool_result"}, {"tool_use_id", use["id"]}, {"content", "18 C"}}}}}});
+                       {"content", {{{"type", "tool_result"}, {"tool_use_id", use["id"]}, {"content", "18 C"}}}}});
     json next = messages_body(history, 8);
     next["tools"] = tools;
     auto followed = post(s, "/v1/messages", next);

@@ -37,12 +37,12 @@ assert.equal(counted.input_tokens, m.usage.input_tokens);
 // tool use: a call (tool_choice any), then its result sent back
 const tools = [{ name: 'get_weather', description: 'Weather now',
   input_schema: { type: 'object', properties: { city: { type: 'string', maxLength: 12 } }, required: ['city'] } }];
-const call = await client.messages.create({ model, messages, tools, tool_choice: { type: 'any' }, max_tokens: 120, temperature: 0 });
+const call = await client.messages.create({ model, messages, tools, tool_choice: { type: 'any', disable_parallel_tool_use: true }, max_tokens: 120, temperature: 0 });
 assert.equal(call.stop_reason, 'tool_use');
 const use = call.content.find((b) => b.type === 'tool_use');
 assert.equal(use.name, 'get_weather');
 assert.equal(typeof use.input.city, 'string');
-const streamedCall = await client.messages.stream({ model, messages, tools, tool_choice: { type: 'any' }, max_tokens: 120,
+const streamedCall = await client.messages.stream({ model, messages, tools, tool_choice: { type: 'any', disable_parallel_tool_use: true }, max_tokens: 120,
   temperature: 0 }).finalMessage();
 assert.deepEqual(streamedCall.content.find((b) => b.type === 'tool_use').input, use.input);
 const after = await client.messages.create({ model, tools, max_tokens: 8, temperature: 0, messages: [
