@@ -66,16 +66,19 @@ public:
 
     std::string finish(completion_view& v, size_t i, const choice_step& s) override {
         if (!v.plan.stream) return {};
-        return step(v, i, s) + stop_block();
+        std::string out = step(v, i, s); // (before the block stops)
+        out += stop_block();
+        return out;
     }
 
     std::string close(completion_view& v) override {
         const choice_state& c = v.choices[0];
         const auto [reason, sequence] = stop_reason(c);
-        return event("message_delta", {{"type", "message_delta"},
-                                       {"delta", {{"stop_reason", reason}, {"stop_sequence", sequence}}},
-                                       {"usage", {{"output_tokens", c.n_generated}}}}) +
-               event("message_stop", {{"type", "message_stop"}});
+        std::string out = event("message_delta", {{"type", "message_delta"},
+                                                  {"delta", {{"stop_reason", reason}, {"stop_sequence", sequence}}},
+                                                  {"usage", {{"output_tokens", c.n_generated}}}});
+        out += event("message_stop", {{"type", "message_stop"}});
+        return out;
     }
 
     json whole(completion_view& v) override {

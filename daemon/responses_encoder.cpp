@@ -25,7 +25,9 @@ public:
 
     std::string open(completion_view& v) override {
         json r = response(v, "in_progress", json::array(), nullptr);
-        return event("response.created", {{"response", r}}) + event("response.in_progress", {{"response", r}});
+        std::string out = event("response.created", {{"response", r}}); // (in order: each takes the next number)
+        out += event("response.in_progress", {{"response", r}});
+        return out;
     }
 
     std::string step(completion_view& v, size_t, const choice_step& s) override {
@@ -67,7 +69,9 @@ public:
 
     std::string finish(completion_view& v, size_t i, const choice_step& s) override {
         if (!v.plan.stream) return {};
-        return step(v, i, s) + end();
+        std::string out = step(v, i, s); // (before the item ends)
+        out += end();
+        return out;
     }
 
     std::string close(completion_view& v) override {

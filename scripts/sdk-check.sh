@@ -43,8 +43,6 @@ serve() {
 port=$((20000 + RANDOM % 20000))
 serve models/stories260K.gguf "$port" "$dir/tandem.sock"
 cp tests/sdk/*.mjs "$sdk/"
-TANDEM_URL="http://127.0.0.1:$port/v1" node "$sdk/openai_check.mjs"
-TANDEM_SOCKET="$dir/tandem.sock" node "$sdk/openai_batch.mjs"
 TANDEM_URL="http://127.0.0.1:$port/v1" node "$sdk/responses_check.mjs"
 TANDEM_URL="http://127.0.0.1:$port/v1" node "$sdk/anthropic_check.mjs"
 TANDEM_URL="http://127.0.0.1:$port/v1" node "$sdk/ollama_check.mjs"
@@ -60,4 +58,6 @@ think=$("$build/daemon/tandem" tokenize --parse-special -m "$dir/qwen3-like.gguf
 port2=$((port + 1))
 serve "$dir/qwen3-like.gguf" "$port2" "$dir/reasoning.sock"
 THINK_TOKEN="$think" TANDEM_URL="http://127.0.0.1:$port2/v1" node "$sdk/reasoning_check.mjs"
+TANDEM_URL="http://127.0.0.1:$port/v1" node "$sdk/openai_check.mjs"
+TANDEM_SOCKET="$dir/tandem.sock" node "$sdk/openai_batch.mjs"
 echo "sdk-check: all passed"
