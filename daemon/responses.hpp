@@ -8,6 +8,7 @@
 #include "daemon/encoder.hpp"
 #include "daemon/generation.hpp"
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -20,7 +21,9 @@ namespace tandem::daemon {
 // through this response, in the internal form), "response"}. Thread-safe.
 class response_store {
 public:
-    explicit response_store(std::string dir); // made (0700) when missing; throws tandem::error
+    // Made (0700) when missing; throws tandem::error. Responses older than ttl are gone (found
+    // absent, and their files removed when next looked at or when another is stored).
+    response_store(std::string dir, std::chrono::seconds ttl);
     struct stored {
         std::vector<chat_message> messages;
         json response;
@@ -33,7 +36,11 @@ public:
 
 private:
     std::string path(const std::string& id) const;
+    bool expired(const std::string& file) const;
+    void sweep(); // removes the expired (under mu_)
     std::string dir_;
+    std::chrono::seconds ttl_;
+    uint64_t n_puts_ = 0;
     mutable std::mutex mu_;
 };
 

@@ -184,7 +184,7 @@ field_error read_text_format(const json& body, int max_depth, std::optional<foun
 
 } // namespace
 
-response_store::response_store(std::string dir) : dir_(std::move(dir)) {
+response_store::response_store(std::string dir, std::chrono::seconds ttl) : dir_(std::move(dir)), ttl_(ttl) {
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec) fail("{}: cannot make it: {}", dir_, ec.message());
@@ -193,9 +193,26 @@ response_store::response_store(std::string dir) : dir_(std::move(dir)) {
 
 std::string response_store::path(const std::string& id) const { return dir_ + "/" + id + ".json"; }
 
+bool response_store::expired(const std::string& file) const {
+    std::error_code ec;
+    const auto t = fs::last_write_time(file, ec);
+    return !ec && fs::file_time_type::clock::now() - t > ttl_;
+}
+
+void response_store::sweep() {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+        if (e.path().extension() == ".json" && expired(e.path().string())) fs::remove(e.path(), ec);
+}
+
 std::optional<response_store::stored> response_store::find(const std::string& id, const principal& who) const {
     if (!valid_id(id)) return std::nullopt;
     std::lock_guard lock(mu_);
+    if (expired(path(id))) {
+        std::error_code ec;
+        fs::remove(path(id), ec);
+        return std::nullopt;
+    }
     std::ifstream in(path(id));
     if (!in) return std::nullopt;
     const json j = json::parse(in, nullptr, false);
@@ -211,6 +228,7 @@ void response_store::put(const std::string& id, const std::string& owner, const 
     json j = {{"owner", owner}, {"messages", json::array()}, {"response", response}};
     for (const auto& m : messages) j["messages"].push_back(message_json(m));
     std::lock_guard lock(mu_);
+    if (n_puts_++ % 64 == 0) sweep(); // (a directory scan: not on every put)
     const std::string tmp = path(id) + ".tmp";
     {
         std::ofstream out(tmp, std::ios::trunc);

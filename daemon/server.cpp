@@ -464,7 +464,8 @@ void server::start_batch_jobs() {
     s.max_files = c.max_files;
     s.concurrency = c.batch_concurrency > 0 ? c.batch_concurrency : c.max_running;
     try { // stored Responses (previous_response_id) beside the batch jobs
-        st_.responses = std::make_shared<response_store>(s.dir + "/responses");
+        st_.responses =
+            std::make_shared<response_store>(s.dir + "/responses", std::chrono::hours(c.responses_ttl_h));
     } catch (const std::exception& e) {
         logger("server")->warn("stored responses are off (/v1/responses store): {}", e.what());
     }

@@ -166,3 +166,21 @@ TEST_CASE("responses: built-in tools, images and what else Tandem does not do ar
     refused({{"frequency_penalty", 1}}, "frequency_penalty");
     refused({{"truncation", "auto"}}, "truncation");
 }
+
+TEST_CASE("responses: stored ones expire after responses_ttl_h") {
+    daemon_process d;
+    d.start(scratch().file("ttl.sock"), {"--set", "responses_ttl_h=1"});
+    REQUIRE(d.wait_ready());
+    auto r = post(d.sock, "/v1/responses", {{"input", "Once"}, {"max_output_tokens", 2}});
+    REQUIRE(r.status == 200);
+    const std::string id = r.j()["id"];
+    CHECK(request(d.sock, "GET", "/v1/responses/" + id).status == 200);
+    // made two hours ago: gone
+    const std::string file = d.state_dir + "/responses/" + id + ".json";
+    REQUIRE(std::filesystem::exists(file));
+    std::filesystem::last_write_time(file, std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+    CHECK(request(d.sock, "GET", "/v1/responses/" + id).status == 404);
+    CHECK(!std::filesystem::exists(file));
+    CHECK(post(d.sock, "/v1/responses", {{"input", "Once"}, {"previous_response_id", id}}).status == 404);
+    d.stop();
+}
