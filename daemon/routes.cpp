@@ -421,6 +421,12 @@ std::vector<route_match> match_routes(std::string_view path) {
     return out;
 }
 
+reply error_reply(std::string_view path, const api_error& e) {
+    if (path == "/v1/messages" || path.starts_with("/v1/messages/")) return anthropic_error(e);
+    if (path.starts_with("/api/")) return ollama_error(e);
+    return reply::of(e);
+}
+
 std::string route_label(std::string_view target) {
     const auto rows = match_routes(target.substr(0, target.find('?')));
     return rows.empty() ? std::string("other") : std::string(rows.front().row->label);

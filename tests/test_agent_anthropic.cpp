@@ -255,3 +255,14 @@ TEST_CASE("messages: what Tandem does not do is a 400 in Anthropic's shape that 
     CHECK(n.status == 400);
     CHECK(n.j()["error"]["message"].get<std::string>().find("max_tokens") != std::string::npos);
 }
+
+TEST_CASE("errors before the route keep the path's API shape") {
+    const auto& s = shared_socket();
+    auto m = request(s, "GET", "/v1/messages");
+    CHECK(m.status == 405);
+    CHECK(m.j()["type"] == "error");
+    CHECK(m.j()["error"]["type"] == "invalid_request_error");
+    auto o = request(s, "POST", "/api/nothing-here", "{}");
+    CHECK(o.status == 404);
+    CHECK(o.j()["error"].is_string());
+}
