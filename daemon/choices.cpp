@@ -95,8 +95,19 @@ std::string new_call_id(grammar::tool_syntax syntax) {
 
 reply_delta read_reply(choice_state& c, std::string_view text, bool ended) {
     reply_delta d;
+    std::string rest; // the text less its thinking
+    if (c.splitter) {
+        const bool was_thinking = c.splitter->thinking();
+        auto p = c.splitter->feed(text, ended);
+        if (!ended && (was_thinking || c.splitter->thinking())) ++c.n_reasoning;
+        d.reasoning = std::move(p.reasoning);
+        c.reasoning += d.reasoning;
+        rest = std::move(p.content);
+        text = rest;
+    }
     if (!c.parser) {
         d.content = text;
+        c.content += d.content;
         return d;
     }
     std::vector<grammar::tool_call_parser::event> events;
@@ -191,6 +202,11 @@ json usage_json(const std::vector<choice_state>& cs, const generation_plan& plan
     if (drafted > 0)
         u["completion_tokens_details"] = {{"accepted_prediction_tokens", accepted},
                                           {"rejected_prediction_tokens", drafted - accepted}};
+    if (plan.reasoning) {
+        int64_t thought = 0;
+        for (const choice_state& c : cs) thought += c.n_reasoning;
+        u["completion_tokens_details"]["reasoning_tokens"] = thought;
+    }
     return u;
 }
 
@@ -206,6 +222,7 @@ json passages_json(const generation_plan& plan) {
 
 void choice_state::finish(const engine_event& ev) {
     finish_reason = ev.finish_reason;
+    stop_string = ev.stop_string;
     error = ev.error;
     n_prompt = ev.n_prompt;
     n_cached = ev.n_cached;

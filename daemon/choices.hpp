@@ -19,6 +19,7 @@ struct choice_state {
     std::string text;
     std::string finish_reason;
     std::string error;                // why, when finish_reason is "error"
+    std::string stop_string;          // the stop string that ended it, if one did
     int32_t n_prompt = 0;
     int32_t n_cached = 0;             // of n_prompt, from the prefix cache
     int32_t n_generated = 0;
@@ -36,6 +37,11 @@ struct choice_state {
         std::string id, name, arguments;
     };
     std::optional<grammar::tool_call_parser> parser;
+    // A reasoning model's reply: split into its thinking and the rest, which the parser (if
+    // any) reads; content is then the reply's text less its thinking.
+    std::optional<reasoning_splitter> splitter;
+    std::string reasoning;
+    int32_t n_reasoning = 0;          // tokens of the reply while it thought
     std::string content;
     std::vector<tool_call> calls;
     // Characters (code points) in `text`, counted on from where the last call stopped:
@@ -70,9 +76,10 @@ json add_citations(choice_state& c, const engine_event& ev, const generation_pla
 struct reply_delta {
     std::string content;
     json tool_calls;
+    std::string reasoning;            // thinking (reasoning models), never in content
 };
-// The next piece of choice c's text (`ended`: its last), read through its parser when it has
-// one; content and calls are added to c.
+// The next piece of choice c's text (`ended`: its last), split from its thinking and read
+// through its parser when it has them; thinking, content and calls are added to c.
 reply_delta read_reply(choice_state& c, std::string_view text, bool ended);
 // The finish reason a client sees: "tool_calls" for a reply that stopped after its calls.
 std::string client_finish_reason(const choice_state& c);

@@ -342,7 +342,8 @@ void register_offline(CLI::App& app, registry& reg) {
     reg.push_back({dtz, [dt] { return cmd_detokenize(dt->model, dt->ids, dt->special); }});
 
     struct synth_opts {
-        std::string out, preset = "tiny", type = "f32", arch, rope_scaling = "linear", vocab_from;
+        std::string out, preset = "tiny", type = "f32", arch, rope_scaling = "linear", vocab_from, chat_template;
+        std::vector<std::string> added_tokens;
         bool tied = false;
         float rope_scale = 0;
         synth_params flags = synth_preset("tiny");
@@ -377,6 +378,11 @@ void register_offline(CLI::App& app, registry& reg) {
                    ->check(existing_file());
     for (auto& [opt, field] : sy->shape)
         if (field == &synth_params::n_vocab) vf->excludes(opt);
+    syn->add_option("--add-token", sy->added_tokens,
+                    "a user-defined token (\"<think>\") at the end of the made-up vocabulary; repeatable")
+        ->excludes(vf);
+    syn->add_option("--chat-template", sy->chat_template, "a file whose Jinja source is the model's chat template")
+        ->check(existing_file());
     syn->add_flag("--tied", sy->tied, "no output.weight: tie the logits to the embedding");
     syn->add_option("--rope-scale", sy->rope_scale, "RoPE scaling factor")->check(between(1.0, 1024.0, number::real));
     auto* scaling_opt = syn->add_option("--rope-scaling", sy->rope_scaling, "linear | yarn | llama3 (with --rope-scale)")
@@ -398,6 +404,12 @@ void register_offline(CLI::App& app, registry& reg) {
                                                  "file would have no RoPE scaling",
                                                  sy->rope_scaling));
         p.vocab_from = sy->vocab_from;
+        p.added_tokens = sy->added_tokens;
+        if (!sy->chat_template.empty()) {
+            std::ifstream in(sy->chat_template, std::ios::binary);
+            p.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+            if (p.chat_template.empty()) fail("synth: {} is empty", sy->chat_template);
+        }
         if (*sy->type_opt) p.type = synth_types().at(sy->type);
         synth_write(p, sy->out);
         return 0;

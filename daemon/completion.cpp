@@ -3,6 +3,7 @@
 #include "daemon/completion.hpp"
 
 #include "daemon/embedding.hpp"
+#include "daemon/fields.hpp"
 #include "daemon/retrieval.hpp"
 #include "runtime/log.hpp"
 
@@ -124,6 +125,39 @@ asio::awaitable<std::optional<api_error>> retrieve(exchange& x, generation_plan&
     co_return std::nullopt;
 }
 
+handler_fn generation_route(surface s) {
+    return [s = std::move(s)](exchange& x) -> asio::awaitable<bool> {
+        struct planned {
+            generation_plan plan;
+            std::unique_ptr<encoder> enc;
+            std::optional<reply> shortcut;
+        };
+        auto parsed = co_await off_io(x.st.blocking.get(), [&]() -> std::variant<planned, api_error> {
+            auto body = parse_request_body(x.req.http.body(), x.st.cfg.max_json_depth);
+            if (auto* e = std::get_if<api_error>(&body)) return *e;
+            if (s.shortcut)
+                if (auto r = s.shortcut(std::get<json>(body), x)) return planned{{}, nullptr, std::move(r)};
+            auto parsed_req = s.parse(std::get<json>(body), x);
+            if (auto* e = std::get_if<api_error>(&parsed_req)) return *e;
+            parsed_request& pr = std::get<parsed_request>(parsed_req);
+            auto plan = plan_generation(std::move(pr.req), *x.st.ms, x.st.cfg);
+            if (auto* e = std::get_if<api_error>(&plan)) return *e;
+            return planned{std::move(std::get<generation_plan>(plan)), std::move(pr.enc), std::nullopt};
+        });
+        if (auto* e = std::get_if<api_error>(&parsed)) {
+            x.st.met.request_done(x.label, e->status);
+            const reply r = s.error(*e);
+            co_return co_await x.out.send(r);
+        }
+        planned& p = std::get<planned>(parsed);
+        if (p.shortcut) {
+            x.st.met.request_done(x.label, p.shortcut->status);
+            co_return co_await x.out.send(*p.shortcut);
+        }
+        co_return co_await run_completion(x, x.label, s.id_prefix, std::move(p.plan), *p.enc);
+    };
+}
+
 asio::awaitable<bool> run_completion(exchange& x, const std::string& route, std::string_view id_prefix,
                                      generation_plan plan, encoder& enc) {
     model_state& ms = *x.st.ms;
@@ -166,8 +200,10 @@ asio::awaitable<bool> run_completion(exchange& x, const std::string& route, std:
 
     const std::string id = new_id(id_prefix);
     std::vector<choice_state> cs(plan.n_sequences()); // the choices, when nothing ranks them
-    if (plan.tools)
-        for (auto& c : cs) c.parser.emplace(*plan.tools);
+    for (auto& c : cs) {
+        if (plan.tools) c.parser.emplace(*plan.tools);
+        if (plan.reasoning) c.splitter.emplace(*plan.reasoning, plan.reasoning_from);
+    }
     completion_view view{id, ms.id, plan, cs, *ms.bundle.tok};
     std::vector<clock_type::time_point> last_t(plan.n_sequences());
     size_t n_done = 0;

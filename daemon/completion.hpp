@@ -9,7 +9,10 @@
 #include "daemon/exchange.hpp"
 #include "daemon/generation.hpp"
 
+#include <functional>
+#include <memory>
 #include <optional>
+#include <variant>
 #include <string>
 #include <string_view>
 
@@ -19,6 +22,22 @@ namespace tandem::daemon {
 // Returns whether the connection may take another request.
 asio::awaitable<bool> run_completion(exchange& x, const std::string& route, std::string_view id_prefix,
                                      generation_plan plan, encoder& enc);
+
+// A generation route of one API surface: its body parsed (off the io thread, as planning
+// is) into the internal request, planned, and run through run_completion with the surface's
+// encoder; errors before the encoder exists in the surface's shape.
+struct parsed_request {
+    generation_request req;
+    std::unique_ptr<encoder> enc;     // how the reply is written
+};
+struct surface {
+    std::function<std::variant<parsed_request, api_error>(const json& body, const exchange& x)> parse;
+    std::function<reply(const api_error& e)> error = [](const api_error& e) { return reply::of(e); };
+    std::string id_prefix;            // response ids "PREFIX-..."
+    // A reply that needs no generation (Ollama's generate with no prompt), or nullopt.
+    std::function<std::optional<reply>(const json& body, const exchange& x)> shortcut;
+};
+handler_fn generation_route(surface s);
 
 // Documents too long for the context (plan.retrieval): ranks their passages against the
 // question by the model's embeddings and completes the plan with the best that fit.

@@ -147,6 +147,8 @@ const std::vector<std::pair<std::string, setter>>& setters() {
         {"max_file_bytes",
          [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.max_file_bytes, 1024, int64_t(1) << 34); }},
         {"max_files", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_files, 1, 1 << 24); }},
+        {"responses_ttl_h",
+         [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.responses_ttl_h, 1, 24 * 365 * 10); }},
         {"batch_concurrency",
          [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.batch_concurrency, 0, 4096); }},
         {"max_body_bytes",

@@ -57,6 +57,7 @@ struct config {
     std::string state_dir;             // "" = default_state_dir()
     int64_t max_file_bytes = int64_t(100) << 20; // one uploaded file
     int32_t max_files = 1000;          // files kept (uploads and batch results)
+    int32_t responses_ttl_h = 720;     // stored Responses (previous_response_id) expire after this many hours
     int32_t batch_concurrency = 0;     // a job's requests in flight; 0 = max_running
     int32_t max_prompt_tokens = 0;     // 0 = the context less one
     int32_t max_tokens_limit = 0;      // 0 = the context

@@ -116,6 +116,16 @@ std::variant<generation_plan, api_error> plan_generation(generation_request req,
     std::vector<std::vector<token_id>> prompts;
     std::optional<pending_grounding> grounded; // chat with documents
     if (req.chat) {
+        const reasoning_request& rq = req.reasoning;
+        const bool thinks = ms.reasoning && rq.enable != false; // (documents: citations would run over the thinking)
+        if (!ms.reasoning && (rq.enable || rq.budget >= 0))
+            return bad(fmt::format("'{}' needs a reasoning model: this model's chat template has no thinking markers",
+                                   rq.enable ? rq.enable_field : rq.budget_field),
+                       rq.enable ? rq.enable_field : rq.budget_field);
+        if (!req.ground.documents.empty() && thinks)
+            return bad("'documents' with a reasoning model need its thinking off (chat_template_kwargs.enable_thinking "
+                       "false): citations are not kept apart from the thinking yet",
+                       "documents");
         if (!req.ground.documents.empty()) {
             if (req.tools.active())
                 return bad(fmt::format("'documents' and '{}' cannot be used together yet", req.tools.field), "documents");
@@ -125,10 +135,28 @@ std::variant<generation_plan, api_error> plan_generation(generation_request req,
             prompts.push_back(grounded_prompt(*grounded, grounded->ground.documents, ms)); // all of them, if they fit
         } else {
             // tool_choice "none": the model is not told of the tools, so it writes a message
-            const std::string text = ms.tmpl.render(req.messages, true,
-                                                    req.tools.active() ? std::span(req.tools.defs)
-                                                                       : std::span<const std::string>{},
-                                                    &req.template_kwargs);
+            std::string text = ms.tmpl.render(req.messages, true,
+                                              req.tools.active() ? std::span(req.tools.defs)
+                                                                 : std::span<const std::string>{},
+                                              &req.template_kwargs);
+            if (ms.reasoning) {
+                const reasoning_format& f = *ms.reasoning;
+                if (rq.enable == false && start_of(f, text) != reasoning_start::content) {
+                    if (!f.can_disable)
+                        return bad(fmt::format("'{}': this model's chat template cannot turn its thinking off (it "
+                                               "has no enable_thinking)",
+                                               rq.enable_field),
+                                   rq.enable_field);
+                    text += f.disabled_suffix(); // as the template renders enable_thinking false
+                }
+                plan.reasoning = f;
+                plan.reasoning_from = start_of(f, text);
+                if (rq.budget >= 0 && plan.reasoning_from != reasoning_start::content && f.close_id < 0)
+                    return bad(fmt::format("'{}' needs the thinking's end marker as one token, which this model's "
+                                           "vocabulary lacks",
+                                           rq.budget_field),
+                               rq.budget_field);
+            }
             prompts.push_back(tok.encode(text, false, true));
         }
         for (const std::string& s : ms.tmpl.stop_strings()) req.base.stop.push_back(s);
@@ -155,6 +183,20 @@ std::variant<generation_plan, api_error> plan_generation(generation_request req,
 
     engine_request base = std::move(req.base);
     if (auto e = plan_constraint(req, ms, cfg, base, plan)) return *e;
+    // A reply that may think: the thinking is bounded, and the constraint (tools too) applies to
+    // what follows it.
+    if (plan.reasoning && plan.reasoning_from != reasoning_start::content &&
+        (req.reasoning.budget >= 0 || base.make_processor)) {
+        const reasoning_format& f = *plan.reasoning;
+        if (f.open_id < 0 || f.close_id < 0)
+            return bad("an output constraint or tools with a reasoning model need its thinking markers as tokens of "
+                       "their own, which this model's vocabulary lacks: turn the thinking off",
+                       req.constraint ? req.constraint->first : req.tools.field);
+        base.make_processor = [inner = std::move(base.make_processor), f, from = plan.reasoning_from,
+                               budget = req.reasoning.budget] {
+            return make_reasoning_processor(f, from, budget, inner ? inner() : nullptr);
+        };
+    }
 
     plan.n = req.n;
     plan.beam = base.beam.width > 0;

@@ -9,6 +9,7 @@
 #include "runtime/engine.hpp"
 #include "runtime/grammar/guide.hpp"
 #include "runtime/grammar/tool_call.hpp"
+#include "runtime/reasoning.hpp"
 
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,6 +28,15 @@ struct tools_request {
     bool parallel = true;
     std::string field = "tools";   // the request's field that offered them (errors name it)
     bool active() const { return !functions.empty() && choice != "none"; }
+};
+
+// What a request asks of a reasoning model's thinking (runtime/reasoning.hpp). A model
+// without reasoning markers asked any of it gets a 400 that names the field.
+struct reasoning_request {
+    std::optional<bool> enable;       // false: thinking off (the template's enable_thinking)
+    std::string enable_field;         // the field that asked ("chat_template_kwargs.enable_thinking")
+    int32_t budget = -1;              // >= 0: the close marker is forced after this many thinking tokens
+    std::string budget_field;         // the field that asked ("max_reasoning_tokens")
 };
 
 // An output constraint, and the request field that asked for it (errors name it).
@@ -48,6 +58,7 @@ struct generation_request {
     nlohmann::ordered_json template_kwargs; // chat: chat_template_kwargs (null: none)
     std::vector<prompt_input> prompts;    // completions: one choice group per prompt
     tools_request tools;
+    reasoning_request reasoning;          // chat: a reasoning model's thinking
     grounding ground;                     // chat: documents to cite (none: no grounding)
     std::optional<found_constraint> constraint; // besides tools (at most one of the two)
     grammar::whitespace ws = grammar::whitespace::bounded; // between JSON tokens, JSON constraints and tools
@@ -90,6 +101,8 @@ struct generation_plan {
     bool beam = false;                // use_beam_search: choices carry score and cumulative_logprob
     std::vector<engine_request> requests;
     std::optional<grammar::tool_syntax> tools; // replies are read as content and calls in this syntax
+    std::optional<reasoning_format> reasoning; // chat with a reasoning model: replies split into thinking and content
+    reasoning_start reasoning_from = reasoning_start::maybe;
     std::vector<std::string> echo;    // echo: each prompt's text, which its choices start with
     std::vector<document> documents;  // chat with documents (citation_options.mode not "off"): choices carry citations
     bool cites() const { return !documents.empty(); }

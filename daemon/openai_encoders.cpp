@@ -19,7 +19,9 @@ json stream_chunk(const std::string& id, const std::string& model, bool chat, in
             delta["role"] = "assistant";
             c.sent_role = true;
         }
-        if (!text.empty() || (finish_reason.empty() && d.tool_calls.is_null())) delta["content"] = text;
+        if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+        if (!text.empty() || (finish_reason.empty() && d.tool_calls.is_null() && d.reasoning.empty()))
+            delta["content"] = text;
         if (!d.tool_calls.is_null()) delta["tool_calls"] = d.tool_calls;
         choice["delta"] = delta;
     } else {
@@ -65,10 +67,11 @@ json final_response(const std::string& id, const std::string& model, const gener
             }
             ch["message"] = std::move(msg);
         } else if (plan.chat) {
-            ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+            ch["message"] = {{"role", "assistant"}, {"content", plan.reasoning ? c.content : c.text}};
         } else {
             ch["text"] = c.text;
         }
+        if (plan.reasoning && !c.reasoning.empty()) ch["message"]["reasoning_content"] = c.reasoning;
         if (plan.cites()) ch["message"]["citations"] = c.citations;
         if (plan.strict) ch["message"]["unsupported"] = unsupported_sentences(c.text, c.citations);
         if (plan.beam) add_beam_fields(ch, c);
@@ -96,7 +99,9 @@ public:
         if (s.ev && v.plan.logprobs) lp = add_logprobs(c, *s.ev, chat_, v.tok); // (kept for the whole response too)
         if (!v.plan.stream) return {};
         const reply_delta& d = s.delta;
-        if (!s.echo && d.content.empty() && d.tool_calls.is_null() && !v.plan.logprobs && s.citations.empty()) return {};
+        if (!s.echo && d.content.empty() && d.reasoning.empty() && d.tool_calls.is_null() && !v.plan.logprobs &&
+            s.citations.empty())
+            return {};
         json chunk = stream_chunk(v.id, v.model, chat_, int(i), c, d, lp, "", v.plan.include_usage);
         if (!s.citations.empty()) chunk["choices"][0]["delta"]["citations"] = s.citations;
         return sse(chunk);

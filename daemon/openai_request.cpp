@@ -25,7 +25,8 @@ field_error check_fields(const json& body, bool chat) {
                                                               "top_logprobs",      "tools",
                                                               "tool_choice",       "parallel_tool_calls",
                                                               "documents",         "citation_options",
-                                                              "chat_template_kwargs"};
+                                                              "chat_template_kwargs", "reasoning_effort",
+                                                              "max_reasoning_tokens"};
     static const std::set<std::string, std::less<>> completion_only{"prompt", "echo", "suffix"};
     for (const auto& [key, value] : body.items())
         if (!common.contains(key) && !(chat ? chat_only : completion_only).contains(key))
@@ -103,6 +104,36 @@ field_error read_sampling(const json& body, bool chat, const model_state& ms, co
     return std::nullopt;
 }
 
+// A reasoning model's options: chat_template_kwargs.enable_thinking, the extension
+// max_reasoning_tokens; reasoning_effort only where a template reads it (none of the families
+// here: a 400 that says what to send instead).
+field_error read_reasoning(const json& body, const model_state& ms, reasoning_request& out) {
+    if (const auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+        // (every key goes to the template: read_template_kwargs; enable_thinking also tells
+        // where the reply's thinking starts)
+        if (!it->is_object()) return bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+        if (const auto e = it->find("enable_thinking"); e != it->end() && !e->is_null()) {
+            bool on = true;
+            TANDEM_TRY(read_bool(*it, "enable_thinking", on, "chat_template_kwargs"));
+            out.enable = on;
+            out.enable_field = "chat_template_kwargs.enable_thinking";
+        }
+    }
+    if (const auto it = body.find("reasoning_effort"); it != body.end() && !it->is_null())
+        return bad(fmt::format("'reasoning_effort' is not supported: {}; bound the thinking with "
+                               "'max_reasoning_tokens' or turn it off with chat_template_kwargs.enable_thinking",
+                               ms.reasoning ? "this model's chat template has no reasoning effort"
+                                            : "this model does not reason"),
+                   "reasoning_effort");
+    int64_t budget = -1;
+    TANDEM_TRY(read_int(body, "max_reasoning_tokens", 0, ms.max_tokens_limit, budget));
+    if (budget >= 0) {
+        out.budget = int32_t(budget);
+        out.budget_field = "max_reasoning_tokens";
+    }
+    return std::nullopt;
+}
+
 } // namespace
 
 std::variant<generation_request, api_error> parse_openai_generation(const json& body, bool chat, const model_state& ms,
@@ -129,6 +160,7 @@ std::variant<generation_request, api_error> parse_openai_generation(const json& 
         TANDEM_TRY(read_messages(body, req.messages));
         TANDEM_TRY(read_template_kwargs(body, req.template_kwargs));
         TANDEM_TRY(read_tools(body, req.tools));
+        TANDEM_TRY(read_reasoning(body, ms, req.reasoning));
         TANDEM_TRY(read_grounding(body, cfg.max_document_bytes, req.ground));
     } else {
         auto prompts = read_prompt_inputs(body, "prompt", ms.bundle.tok->n_vocab());

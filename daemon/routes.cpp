@@ -1,11 +1,14 @@
 // The route table and its handlers (daemon/routes.hpp).
 #include "daemon/routes.hpp"
 
+#include "daemon/anthropic.hpp"
 #include "daemon/batch_jobs.hpp"
 #include "daemon/completion.hpp"
 #include "daemon/embedding.hpp"
 #include "daemon/openai_fields.hpp"
+#include "daemon/ollama.hpp"
 #include "daemon/openai_request.hpp"
+#include "daemon/responses.hpp"
 #include "daemon/state.hpp"
 #include "runtime/tokenizer.hpp"
 
@@ -209,6 +212,84 @@ handler_fn openai_generation(bool chat) {
     };
 }
 
+// POST /v1/messages: Anthropic's Messages API through the completion handler.
+handler_fn anthropic_messages() {
+    surface s;
+    s.parse = [](const json& body, const exchange& x) -> std::variant<parsed_request, api_error> {
+        auto req = parse_anthropic(body, *x.st.ms, x.st.cfg);
+        if (auto* e = std::get_if<api_error>(&req)) return *e;
+        auto enc = make_anthropic_encoder(std::get<generation_request>(req).base.stop);
+        return parsed_request{std::move(std::get<generation_request>(req)), std::move(enc)};
+    };
+    s.error = anthropic_error;
+    s.id_prefix = "msg";
+    return generation_route(std::move(s));
+}
+
+// POST /v1/messages/count_tokens: the prompt's tokens as the chat template renders the request.
+reply anthropic_count_tokens(exchange& x) {
+    auto body = body_of(x);
+    if (auto* e = std::get_if<api_error>(&body)) return anthropic_error(*e);
+    const model_state& ms = *x.st.ms;
+    auto parsed = parse_anthropic(std::get<json>(body), ms, x.st.cfg, true);
+    if (auto* e = std::get_if<api_error>(&parsed)) return anthropic_error(*e);
+    const generation_request& req = std::get<generation_request>(parsed);
+    std::string text = ms.tmpl.render(req.messages, true,
+                                      req.tools.active() ? std::span(req.tools.defs) : std::span<const std::string>{});
+    if (ms.reasoning && req.reasoning.enable == false && ms.reasoning->can_disable &&
+        start_of(*ms.reasoning, text) != reasoning_start::content)
+        text += ms.reasoning->disabled_suffix();
+    return reply::of_json({{"input_tokens", ms.bundle.tok->encode(text, false, true).size()}});
+}
+
+// POST /v1/responses: OpenAI's Responses API through the completion handler.
+handler_fn openai_responses() {
+    surface s;
+    s.parse = [](const json& body, const exchange& x) -> std::variant<parsed_request, api_error> {
+        responses_context ctx;
+        auto req = parse_responses(body, *x.st.ms, x.st.cfg, x.st.responses.get(), x.req.who, ctx);
+        if (auto* e = std::get_if<api_error>(&req)) return *e;
+        ctx.store_to = x.st.responses;
+        return parsed_request{std::move(std::get<generation_request>(req)), make_responses_encoder(std::move(ctx))};
+    };
+    s.id_prefix = "resp";
+    return generation_route(std::move(s));
+}
+
+// GET and DELETE /v1/responses/{id}: the caller's own stored responses (another's are a 404).
+reply stored_response(exchange& x, bool remove) {
+    const std::string& id = x.req.params.at("id");
+    api_error missing{404, fmt::format("Response with id '{}' not found.", id), "invalid_request_error", "id",
+                      "not_found"};
+    if (!x.st.responses) return reply::of(missing);
+    if (remove) {
+        if (!x.st.responses->remove(id, x.req.who)) return reply::of(missing);
+        return reply::of_json({{"id", id}, {"object", "response"}, {"deleted", true}});
+    }
+    auto found = x.st.responses->find(id, x.req.who);
+    if (!found) return reply::of(missing);
+    return reply::of_json(found->response);
+}
+
+// POST /api/chat and /api/generate: Ollama's API through the completion handler.
+handler_fn ollama_generation(bool generate) {
+    surface s;
+    s.parse = [generate](const json& body, const exchange& x) -> std::variant<parsed_request, api_error> {
+        auto req = parse_ollama(body, *x.st.ms, x.st.cfg, generate);
+        if (auto* e = std::get_if<api_error>(&req)) return *e;
+        return parsed_request{std::move(std::get<generation_request>(req)), make_ollama_encoder(generate, x.req.received)};
+    };
+    s.error = ollama_error;
+    s.id_prefix = generate ? "gen" : "chat";
+    if (generate) // no prompt: Ollama loads the model and answers done (the model here is loaded)
+        s.shortcut = [](const json& body, const exchange& x) -> std::optional<reply> {
+            if (!body.is_object() || body.contains("prompt") || !body.value("model", json()).is_string()) return std::nullopt;
+            if (body["model"] != x.st.ms->id && body["model"] != ollama_name(*x.st.ms)) return std::nullopt;
+            return reply::of_json({{"model", ollama_name(*x.st.ms)}, {"response", ""}, {"done", true}, {"done_reason", "load"}});
+        };
+    return generation_route(std::move(s));
+}
+
 // The batch routes (404 when the daemon runs no batch jobs), their disk work off the io thread.
 handler_fn jobs(std::function<reply(batch_jobs&, exchange&)> fn) {
     return blocking([fn = std::move(fn)](exchange& x) {
@@ -240,6 +321,26 @@ std::vector<route> make_routes() {
         {"/v1/chat/completions", "POST", "/v1/chat/completions", true, true, openai_generation(true)},
         {"/v1/completions", "POST", "/v1/completions", true, true, openai_generation(false)},
         {"/v1/embeddings", "POST", "/v1/embeddings", true, true, handle_embeddings},
+        {"/v1/messages", "POST", "/v1/messages", true, true, anthropic_messages()},
+        {"/v1/responses", "POST", "/v1/responses", true, true, openai_responses()},
+        {"/v1/responses/{id}", "GET", "/v1/responses", false, false,
+         blocking([](exchange& x) { return stored_response(x, false); })},
+        {"/v1/responses/{id}", "DELETE", "/v1/responses", false, false,
+         blocking([](exchange& x) { return stored_response(x, true); })},
+        {"/v1/messages/count_tokens", "POST", "/v1/messages/count_tokens", true, false, blocking(anthropic_count_tokens)},
+        {"/api/chat", "POST", "/api/chat", true, true, ollama_generation(false)},
+        {"/api/generate", "POST", "/api/generate", true, true, ollama_generation(true)},
+        {"/api/embed", "POST", "/api/embed", true, true, ollama_embed(false)},
+        {"/api/embeddings", "POST", "/api/embeddings", true, true, ollama_embed(true)},
+        {"/api/tags", "GET", "/api/tags", true, false, simple(ollama_tags)},
+        {"/api/show", "POST", "/api/show", true, false, simple(ollama_show)},
+        {"/api/ps", "GET", "/api/ps", true, false, simple(ollama_ps)},
+        {"/api/version", "GET", "/api/version", false, false, simple(ollama_version)},
+        {"/api/pull", "POST", "/api/pull", false, false, simple(ollama_unsupported)},
+        {"/api/push", "POST", "/api/push", false, false, simple(ollama_unsupported)},
+        {"/api/create", "POST", "/api/create", false, false, simple(ollama_unsupported)},
+        {"/api/copy", "POST", "/api/copy", false, false, simple(ollama_unsupported)},
+        {"/api/delete", "DELETE", "/api/delete", false, false, simple(ollama_unsupported)},
         {"/v1/files", "GET", "/v1/files", false, false,
          jobs([](jobs_t& j, exchange& x) { return j.list_files(x.req.query, x.req.who); })},
         {"/v1/files", "POST", "/v1/files", false, false,
@@ -323,6 +424,12 @@ std::vector<route_match> match_routes(std::string_view path) {
         if (matches(r.pattern, path, m.params)) out.push_back(std::move(m));
     }
     return out;
+}
+
+reply error_reply(std::string_view path, const api_error& e) {
+    if (path == "/v1/messages" || path.starts_with("/v1/messages/")) return anthropic_error(e);
+    if (path.starts_with("/api/")) return ollama_error(e);
+    return reply::of(e);
 }
 
 std::string route_label(std::string_view target) {

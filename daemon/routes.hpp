@@ -33,6 +33,11 @@ struct route_match {
 };
 std::vector<route_match> match_routes(std::string_view path);
 
+// An error refused before a route's handler runs (unknown path, wrong method, 401, 503 while
+// loading) in the shape of the API the path belongs to: Anthropic's under /v1/messages,
+// Ollama's under /api/, else OpenAI's.
+reply error_reply(std::string_view path, const api_error& e);
+
 // The metrics label of a request target ("other" for paths no route has).
 std::string route_label(std::string_view target);
 

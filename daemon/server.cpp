@@ -3,6 +3,7 @@
 #include "daemon/server.hpp"
 
 #include "daemon/batch_jobs.hpp"
+#include "daemon/responses.hpp"
 #include "daemon/session.hpp"
 #include "daemon/systemd.hpp"
 #include "daemon/deployment.hpp"
@@ -199,6 +200,18 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     log->info("chat template: {}{}{}", ms.tmpl.renderer_name(),
               cfg.chat_template.empty() ? "" : " from " + cfg.chat_template,
               ms.tmpl.uses_jinja() ? "" : " (" + ms.tmpl.jinja_error() + ")");
+    {
+        // The thinking's markers: from the template in use (the config's or the file's) and
+        // the vocabulary.
+        if (!template_src.empty()) {
+            ms.template_source = template_src;
+        } else {
+            const auto* src = ms.bundle.file->find("tokenizer.chat_template");
+            const std::string* text = src ? src->as_string() : nullptr;
+            if (text) ms.template_source = *text; // (the file is closed once loaded)
+        }
+        ms.reasoning = find_reasoning(ms.template_source, *ms.bundle.tok);
+    }
     const model_config& mc = ms.bundle.cfg;
     const int n_threads = cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     engine_options eo;
@@ -470,6 +483,12 @@ void server::start_batch_jobs() {
     s.max_json_depth = c.max_json_depth;
     s.max_files = c.max_files;
     s.concurrency = c.batch_concurrency > 0 ? c.batch_concurrency : c.max_running;
+    try { // stored Responses (previous_response_id) beside the batch jobs
+        st_.responses =
+            std::make_shared<response_store>(s.dir + "/responses", std::chrono::hours(c.responses_ttl_h));
+    } catch (const std::exception& e) {
+        logger("server")->warn("stored responses are off (/v1/responses store): {}", e.what());
+    }
     try {
         jobs_ = std::make_unique<batch_jobs>(s);
     } catch (const std::exception& e) {

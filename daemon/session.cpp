@@ -376,7 +376,7 @@ asio::awaitable<bool> session::dispatch(const http::request<http::string_body>& 
     const std::string method = head_ ? "GET" : std::string(req.method_string());
     const auto refuse = [&](const api_error& e, const std::string& label, std::string allow = {}) -> asio::awaitable<bool> {
         st_.met.request_done(label, e.status);
-        reply r = reply::of(e);
+        reply r = error_reply(path, e); // (in the shape of the path's API)
         r.allow = std::move(allow);
         co_return co_await send(r, false);
     };
@@ -386,7 +386,7 @@ asio::awaitable<bool> session::dispatch(const http::request<http::string_body>& 
         if (auto* e = std::get_if<api_error>(&checked)) {
             logger("server")->warn("refused {} {} over TCP: {}", method, path, e->message);
             st_.met.request_done("refused", e->status);
-            co_return co_await send(reply::of(*e), true);
+            co_return co_await send(error_reply(path, *e), true);
         }
         who_ = std::get<principal>(checked);
     }

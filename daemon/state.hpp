@@ -7,6 +7,7 @@
 #include "daemon/metrics.hpp"
 #include "daemon/retrieval.hpp"
 #include "runtime/chat_template.hpp"
+#include "runtime/reasoning.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/grammar/guide.hpp"
 #include "ipc/kv_pool.hpp"
@@ -25,6 +26,8 @@ namespace tandem::daemon {
 struct model_state {
     model_bundle bundle;             // without weights when workers hold them
     chat_template tmpl;
+    std::string template_source;     // tokenizer.chat_template ("" when the model has none)
+    std::optional<reasoning_format> reasoning; // the template's thinking markers (runtime/reasoning.hpp)
     int model_fd = -1;                    // the model file the workers load (workers only; closed with the state)
     std::unique_ptr<ipc::kv_pool> pool;   // the shared KV pool (workers only)
     std::unique_ptr<page_store> store;    // its prefix-cache page table
@@ -50,12 +53,14 @@ struct model_state {
 };
 
 class batch_jobs;
+class response_store;
 
 // Owned by the server; sessions hold a reference. Touched on the io thread only (metrics
 // and the engine are thread-safe themselves).
 struct daemon_state {
     config cfg;
     batch_jobs* jobs = nullptr;      // /v1/files and /v1/batches; null in tandem batch's own daemon
+    std::shared_ptr<response_store> responses; // stored Responses (state_dir/responses); null: none stored
     metrics met;
     std::unique_ptr<model_state> ms; // null while loading
     bool stopping = false;

@@ -504,6 +504,7 @@ private:
         ev.error = error;
         ev.n_generated = q.n_generated;
         ev.final_token = q.final_token;
+        ev.stop_string = q.stops.matched();
         ev.n_draft_tokens = q.n_drafted;
         ev.n_accepted_tokens = q.n_accepted;
         ev.cumulative_logprob = q.sum_logprob;

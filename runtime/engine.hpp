@@ -131,6 +131,7 @@ struct engine_event {
     int32_t n_cached = 0;             // of n_prompt, tokens reused from the prefix cache (not computed)
     int32_t n_generated = 0;          // sampled tokens, a final EOS included
     token_id final_token = -1;        // the end-of-generation token that ended it (sent as no token event)
+    std::string stop_string;          // the stop string that ended it (finish_reason "stop"), if one did
     int32_t n_draft_tokens = 0;       // speculative drafts computed for the sequence
     int32_t n_accepted_tokens = 0;    // of those, accepted
     double score = 0;                 // beam search: the beam's score (its rank's order)

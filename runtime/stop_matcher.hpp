@@ -17,9 +17,12 @@ public:
     // Returns what is still held back (at the end of generation).
     std::string flush();
     bool stopped() const { return stopped_; }
+    // The stop string that stopped it (empty while none has).
+    const std::string& matched() const { return matched_; }
 
 private:
     std::vector<std::string> stops_;
+    std::string matched_;
     std::string held_;
     bool stopped_ = false;
 };

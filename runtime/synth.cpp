@@ -81,8 +81,10 @@ struct vocab {
 
 // <unk>, <s>, </s>, 256 byte tokens, then unique pieces in falling score order: common
 // letters, pairs and words first, then every 2-, 3-, ...-letter string until n_vocab.
-vocab make_vocab(int32_t n_vocab) {
-    constexpr int32_t normal = 1, unknown = 2, control = 3, byte = 6; // llama.cpp token types
+vocab make_vocab(int32_t n_vocab, const std::vector<std::string>& added) {
+    constexpr int32_t normal = 1, unknown = 2, control = 3, user_defined = 4, byte = 6; // llama.cpp token types
+    const int32_t n_all = n_vocab;
+    n_vocab -= int32_t(added.size()); // (the added tokens come last)
     vocab v;
     v.tokens.reserve(size_t(n_vocab));
     std::unordered_set<std::string> seen;
@@ -133,6 +135,9 @@ vocab make_vocab(int32_t n_vocab) {
             }
         }
     }
+    n_vocab = n_all;
+    for (const std::string& t : added) add(t, 0.0f, user_defined);
+    TANDEM_CHECK(int32_t(v.tokens.size()) == n_all, "synth: an added token is already in the vocabulary");
     return v;
 }
 
@@ -160,8 +165,8 @@ uint32_t file_type_of(dtype t) {
 }
 
 // The made-up SentencePiece vocabulary's tokenizer keys.
-void write_vocab(gguf::writer& w, int32_t n_vocab) {
-    vocab v = make_vocab(n_vocab);
+void write_vocab(gguf::writer& w, int32_t n_vocab, const std::vector<std::string>& added) {
+    vocab v = make_vocab(n_vocab, added);
     w.set_string("tokenizer.ggml.model", "llama");
     w.set_string("tokenizer.ggml.pre", "default");
     w.set_string_array("tokenizer.ggml.tokens", std::move(v.tokens));
@@ -303,8 +308,9 @@ void synth_write(const synth_params& params, const std::string& path) {
         for (const auto& kv : vocab_file->metadata())
             if (kv.key.starts_with("tokenizer.")) w.set(kv.key, kv.val);
     } else {
-        write_vocab(w, p.n_vocab);
+        write_vocab(w, p.n_vocab, p.added_tokens);
     }
+    if (!p.chat_template.empty()) w.set_string("tokenizer.chat_template", p.chat_template);
 
     const uint64_t seed = p.seed;
     // A matrix [ne0, ne1] in GGUF order: ne0 is the input (fan-in) side, so std 1/sqrt(ne0)

@@ -32,6 +32,8 @@ struct synth_params {
     std::string rope_scaling = "linear"; // linear, yarn, or llama3 (a rope_freqs.weight as Llama 3.1's)
     int32_t sliding_window = 0;  // > 0: <arch>.attention.sliding_window (windowed layers as the architecture has them)
     std::string vocab_from;      // a GGUF whose tokenizer (tokenizer.* keys) and vocabulary size to copy
+    std::vector<std::string> added_tokens; // user-defined tokens ("<think>"), the made-up vocabulary's last ids
+    std::string chat_template;   // tokenizer.chat_template (Jinja source) when not empty
 };
 
 // "tiny" (2 layers, 64 dim, F32), or a real model's shapes and architecture at Q8_0:
