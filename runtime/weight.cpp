@@ -24,6 +24,15 @@ void* allocate_cachelines(size_t bytes) {
 
 void free_cachelines(void* p, size_t bytes) { ::operator delete(p, align_for(bytes)); }
 
+const char* name_of(weight_format f) {
+    switch (f) {
+    case weight_format::f32: return "f32";
+    case weight_format::int8: return "int8";
+    case weight_format::native: return "auto";
+    }
+    return "?";
+}
+
 void weight::row_f32(int64_t i, float* out) const {
     if (!is_i8()) {
         std::memcpy(out, row(i), size_t(n_in) * sizeof(float));
