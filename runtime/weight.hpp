@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,6 +43,8 @@ enum class weight_format { f32, int8, native };
 inline bool is_quantized(weight_format f) { return f != weight_format::f32; }
 // "f32", "int8", "auto".
 const char* name_of(weight_format f);
+// The inverse; nullopt for anything else.
+std::optional<weight_format> parse_weight_format(std::string_view s);
 
 // A matrix in the low-bit family (quant/lowbit.hpp has the formats and the packing; the
 // kernels are cpu/ops/matmul_lowbit.cpp): the file's integers and scales, never re-quantized,
@@ -110,6 +114,7 @@ struct weight {
     std::shared_ptr<const lowbit_matrix> lb; // the low-bit family (q, scale, q_sum empty then)
 
     bool is_lowbit() const { return lb != nullptr; }
+    bool is_integer() const { return is_i8() || is_lowbit(); } // read by matmul_i8
     bool is_i8() const { return q_ext != nullptr || !q_store.empty(); }
     bool is_f32() const { return data_ext != nullptr || !data.empty(); }
     bool empty() const { return !is_f32() && !is_i8() && !is_lowbit(); }

@@ -6,11 +6,20 @@
 #include "quant/blocks.hpp"
 #include "quant/int8.hpp"
 #include "quant/lowbit.hpp"
+#include "runtime/gguf.hpp"
+#include "runtime/model.hpp"
+#include "runtime/reference_forward.hpp"
+#include "runtime/synth.hpp"
+#include "batch_checks.hpp"
+#include "test_util.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -128,4 +137,109 @@ TEST_CASE("low-bit matmul at every ISA level gives the reference's bits (GEMV, s
     }
     cpu::force_isa(hw);
     MESSAGE("levels checked up to ", std::string(cpu::name_of(hw)));
+}
+
+namespace {
+
+// Greedy continuation of `prompt` on m: the prompt in one step, then a token a step; each
+// step's logits kept.
+std::vector<token_id> greedy(model& m, const exec_ctx& ctx, const std::vector<token_id>& prompt, int n,
+                             std::vector<std::vector<float>>& logits) {
+    const int32_t n_vocab = m.config().n_vocab;
+    kv_cache kv(m.make_kv_layout(16), 16);
+    sequence_kv seq(kv);
+    REQUIRE(seq.reserve(int32_t(prompt.size()) + n));
+    std::vector<token_id> out;
+    std::vector<float> row(static_cast<size_t>(n_vocab));
+    std::vector<token_id> step = prompt;
+    int32_t n_past = 0;
+    for (int i = 0; i < n; ++i) {
+        batch b;
+        b.add_seq(0, n_past, step, seq.block_table(), {}, n_past + int32_t(step.size()) - 1);
+        m.forward(ctx, b, kv, row.data());
+        n_past += int32_t(step.size());
+        logits.push_back(row);
+        out.push_back(token_id(std::max_element(row.begin(), row.end()) - row.begin()));
+        step = {out.back()};
+    }
+    return out;
+}
+
+// Where a and b first differ (a.size() if nowhere); there the logits `l` (of the run that
+// gave a) must hold a near tie between the two ids: within `tol` of their scale.
+void same_or_near_tie(const std::vector<token_id>& a, const std::vector<token_id>& b,
+                      const std::vector<std::vector<float>>& l, double tol, const std::string& what) {
+    size_t i = 0;
+    while (i < a.size() && a[i] == b[i]) ++i;
+    INFO(what, ": ids agree for ", i, " of ", a.size());
+    if (i == a.size()) return;
+    double scale = 0;
+    for (float v : l[i]) scale = std::max(scale, std::fabs(double(v)));
+    const double gap = double(l[i][size_t(a[i])]) - double(l[i][size_t(b[i])]);
+    INFO("first difference at ", i, ": ", a[i], " vs ", b[i], ", gap ", gap, " of scale ", scale);
+    CHECK(gap <= tol * std::max(1.0, scale));
+}
+
+} // namespace
+
+TEST_CASE("a low-bit synthetic model: greedy ids as the reference over the dequantized weights, INT8 activations") {
+    test::scratch_dir dir("lowbit");
+    cpu::thread_pool pool(2);
+    const std::vector<std::string> types = {"q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
+                                            "q3_k", "q2_k", "iq4_nl", "iq4_xs", "q4_k_m"};
+    for (const std::string& type : types) {
+        synth_params p;
+        p.n_layer = 2;
+        p.n_embd = 256;
+        p.n_head = 4;
+        p.n_head_kv = 2;
+        p.n_ff = 512;
+        p.n_vocab = 600;
+        p.seed = 9;
+        const std::map<std::string, dtype> by_name = {
+            {"q4_0", dtype::q4_0}, {"q4_1", dtype::q4_1}, {"q5_0", dtype::q5_0}, {"q5_1", dtype::q5_1},
+            {"q4_k", dtype::q4_k}, {"q5_k", dtype::q5_k}, {"q6_k", dtype::q6_k}, {"q3_k", dtype::q3_k},
+            {"q2_k", dtype::q2_k}, {"iq4_nl", dtype::iq4_nl}, {"iq4_xs", dtype::iq4_xs}, {"q4_k_m", dtype::q4_k}};
+        p.type = by_name.at(type);
+        if (type == "q4_k_m") p.mix_type = dtype::q6_k;
+        const std::string path = dir.file(type + ".gguf");
+        synth_write(p, path);
+        gguf::file f = gguf::file::open(path);
+        model_config cfg = model_config::from_gguf(f);
+        model_weights w = model_weights::load(f, cfg, {weight_format::native, &pool, cpu::matmul_i8_layout()});
+        INFO(type);
+        CHECK(w.family() == "low-bit");
+        CHECK(w.layers[0].wq.is_lowbit());
+        CHECK(w.tok_embd.is_i8());
+        if (type == "q4_k_m") {
+            CHECK(dtype(w.layers[0].wv.lb->type) == dtype::q6_k);
+            CHECK(dtype(w.layers[1].wv.lb->type) == dtype::q4_k);
+            CHECK(dtype(w.output.lb->type) == dtype::q6_k);
+        }
+        model m(std::move(cfg), std::move(w));
+        const std::vector<token_id> prompt = test::random_ids(12, m.config().n_vocab, 3);
+        const int n = 24;
+        std::vector<std::vector<float>> l_cpu, l_ref;
+        const auto ids_cpu = greedy(m, exec_ctx{backend::cpu, &pool}, prompt, n, l_cpu);
+        // The reference ops: matmul_lowbit_ref over the file's integers, the reference INT8
+        // activation quantizers, attention and the rest as written for reading.
+        const auto ids_ref = greedy(m, exec_ctx{backend::ref, &pool}, prompt, n, l_ref);
+        CHECK(ids_cpu == ids_ref);
+        same_or_near_tie(ids_ref, ids_cpu, l_ref, 1e-3, type + " cpu vs ref ops");
+        // The F32 reference forward over the dequantized weights (activations unquantized):
+        // the same ids but where INT8 activations may turn a near tie.
+        reference_forward rf(m.config(), m.weights(), int32_t(prompt.size()) + n);
+        std::vector<token_id> ids_f32;
+        std::vector<std::vector<float>> l_f32;
+        std::vector<token_id> ctx_toks = prompt;
+        for (int i = 0; i < n; ++i) {
+            const size_t from = i == 0 ? 0 : ctx_toks.size() - 1;
+            std::vector<float> last;
+            for (size_t k = from; k < ctx_toks.size(); ++k) last = rf.forward(ctx_toks[k], int32_t(k));
+            l_f32.push_back(last);
+            ids_f32.push_back(token_id(std::max_element(last.begin(), last.end()) - last.begin()));
+            ctx_toks.push_back(ids_cpu[size_t(i)]); // teacher-forced on the engine's ids
+        }
+        same_or_near_tie(ids_f32, ids_cpu, l_f32, 0.05, type + " cpu vs F32 reference forward");
+    }
 }
