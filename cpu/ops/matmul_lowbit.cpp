@@ -70,47 +70,99 @@ TANDEM_VNNI void unpack_vnni(const lowbit_matrix& m, const uint8_t* p, uint8_t* 
     }
 }
 
-template <int T>
-TANDEM_VNNI void pass_vnni(const pass_args& a) {
+// A pass over NT tiles (their lines side by side in u, super * 16 bytes apart) and T tokens:
+// each token's four activations are broadcast once for NT lines of 16 outputs, so that the
+// broadcasts do not bind the loop (one dpbusd each ran batch 16 at half the INT8 kernel's
+// speed). Registers: 2 x NT x T sums; NT x T <= 8.
+struct multi_args {
+    const lowbit_matrix* m;
+    const uint8_t* p[4];   // each tile's super-block bytes
+    const uint8_t* u;      // their lines
+    const int8_t* x;       // token t0's activations at the super-block's first input
+    const int32_t* xs;     // token t0's group sums at the super-block's first group
+    int64_t n_gsum;
+    float* r;              // tile k, token t0 + t: r + k * r_stride + 16 * t
+    int64_t r_stride;
+};
+
+template <int NT, int T>
+TANDEM_VNNI void pass_vnni(const multi_args& a) {
     const lowbit_matrix& m = *a.m;
     const int32_t per = m.group / 4, n_grp = m.n_grp();
-    const int8_t* sc = reinterpret_cast<const int8_t*>(a.p + sc_offset(m));
-    const int8_t* mg = sc + 16 * n_grp;
-    __m512i ia[T], ib[T];
+    const int64_t us = m.super * 16;
+    const int64_t so = sc_offset(m);
+    __m512i ia[NT][T];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) ia[t] = ib[t] = _mm512_setzero_si512();
+    for (int k = 0; k < NT; ++k)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) ia[k][t] = _mm512_setzero_si512();
     for (int g = 0; g < n_grp; ++g) {
-        __m512i raw[T];
+        __m512i raw[NT][T];
 #pragma GCC unroll 4
-        for (int t = 0; t < T; ++t) raw[t] = _mm512_setzero_si512();
+        for (int k = 0; k < NT; ++k)
+#pragma GCC unroll 4
+            for (int t = 0; t < T; ++t) raw[k][t] = _mm512_setzero_si512();
         for (int q = g * per; q < (g + 1) * per; ++q) {
-            const __m512i w = _mm512_load_si512(a.u + 64 * q);
+            __m512i w[NT];
+#pragma GCC unroll 4
+            for (int k = 0; k < NT; ++k) w[k] = _mm512_load_si512(a.u + k * us + 64 * q);
 #pragma GCC unroll 4
             for (int t = 0; t < T; ++t) {
                 int32_t x4;
                 std::memcpy(&x4, a.x + t * m.n_in + 4 * q, 4);
-                dpbusd(raw[t], w, _mm512_set1_epi32(x4));
+                const __m512i xb = _mm512_set1_epi32(x4);
+#pragma GCC unroll 4
+                for (int k = 0; k < NT; ++k) dpbusd(raw[k][t], w[k], xb);
             }
         }
-        const __m512i scv = m.unit_sc ? _mm512_set1_epi32(1) : _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * g)));
-        const __m512i mgv = m.unit_sc ? _mm512_set1_epi32(1) : _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mg + 16 * g)));
 #pragma GCC unroll 4
         for (int t = 0; t < T; ++t) {
-            const int32_t xsum = a.xs[t * a.n_gsum + g];
-            const __m512i dot = _mm512_sub_epi32(raw[t], _mm512_set1_epi32(m.off * xsum));
-            ia[t] = _mm512_add_epi32(ia[t], _mm512_mullo_epi32(scv, dot));
-            if (m.has_min) ib[t] = _mm512_add_epi32(ib[t], _mm512_mullo_epi32(mgv, _mm512_set1_epi32(xsum)));
+            const __m512i offx = _mm512_set1_epi32(m.off * a.xs[t * a.n_gsum + g]);
+#pragma GCC unroll 4
+            for (int k = 0; k < NT; ++k) {
+                const __m512i dot = _mm512_sub_epi32(raw[k][t], offx);
+                if (m.unit_sc) {
+                    ia[k][t] = _mm512_add_epi32(ia[k][t], dot);
+                } else {
+                    const auto* sc = reinterpret_cast<const __m128i*>(a.p[k] + so + 16 * g);
+                    ia[k][t] = _mm512_add_epi32(ia[k][t], _mm512_mullo_epi32(_mm512_cvtepi8_epi32(_mm_load_si128(sc)), dot));
+                }
+            }
         }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(a.p)));
-    const __m512 dm = m.has_min ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(a.p + 32))) : _mm512_setzero_ps();
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) {
-        const __m512 t1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(ia[t]));
-        const __m512 t2 = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(ib[t]));
-        _mm512_store_ps(a.r + 16 * t, _mm512_add_ps(_mm512_load_ps(a.r + 16 * t), _mm512_add_ps(t1, t2)));
+    for (int k = 0; k < NT; ++k) {
+        const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(a.p[k])));
+        const __m512 dm = m.has_min ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(a.p[k] + 32)))
+                                    : _mm512_setzero_ps();
+        const int8_t* mg = reinterpret_cast<const int8_t*>(a.p[k] + so + 16 * n_grp);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {
+            __m512i ib = _mm512_setzero_si512(); // sum_g mg_g * xs_g
+            if (m.has_min)
+                for (int g = 0; g < n_grp; ++g) {
+                    const __m512i xsv = _mm512_set1_epi32(a.xs[t * a.n_gsum + g]);
+                    ib = _mm512_add_epi32(ib, m.unit_sc ? xsv
+                                                        : _mm512_mullo_epi32(_mm512_cvtepi8_epi32(_mm_load_si128(
+                                                                                 reinterpret_cast<const __m128i*>(mg + 16 * g))),
+                                                                             xsv));
+                }
+            const __m512 t1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(ia[k][t]));
+            const __m512 t2 = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(ib));
+            float* r = a.r + k * a.r_stride + 16 * t;
+            _mm512_store_ps(r, _mm512_add_ps(_mm512_load_ps(r), _mm512_add_ps(t1, t2)));
+        }
     }
 }
+
+using multi_fn = void (*)(const multi_args&);
+// [tiles][tokens]: four tiles take one or two tokens, two tiles up to four.
+constexpr multi_fn vnni_multi[5][5] = {
+    {},
+    {nullptr, pass_vnni<1, 1>, pass_vnni<1, 2>, pass_vnni<1, 3>, pass_vnni<1, 4>},
+    {nullptr, pass_vnni<2, 1>, pass_vnni<2, 2>, pass_vnni<2, 3>, pass_vnni<2, 4>},
+    {nullptr, pass_vnni<3, 1>, pass_vnni<3, 2>, nullptr, nullptr},
+    {nullptr, pass_vnni<4, 1>, pass_vnni<4, 2>, nullptr, nullptr}};
 
 // ---- AVX2: signed values, 8 outputs (half a line) at a time ----
 
@@ -189,7 +241,6 @@ TANDEM_AVX2 void pass_avx2(const pass_args& a) {
 }
 
 using pass_fn = void (*)(const pass_args&);
-constexpr pass_fn vnni_passes[] = {nullptr, pass_vnni<1>, pass_vnni<2>, pass_vnni<3>, pass_vnni<4>};
 constexpr pass_fn avx2_passes[] = {nullptr, pass_avx2<1>, pass_avx2<2>, pass_avx2<3>, pass_avx2<4>};
 
 } // namespace
@@ -211,36 +262,50 @@ void matmul_lowbit(thread_pool& pool, float* out, const int8_t* qx, const float*
     for (int64_t t = 0; t < n_tok; ++t) lowbit_group_sums_ref(qx + t * m.n_in, m.n_in, m.group, &xs_buf[size_t(t * n_gsum)]);
     const int32_t* xs = xs_buf.data();
     const bool vnni = level >= isa::avx512;
-    const auto body = [&](int64_t t0, int64_t t1) {
+    // Tiles in groups: four for one or two tokens, two for more (AVX2: one).
+    const int64_t group = !vnni ? 1 : n_tok <= 2 ? 4 : 2, t_step = !vnni ? 4 : n_tok <= 2 ? 2 : 4;
+    const int64_t n_groups = (m.n_tiles() + group - 1) / group;
+    const auto body = [&](int64_t g0, int64_t g1) {
         thread_local lines_buf u, rbuf;
-        u.resize(size_t(m.super * 16));
-        rbuf.resize(size_t(n_tok * 16 * 4));
+        u.resize(size_t(4 * m.super * 16));
+        rbuf.resize(size_t(n_tok * 16 * 4 * 4));
         float* r = reinterpret_cast<float*>(rbuf.data());
-        for (int64_t ti = t0; ti < t1; ++ti) {
-            std::fill(r, r + n_tok * 16, 0.0f);
+        for (int64_t gi = g0; gi < g1; ++gi) {
+            const int64_t ti0 = gi * group, nt = std::min(group, m.n_tiles() - ti0);
+            std::fill(r, r + nt * n_tok * 16, 0.0f);
             for (int64_t s = 0; s < m.n_super(); ++s) {
-                const uint8_t* p = m.at(ti, s);
-                if (s + 1 < m.n_super()) _mm_prefetch(reinterpret_cast<const char*>(m.at(ti, s + 1)), _MM_HINT_T0);
-                if (vnni) unpack_vnni(m, p, u.data());
-                else unpack_avx2(m, p, u.data());
-                for (int64_t t = 0; t < n_tok; t += 4) {
-                    const pass_args a{&m, p, u.data(), qx + t * m.n_in + s * m.super, xs + t * n_gsum + s * m.n_grp(), n_gsum, r + 16 * t};
-                    const int nt = int(std::min<int64_t>(4, n_tok - t));
-                    (vnni ? vnni_passes : avx2_passes)[nt](a);
+                multi_args ma{&m, {}, u.data(), nullptr, nullptr, n_gsum, r, n_tok * 16};
+                for (int64_t k = 0; k < nt; ++k) {
+                    const uint8_t* p = m.at(ti0 + k, s);
+                    if (s + 1 < m.n_super()) _mm_prefetch(reinterpret_cast<const char*>(m.at(ti0 + k, s + 1)), _MM_HINT_T0);
+                    ma.p[k] = p;
+                    if (vnni) unpack_vnni(m, p, u.data() + k * m.super * 16);
+                    else unpack_avx2(m, p, u.data() + k * m.super * 16);
+                }
+                for (int64_t t = 0; t < n_tok; t += t_step) {
+                    const int n_t = int(std::min<int64_t>(t_step, n_tok - t));
+                    ma.x = qx + t * m.n_in + s * m.super;
+                    ma.xs = xs + t * n_gsum + s * m.n_grp();
+                    ma.r = r + 16 * t;
+                    if (vnni) vnni_multi[nt][n_t](ma);
+                    else avx2_passes[n_t](pass_args{&m, ma.p[0], u.data(), ma.x, ma.xs, n_gsum, ma.r});
                 }
             }
-            const int64_t n_o = std::min<int64_t>(16, m.n_out - ti * 16);
-            for (int64_t t = 0; t < n_tok; ++t)
-                for (int64_t l = 0; l < n_o; ++l) {
-                    const int64_t o = ti * 16 + l;
-                    out[t * m.n_out + o] = bias ? r[16 * t + l] * sx[t] + bias[o] : r[16 * t + l] * sx[t];
-                }
+            for (int64_t k = 0; k < nt; ++k) {
+                const int64_t ti = ti0 + k, n_o = std::min<int64_t>(16, m.n_out - ti * 16);
+                const float* rk = r + k * n_tok * 16;
+                for (int64_t t = 0; t < n_tok; ++t)
+                    for (int64_t l = 0; l < n_o; ++l) {
+                        const int64_t o = ti * 16 + l;
+                        out[t * m.n_out + o] = bias ? rk[16 * t + l] * sx[t] + bias[o] : rk[16 * t + l] * sx[t];
+                    }
+            }
         }
     };
-    const int64_t tile_bytes = m.n_super() * m.super_bytes;
-    const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 17) / tile_bytes);
-    if (m.n_tiles() * tile_bytes * n_tok < thread_pool::min_parallel_work) body(0, m.n_tiles());
-    else pool.parallel_for_dynamic(m.n_tiles(), chunk, body);
+    const int64_t group_bytes = group * m.n_super() * m.super_bytes;
+    const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 17) / group_bytes);
+    if (m.n_tiles() * m.n_super() * m.super_bytes * n_tok < thread_pool::min_parallel_work) body(0, n_groups);
+    else pool.parallel_for_dynamic(n_groups, chunk, body);
 }
 
 } // namespace tandem::cpu
