@@ -48,7 +48,7 @@ ojson token_json(const tokenizer& tok, token_id id) {
 
 // What the weights take once loaded as the engine holds them (runtime/weight.hpp): every
 // matrix as INT8 rows, each with an F32 scale and an INT32 row sum, or (lowbit) a matrix the
-// file holds in a low-bit format but the embedding table in the low-bit family's layout
+// file holds in a low-bit format in the low-bit family's layout
 // (quant/lowbit.hpp); vectors as F32. The scale tensors of a pre-quantized file are part of
 // their matrices. formats: the low-bit formats kept.
 int64_t weight_bytes(const gguf::file& f, bool lowbit, std::map<std::string, int>& formats, bool& any_int8) {
@@ -56,7 +56,7 @@ int64_t weight_bytes(const gguf::file& f, bool lowbit, std::map<std::string, int
     any_int8 = false;
     for (const gguf::tensor_info& t : f.tensors()) {
         if (t.name.ends_with(".scale") && f.find_tensor(t.name.substr(0, t.name.size() - 6))) continue;
-        if (t.ne.size() == 2 && lowbit && is_lowbit_format(t.type) && t.name != "token_embd.weight") {
+        if (t.ne.size() == 2 && lowbit && is_lowbit_format(t.type)) {
             const lowbit_matrix m = lowbit_layout_of(t.type, t.ne[1], t.ne[0]);
             bytes += m.n_tiles() * m.n_super() * m.super_bytes;
             ++formats[std::string(name_of(t.type))];

@@ -104,7 +104,8 @@ const std::vector<float>& reference_forward::forward(token_id tok, int32_t pos) 
     const int e = c_.n_embd, kv = c_.n_embd_kv(), hd = c_.head_dim;
     const float* factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data.data();
     float* x = x_.data();
-    w_.tok_embd.row_f32(tok, x);
+    if (w_.tok_embd.is_lowbit()) lowbit_row_f32(*w_.tok_embd.lb, tok, x);
+    else w_.tok_embd.row_f32(tok, x);
     for (int i = 0; i < e; ++i) x[i] *= c_.embd_scale; // Gemma: sqrt(n_embd); else 1
 
     for (int il = 0; il < c_.n_layer; ++il) {

@@ -344,9 +344,8 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
     model_weights w;
     weight_load_options rows = opt;
     rows.layout = q_layout::rows;
-    // The embedding table is INT8 in the low-bit family too (the embed op reads its rows).
-    weight_load_options emb_opt = read_by_matmul(f, "token_embd.weight") ? opt : rows;
-    if (emb_opt.format == weight_format::native) emb_opt.format = weight_format::int8;
+    // A low-bit embedding table keeps its bits too: the embed op dequantizes the tokens' rows.
+    const weight_load_options emb_opt = read_by_matmul(f, "token_embd.weight") ? opt : rows;
     w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, emb_opt);
     w.output_norm = load_tensor(f, "output_norm.weight", {e}, opt);
     w.output = load_tensor(f, "output.weight", {e, v}, opt, /*optional=*/true);

@@ -38,7 +38,7 @@ struct weight_load_options {
     cpu::thread_pool* pool = nullptr; // quantizes rows in parallel when set
     q_layout layout = q_layout::rows; // of the INT8 matrices (blocked: the CPU kernels' from VNNI up)
     // native (`--weights auto`): matrices the file holds in a low-bit format (quant/lowbit.hpp)
-    // keep it, the rest are INT8; the embedding table is INT8 either way.
+    // keep it (the embedding table too), the rest are INT8.
 };
 
 struct model_weights {
