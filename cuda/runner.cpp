@@ -64,6 +64,11 @@ public:
 private:
     static const model& checked(const model& m) {
         const auto& w = m.weights();
+        bool lowbit = w.logits_weight().is_lowbit();
+        for (const auto& l : w.layers)
+            for (const weight* x : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) lowbit |= x->is_lowbit();
+        TANDEM_CHECK(!lowbit, "the CUDA runner has no kernels for low-bit weights (Q4_0 .. IQ4_XS kept at their width): "
+                              "load the model with weight_format::int8 (`--weights int8`)");
         TANDEM_CHECK(!w.layers.empty() && w.layers[0].wq.is_i8() && w.logits_weight().is_i8(),
                      "the CUDA runner needs INT8 weights (load the model with weight_format::int8)");
         return m;

@@ -68,7 +68,7 @@ std::string read_stdin();
 void write_out(std::string_view s); // stdout, flushed at once so streams show token by token
 // --stop's escapes, as a shell user types them: \n, \t, \r and \\ (any other \ stays as it is).
 std::string unescape(std::string s);
-// --weights f32|int8 and --kv f32|f16|int8 into o (defined in cli_eval.cpp).
+// --weights auto|int8|f32 and --kv f32|f16|int8 into o (defined in cli_eval.cpp).
 void add_precision_flags(CLI::App* sub, load_options& o);
 
 } // namespace tandem::cli

@@ -76,9 +76,10 @@ std::vector<const weight*> decode_matrices(const model_weights& w) {
 double measure_bandwidth_gbs(const host_threads& threads, const std::vector<const weight*>& mats) {
     std::vector<std::span<const uint8_t>> ranges;
     for (const weight* m : mats) {
-        const uint8_t* p = m->is_i8() ? reinterpret_cast<const uint8_t*>(m->q())
-                                      : reinterpret_cast<const uint8_t*>(m->data.data());
-        const int64_t n = m->is_i8() ? m->n_out * m->n_in : int64_t(m->data.size()) * 4;
+        const uint8_t* p = m->is_lowbit() ? m->lb->data.data()
+                           : m->is_i8()   ? reinterpret_cast<const uint8_t*>(m->q())
+                                          : reinterpret_cast<const uint8_t*>(m->data.data());
+        const int64_t n = m->is_lowbit() ? m->lb->bytes() : m->is_i8() ? m->n_out * m->n_in : int64_t(m->data.size()) * 4;
         ranges.emplace_back(p, size_t(n));
     }
     return threads.read_bandwidth_gbs(ranges);
@@ -260,9 +261,13 @@ int cmd_bench(const bench_opts& o) {
     }
 
     const double weights_mb = double(m.weights().bytes()) / 1e6;
+    double file_tensor_mb = 0; // what the file's tensors take: the low-bit family's measure
+    for (const auto& t : b.file->tensors()) file_tensor_mb += double(t.n_bytes) / 1e6;
     nlohmann::json j{{"model", resolve_model(o.model)},
                      {"threads", o.threads},
-                     {"weights", o.load.weights == weight_format::int8 ? "int8" : "f32"},
+                     {"weights", name_of(o.load.weights)},
+                     {"family", m.weights().family()},
+                     {"file_tensor_mb", file_tensor_mb},
                      {"kv", name_of(o.load.kv)},
                      {"load_s", load_s},
                      {"n_prompt", o.n_prompt},
@@ -278,7 +283,8 @@ int cmd_bench(const bench_opts& o) {
                      {"rss_after_load_mb", rss_load_mb},
                      {"peak_rss_load_mb", peak_load_mb},
                      {"peak_rss_mb", peak_rss_mb},
-                     {"rss_ratio", peak_rss_mb * 1.048576 / weights_mb}};
+                     {"rss_ratio", peak_rss_mb * 1.048576 / weights_mb},
+                     {"rss_file_ratio", peak_rss_mb * 1.048576 / file_tensor_mb}};
     for (auto [nb, v] : batch_tok_s) j["decode_batch_tok_s"][std::to_string(nb)] = v;
     const std::vector<op_profile::entry> decode_ops = sorted_ops(decode_prof);
     j["prefill_ops"] = ops_json(prefill_ops);
@@ -302,8 +308,9 @@ int cmd_bench(const bench_opts& o) {
         std::cout << j.dump() << "\n";
         return 0;
     }
-    std::cout << fmt::format("model        {} ({} weights {:.0f} MB, kv {}), {} threads\n", j["model"].get<std::string>(),
-                             j["weights"].get<std::string>(), weights_mb, name_of(o.load.kv), o.threads);
+    std::cout << fmt::format("model        {} (--weights {}: {} weights {:.0f} MB, file tensors {:.0f} MB, kv {}), {} "
+                             "threads\n", j["model"].get<std::string>(), j["weights"].get<std::string>(),
+                             j["family"].get<std::string>(), weights_mb, file_tensor_mb, name_of(o.load.kv), o.threads);
     std::cout << fmt::format("load         {:.2f} s\n", load_s);
     std::cout << fmt::format("prefill      {} tokens: {:.1f} tok/s", o.n_prompt, prefill_tok_s);
     if (!o.no_raw)
@@ -328,9 +335,10 @@ int cmd_bench(const bench_opts& o) {
                                  100.0 * prefill_tok_s / limit_tok_s);
     else
         std::cout << "compute      no int8 peak at the scalar level\n";
-    std::cout << fmt::format("memory       peak RSS after load {:.0f} MiB ({:.2f}x weights); at load {:.0f} MiB, "
-                             "peak during load {:.0f} MiB\n",
-                             peak_rss_mb, peak_rss_mb * 1.048576 / weights_mb, rss_load_mb, peak_load_mb);
+    std::cout << fmt::format("memory       peak RSS after load {:.0f} MiB ({:.2f}x weights, {:.2f}x the file's tensors); "
+                             "at load {:.0f} MiB, peak during load {:.0f} MiB\n",
+                             peak_rss_mb, peak_rss_mb * 1.048576 / weights_mb, peak_rss_mb * 1.048576 / file_tensor_mb,
+                             rss_load_mb, peak_load_mb);
     return 0;
 }
 

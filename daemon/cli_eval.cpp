@@ -55,7 +55,7 @@ int cmd_perplexity(const eval_opts& o) {
         std::cout << nlohmann::json{{"ppl", r.ppl}, {"n_tokens", r.n_tokens}}.dump() << "\n";
     else
         std::cout << fmt::format("perplexity {:.4f} over {} tokens (weights {}, kv {})\n", r.ppl, r.n_tokens,
-                                 o.load.weights == weight_format::int8 ? "int8" : "f32", name_of(o.load.kv));
+                                 name_of(o.load.weights), name_of(o.load.kv));
     return 0;
 }
 
@@ -98,8 +98,11 @@ int cmd_quantize(const quantize_opts& o) {
 
 void add_precision_flags(CLI::App* sub, load_options& o) {
     auto value = [](auto e) { return std::to_string(int(e)); }; // the enum as CLI11 reads one
-    sub->add_option("--weights", o.weights, "weights in memory: int8 (default) or f32 (unquantized)")
-        ->transform(named({{"f32", value(weight_format::f32)}, {"int8", value(weight_format::int8)}}));
+    sub->add_option("--weights", o.weights,
+                    "weights in memory: auto (default: low-bit files such as Q4_K keep their bits, others INT8), "
+                    "int8 (every matrix INT8) or f32 (unquantized)")
+        ->transform(named({{"f32", value(weight_format::f32)}, {"int8", value(weight_format::int8)},
+                           {"auto", value(weight_format::native)}}));
     sub->add_option("--kv", o.kv, "KV cache: f16 (default), int8 or f32")
         ->transform(named({{"f32", value(kv_dtype::f32)}, {"f16", value(kv_dtype::f16)}, {"int8", value(kv_dtype::i8)}}));
 }

@@ -2,6 +2,7 @@
 // infos alone (the weights are mapped, never read or converted, so it is instant on any size).
 #include "daemon/cli.hpp"
 
+#include "quant/lowbit.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/grammar/tool_call.hpp"
@@ -27,6 +28,7 @@ using ojson = nlohmann::ordered_json;
 struct info_opts {
     std::string model;
     std::string kv = "f16";
+    std::string weights = "auto";
     int32_t page_size = 16;
     bool json = false;
 };
@@ -46,14 +48,25 @@ ojson token_json(const tokenizer& tok, token_id id) {
 }
 
 // What the weights take once loaded as the engine holds them (runtime/weight.hpp): every
-// matrix as INT8 rows, each with an F32 scale and an INT32 row sum; vectors as F32. The
-// scale tensors of a pre-quantized file are part of their matrices.
-int64_t int8_weight_bytes(const gguf::file& f) {
+// matrix as INT8 rows, each with an F32 scale and an INT32 row sum, or (lowbit) a matrix the
+// file holds in a low-bit format in the low-bit family's layout
+// (quant/lowbit.hpp); vectors as F32. The scale tensors of a pre-quantized file are part of
+// their matrices. formats: the low-bit formats kept.
+int64_t weight_bytes(const gguf::file& f, bool lowbit, std::map<std::string, int>& formats, bool& any_int8) {
     int64_t bytes = 0;
+    any_int8 = false;
     for (const gguf::tensor_info& t : f.tensors()) {
         if (t.name.ends_with(".scale") && f.find_tensor(t.name.substr(0, t.name.size() - 6))) continue;
-        if (t.ne.size() == 2) bytes += t.ne[1] * (t.ne[0] + 4 + 4);
-        else bytes += t.n_elements() * 4;
+        if (t.ne.size() == 2 && lowbit && is_lowbit_format(t.type)) {
+            const lowbit_matrix m = lowbit_layout_of(t.type, t.ne[1], t.ne[0]);
+            bytes += m.n_tiles() * m.n_super() * m.super_bytes;
+            ++formats[std::string(name_of(t.type))];
+        } else if (t.ne.size() == 2) {
+            bytes += t.ne[1] * (t.ne[0] + 4 + 4);
+            any_int8 = true;
+        } else {
+            bytes += t.n_elements() * 4;
+        }
     }
     return bytes;
 }
@@ -115,12 +128,20 @@ ojson describe(const std::string& path, const info_opts& o) {
                       {"eos", token_json(tok, tok.eos())},
                       {"add_bos", tok.add_bos()}};
 
-    // What serving it takes: the weights in INT8, and the KV cache as tandemd's pool holds it.
+    // What serving it takes: the weights in their family (--weights), and the KV cache as
+    // tandemd's pool holds it.
+    std::map<std::string, int> kept;
+    bool any_int8 = false;
+    const int64_t wbytes = weight_bytes(f, o.weights == "auto", kept, any_int8);
+    std::string family = kept.empty() ? "int8" : any_int8 ? "low-bit + int8" : "low-bit";
+    ojson kept_j = ojson::object();
+    for (const auto& [name, n] : kept) kept_j[name] = n;
     const kv_dtype kv = *parse_kv_dtype(o.kv);
     const kv_layout layout{c.n_layer, c.n_head_kv, c.head_dim, o.page_size, kv};
     const double token_bytes = double(layout.page_bytes()) / o.page_size;
-    j["memory"] = {{"weights", "int8"},
-                   {"weight_bytes", int8_weight_bytes(f)},
+    j["memory"] = {{"weights", family},
+                   {"lowbit_matrices", kept_j},
+                   {"weight_bytes", wbytes},
                    {"kv_dtype", o.kv},
                    {"kv_bytes_per_token", token_bytes},
                    {"kv_bytes_train_context", int64_t(token_bytes * c.n_ctx_train + 0.5)}};
@@ -172,8 +193,14 @@ void print_text(const ojson& j) {
     out += fmt::format("  tokenizer      {} (pre {}), vocab {}, bos {}, eos {}\n", t["model"].get<std::string>(),
                        t["pre"].get<std::string>(), t["n_vocab"].get<int>(), tok_text(t["bos"]), tok_text(t["eos"]));
     const auto& m = j["memory"];
-    out += fmt::format("  memory         weights {} in INT8; KV ({}) {} a token, {} for the training context\n",
-                       size_text(m["weight_bytes"].get<double>()), m["kv_dtype"].get<std::string>(),
+    std::string fam = m["weights"].get<std::string>() == "int8" ? "INT8" : m["weights"].get<std::string>();
+    if (!m["lowbit_matrices"].empty()) {
+        fam += " (kept:";
+        for (const auto& [name, n] : m["lowbit_matrices"].items()) fam += fmt::format(" {} {}", n.get<int>(), name);
+        fam += ")";
+    }
+    out += fmt::format("  memory         weights {} in {}; KV ({}) {} a token, {} for the training context\n",
+                       size_text(m["weight_bytes"].get<double>()), fam, m["kv_dtype"].get<std::string>(),
                        size_text(m["kv_bytes_per_token"].get<double>()),
                        size_text(m["kv_bytes_train_context"].get<double>()));
     write_out(out);
@@ -196,6 +223,9 @@ void register_info(CLI::App& app, registry& reg) {
     sub->add_option("-m,--model", o->model, "the same, as a flag");
     sub->add_option("--kv", o->kv, "KV element type the memory line assumes: f16 (the default), int8, f32")
         ->check(one_of({"f16", "int8", "f32"}));
+    sub->add_option("--weights", o->weights, "the weight family the memory line assumes: auto (the default: low-bit "
+                                             "matrices keep their bits) or int8")
+        ->check(one_of({"auto", "int8"}));
     sub->add_option("--page-size", o->page_size, "KV page size in tokens (tandemd's page_size; default 16)")
         ->check(between(1, 4096));
     sub->add_flag("--json", o->json, "print one JSON object");

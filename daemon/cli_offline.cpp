@@ -34,7 +34,8 @@ const std::map<std::string, dtype>& synth_types() {
         {"f32", dtype::f32},   {"f16", dtype::f16},   {"bf16", dtype::bf16}, {"q4_0", dtype::q4_0},
         {"q4_1", dtype::q4_1}, {"q5_0", dtype::q5_0}, {"q5_1", dtype::q5_1}, {"q8_0", dtype::q8_0},
         {"q2_k", dtype::q2_k}, {"q3_k", dtype::q3_k}, {"q4_k", dtype::q4_k}, {"q5_k", dtype::q5_k},
-        {"q6_k", dtype::q6_k}, {"iq4_nl", dtype::iq4_nl}, {"iq4_xs", dtype::iq4_xs}};
+        {"q6_k", dtype::q6_k}, {"iq4_nl", dtype::iq4_nl}, {"iq4_xs", dtype::iq4_xs},
+        {"q4_k_m", dtype::q4_k}}; // with Q6_K where llama.cpp's Q4_K_M has it (synth_params::mix_type)
     return types;
 }
 
@@ -411,6 +412,7 @@ void register_offline(CLI::App& app, registry& reg) {
             if (p.chat_template.empty()) fail("synth: {} is empty", sy->chat_template);
         }
         if (*sy->type_opt) p.type = synth_types().at(sy->type);
+        if (*sy->type_opt && sy->type == "q4_k_m") p.mix_type = dtype::q6_k;
         synth_write(p, sy->out);
         return 0;
     }});

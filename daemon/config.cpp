@@ -121,6 +121,12 @@ const std::vector<std::pair<std::string, setter>>& setters() {
              c.kv_dtype = v;
              return std::nullopt;
          }},
+        {"weights",
+         [](config& c, const std::string& v) -> std::optional<std::string> {
+             if (v != "auto" && v != "int8") return "expected auto or int8";
+             c.weights = v;
+             return std::nullopt;
+         }},
         {"kv_pool", [](config& c, const std::string& v) { c.kv_pool = v; return std::optional<std::string>(); }},
         {"kv_pool_persist", [](config& c, const std::string& v) { return parse_bool(v, c.kv_pool_persist); }},
         {"prefix_cache", [](config& c, const std::string& v) { return parse_bool(v, c.prefix_cache); }},

@@ -33,6 +33,7 @@ struct config {
     int64_t kv_cache_mb = 0;           // 0 = room for max_running full contexts, at most 2 GiB
     int32_t kv_pages = 0;              // > 0: the pool's page count (instead of kv_cache_mb)
     std::string kv_dtype = "f16";      // f16 | int8 | f32
+    std::string weights = "auto";      // auto (low-bit files keep their bits) | int8
     std::string kv_pool;               // "" = default_kv_pool_path (a file on tmpfs)
     bool kv_pool_persist = false;      // keep the pool file at exit (a warm prefix cache after a clean restart)
     bool prefix_cache = true;

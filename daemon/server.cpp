@@ -180,13 +180,14 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     ms.path = cfg.model;
     ms.id = cfg.model_id.empty() ? fs::path(cfg.model).stem().string() : cfg.model_id;
     const kv_dtype kv = *parse_kv_dtype(cfg.kv_dtype);
+    const weight_format wf = *parse_weight_format(cfg.weights);
     if (cfg.workers) {
         // Opened once: the workers load the file this descriptor has open (they inherit it),
         // so a model renamed over or removed on disk leaves their restarts alone.
         ms.model_fd = ::open(cfg.model.c_str(), O_RDONLY | O_CLOEXEC);
         if (ms.model_fd < 0) fail("{}: cannot open: {}", cfg.model, std::strerror(errno));
         ms.bundle = open_model_metadata(cfg.model, ms.model_fd);
-    } else ms.bundle = load_model(cfg.model, load_options{weight_format::int8, kv, 0});
+    } else ms.bundle = load_model(cfg.model, load_options{wf, kv, 0});
     std::string template_src; // the config's chat_template file, which replaces the model's
     if (!cfg.chat_template.empty()) {
         std::ifstream in(cfg.chat_template, std::ios::binary);
@@ -233,7 +234,7 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     eo.max_draft_tokens = cfg.speculative_tokens();
     eo.draft_cost = cfg.draft_cost;
     if (!cfg.draft_model.empty()) { // runs in this process, on the engine's thread (runtime/draft_model.hpp)
-        ms.draft = load_draft_model(cfg.draft_model, *ms.bundle.tok, load_options{weight_format::int8, kv, 0});
+        ms.draft = load_draft_model(cfg.draft_model, *ms.bundle.tok, load_options{wf, kv, 0});
         eo.draft_model = ms.draft->mdl.get();
     }
     // The channel's logits area: one row per decoding sequence, and the drafts' rows of the
@@ -254,7 +255,7 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
         return state;
     }
 
-    const uint64_t fp = model_fingerprint(*ms.bundle.file, weight_format::int8, kv);
+    const uint64_t fp = model_fingerprint(*ms.bundle.file, wf, kv);
     // Nothing here reads the file again: its mapping goes, so a file truncated on disk cannot
     // fault this process (the workers', in use, are restarted; worker_spec's file checks).
     ms.bundle.file.reset();
@@ -280,6 +281,7 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     base.model_stat = file_stamp::of(ms.model_fd);
     base.pool_bytes = ms.pool->bytes();
     base.kv = kv;
+    base.weights = wf;
     base.page_size = cfg.page_size;
     base.n_pages = eo.n_pages;
     base.fingerprint = fp;

@@ -160,7 +160,7 @@ int worker_main(int argc, char** argv) {
     CLI::App app{"tandemd worker (started by tandemd itself)"};
     worker_args_parsed a;
     worker_spec& s = a.spec;
-    std::string weights = "int8", kv = "f16", fp;
+    std::string weights = "auto", kv = "f16", fp;
     app.add_option("--worker", s.role)->required();
     app.add_option("--fds", a.fds)->required();
     app.add_option("--parent", a.parent)->required();
@@ -186,7 +186,9 @@ int worker_main(int argc, char** argv) {
     init_logging(s.log_level);
     auto log = logger(s.role);
     try {
-        s.weights = weights == "f32" ? weight_format::f32 : weight_format::int8;
+        const auto wf = parse_weight_format(weights);
+        TANDEM_CHECK(wf.has_value(), "--weights {}: expected auto, int8 or f32", weights);
+        s.weights = *wf;
         auto k = parse_kv_dtype(kv);
         TANDEM_CHECK(k.has_value(), "--kv {}: expected f32, f16 or int8", kv);
         s.kv = *k;

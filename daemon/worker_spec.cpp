@@ -56,7 +56,7 @@ std::vector<std::string> worker_args(const worker_spec& s, const std::vector<int
                                      "--threads", std::to_string(s.n_threads),
                                      "--model", s.model,
                                      "--pool", s.pool,
-                                     "--weights", s.weights == weight_format::int8 ? "int8" : "f32",
+                                     "--weights", name_of(s.weights),
                                      "--kv", std::string(name_of(s.kv)),
                                      "--page-size", std::to_string(s.page_size),
                                      "--n-pages", std::to_string(s.n_pages),

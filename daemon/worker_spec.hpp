@@ -33,7 +33,7 @@ struct worker_spec {
     int model_fd = -1, pool_fd = -1;
     file_stamp model_stat;            // the model file when the daemon loaded it
     int64_t pool_bytes = 0;           // the pool's segment size
-    weight_format weights = weight_format::int8;
+    weight_format weights = weight_format::native; // a GPU worker holds INT8 whatever this says
     kv_dtype kv = kv_dtype::f16;
     int32_t page_size = 16;
     int32_t n_pages = 0;

@@ -38,7 +38,10 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
     std::optional<cpu::thread_pool> pool;
     if (opt.n_threads > 0) pool.emplace(opt.n_threads);
     const q_layout layout = opt.cpu_layout ? cpu::matmul_i8_layout() : q_layout::rows;
-    model_weights w = model_weights::load(*b.file, cfg, {opt.weights, pool ? &*pool : nullptr, layout});
+    // A process that uploads weights to a GPU holds INT8 matrices: the low-bit family has CPU
+    // kernels only (the CUDA runner refuses it by name).
+    const weight_format wf = !opt.cpu_layout && opt.weights == weight_format::native ? weight_format::int8 : opt.weights;
+    model_weights w = model_weights::load(*b.file, cfg, {wf, pool ? &*pool : nullptr, layout});
     TANDEM_CHECK(b.tok->n_vocab() == cfg.n_vocab, "{}: the tokenizer has {} tokens but the model {}", path,
                  b.tok->n_vocab(), cfg.n_vocab);
     b.cfg = cfg;
@@ -51,7 +54,7 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
     const auto& c = b.mdl->config();
     logger("model")->info("loaded {} ({}): {} layers, n_embd {}, heads {}/{}, vocab {}, weights {} ({:.0f} MB), kv {}, "
                           "in {:.2f} s", path, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
-                          opt.weights == weight_format::int8 ? "int8" : "f32", double(b.mdl->weights().bytes()) / 1e6,
+                          b.mdl->weights().family(), double(b.mdl->weights().bytes()) / 1e6,
                           name_of(opt.kv), b.load_s);
     return b;
 }

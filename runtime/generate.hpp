@@ -29,7 +29,7 @@ struct model_bundle {
 // How to hold a model in memory. The defaults are the engine's: INT8 weights (quantized at
 // load unless the file is pre-quantized by `tandem quantize`), F16 KV cache.
 struct load_options {
-    weight_format weights = weight_format::int8;
+    weight_format weights = weight_format::native; // `--weights auto`: low-bit files keep their bits
     kv_dtype kv = kv_dtype::f16;
     int n_threads = 0; // threads that quantize at load; 0: every core
     int fd = -1;       // an open descriptor of the file to read instead of opening the path (a

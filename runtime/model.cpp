@@ -158,7 +158,7 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
     for (int il = 0; il < cfg_.n_layer; ++il) {
         const layer_weights& l = w.layers[size_t(il)];
         // W8A8: each normed activation row is quantized once and shared by the matmuls that read it.
-        const bool i8 = l.wq.is_i8();
+        const bool i8 = l.wq.is_integer();
         if (i8) {
             ops::rms_norm_quant(ctx, act, x, l.attn_norm.f32(), n_tok, e, cfg_.rms_eps);
             ops::matmul_i8(ctx, q, act.q, act.s, n_tok, l.wq, &l.bq);
@@ -263,7 +263,7 @@ void model::project_logits(const exec_ctx& ctx, const model_weights& w, const fl
                            const ops::act_i8& act) const {
     const weight& out_w = w.logits_weight();
     const int64_t e = cfg_.n_embd;
-    if (out_w.is_i8()) {
+    if (out_w.is_integer()) {
         // The logits' error moves the argmax directly, so their input goes in as two int8 terms
         // (the second quantizes the first's rounding error, as for the down projection), run as
         // 2 * n_rows rows of one int8 matmul and summed (its accuracy and cost: docs/cpu.md).

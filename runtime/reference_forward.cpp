@@ -1,6 +1,7 @@
 // Scalar FP32 reference forward pass (the spec).
 #include "runtime/reference_forward.hpp"
 
+#include "quant/lowbit.hpp"
 #include "runtime/error.hpp"
 
 #include <algorithm>
@@ -20,10 +21,12 @@ void rmsnorm(float* out, const float* x, const float* w, int n, float eps) {
 // out[n_out] = W[n_out, n_in] x[n_in] (+ b); INT8 weights are dequantized (activations are not
 // quantized here: this is the F32 spec, which INT8 paths approach within quantization error)
 void matvec(float* out, const float* x, const weight& w, const weight* b = nullptr) {
-    std::vector<float> tmp(w.is_i8() ? size_t(w.n_in) : 0);
+    std::vector<float> tmp(w.is_integer() ? size_t(w.n_in) : 0);
     for (int64_t i = 0; i < w.n_out; ++i) {
         double sum = 0;
-        const float* row = w.is_i8() ? (w.row_f32(i, tmp.data()), tmp.data()) : w.row(i);
+        if (w.is_lowbit()) lowbit_row_f32(*w.lb, i, tmp.data());
+        else if (w.is_i8()) w.row_f32(i, tmp.data());
+        const float* row = w.is_integer() ? tmp.data() : w.row(i);
         for (int64_t j = 0; j < w.n_in; ++j) sum += double(row[j]) * x[j];
         out[i] = float(sum) + (b && !b->empty() ? b->data[size_t(i)] : 0.0f);
     }
@@ -101,7 +104,8 @@ const std::vector<float>& reference_forward::forward(token_id tok, int32_t pos) 
     const int e = c_.n_embd, kv = c_.n_embd_kv(), hd = c_.head_dim;
     const float* factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data.data();
     float* x = x_.data();
-    w_.tok_embd.row_f32(tok, x);
+    if (w_.tok_embd.is_lowbit()) lowbit_row_f32(*w_.tok_embd.lb, tok, x);
+    else w_.tok_embd.row_f32(tok, x);
     for (int i = 0; i < e; ++i) x[i] *= c_.embd_scale; // Gemma: sqrt(n_embd); else 1
 
     for (int il = 0; il < c_.n_layer; ++il) {

@@ -263,10 +263,11 @@ void synth_write(const synth_params& params, const std::string& path) {
     TANDEM_CHECK(p.sliding_window >= 0, "synth: sliding window {} is negative", p.sliding_window);
     TANDEM_CHECK(p.rope_scale == 0 || (p.rope_scale >= 1 && p.rope_scale <= 1024), "synth: rope scale {} out of range",
                  p.rope_scale);
-    if (is_block_format(p.type)) {
-        const int64_t blk = traits_of(uint32_t(p.type))->block;
+    for (const dtype t : {p.type, p.mix_type}) {
+        if (!is_block_format(t)) continue;
+        const int64_t blk = traits_of(uint32_t(t))->block;
         TANDEM_CHECK(p.n_embd % blk == 0 && p.n_ff % blk == 0, "synth: {} needs n_embd and n_ff to be multiples of {}",
-                     name_of(p.type), blk);
+                     name_of(t), blk);
     }
 
     gguf::writer w;
@@ -315,8 +316,8 @@ void synth_write(const synth_params& params, const std::string& path) {
     const uint64_t seed = p.seed;
     // A matrix [ne0, ne1] in GGUF order: ne0 is the input (fan-in) side, so std 1/sqrt(ne0)
     // keeps each output near unit scale after an RMS norm.
-    auto matrix = [&](const std::string& name, int64_t ne0, int64_t ne1, float std) {
-        const dtype t = p.type;
+    auto matrix = [&](const std::string& name, int64_t ne0, int64_t ne1, float std, bool more_bits = false) {
+        const dtype t = more_bits && p.mix_type != dtype::f32 ? p.mix_type : p.type;
         const uint64_t s = tensor_seed(seed, name);
         w.add_tensor(name, t, {ne0, ne1},
                      [=](std::span<uint8_t> out) { generate(out, t, ne0 * ne1, s, 0.0f, std); });
@@ -369,7 +370,7 @@ void synth_write(const synth_params& params, const std::string& path) {
         } else {
             matrix(b + "attn_q.weight", n_embd, n_embd_q, std_embd);
             matrix(b + "attn_k.weight", n_embd, n_embd_kv, std_embd);
-            matrix(b + "attn_v.weight", n_embd, n_embd_kv, std_embd);
+            matrix(b + "attn_v.weight", n_embd, n_embd_kv, std_embd, il % 2 == 0);
         }
         matrix(b + "attn_output.weight", n_embd_q, n_embd, std_q);
         if (arch == "qwen2") {
@@ -389,11 +390,11 @@ void synth_write(const synth_params& params, const std::string& path) {
             matrix(b + "ffn_gate.weight", n_embd, n_ff, std_embd);
             matrix(b + "ffn_up.weight", n_embd, n_ff, std_embd);
         }
-        matrix(b + "ffn_down.weight", n_ff, n_embd, std_ff);
+        matrix(b + "ffn_down.weight", n_ff, n_embd, std_ff, il % 2 == 0);
         if (post_norms) norm(b + "post_ffw_norm.weight", n_embd);
     }
     norm("output_norm.weight", n_embd);
-    if (!p.tied_output && !gemma) matrix("output.weight", n_embd, p.n_vocab, std_embd);
+    if (!p.tied_output && !gemma) matrix("output.weight", n_embd, p.n_vocab, std_embd, true);
     w.write(path);
 }
 

@@ -19,6 +19,9 @@ struct synth_params {
     int32_t n_vocab = 512;       // >= 260: 3 specials + 256 byte tokens + at least one piece
     int32_t n_ctx = 256;
     dtype type = dtype::f32;     // of the matrices: f32, f16, bf16 or a block format (quant/blocks.hpp); norms stay F32
+    // Not f32: output.weight, and attn_v and ffn_down of every other layer (from the first), in
+    // this type instead (Q6_K over Q4_K: a Q4_K_M-like mix, as llama.cpp gives those more bits).
+    dtype mix_type = dtype::f32;
     uint64_t seed = 1;
     std::string name = "tandem-synth";
     // Any of model_config's supported_archs, with the tensors and keys llama.cpp's conversion

@@ -24,6 +24,22 @@ void* allocate_cachelines(size_t bytes) {
 
 void free_cachelines(void* p, size_t bytes) { ::operator delete(p, align_for(bytes)); }
 
+const char* name_of(weight_format f) {
+    switch (f) {
+    case weight_format::f32: return "f32";
+    case weight_format::int8: return "int8";
+    case weight_format::native: return "auto";
+    }
+    return "?";
+}
+
+std::optional<weight_format> parse_weight_format(std::string_view s) {
+    if (s == "f32") return weight_format::f32;
+    if (s == "int8") return weight_format::int8;
+    if (s == "auto") return weight_format::native;
+    return std::nullopt;
+}
+
 void weight::row_f32(int64_t i, float* out) const {
     if (!is_i8()) {
         std::memcpy(out, row(i), size_t(n_in) * sizeof(float));

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -32,8 +34,52 @@ struct cacheline_allocator {
     template <class U> bool operator==(const cacheline_allocator<U>&) const { return true; }
 };
 
-// How matrices are held in memory. Vectors (norms, biases) are always F32.
-enum class weight_format { f32, int8 };
+// How matrices are held in memory. Vectors (norms, biases) are always F32. `native` is
+// `--weights auto`: matrices a file holds below 8 bits (Q4_0 ... IQ4_XS) keep their bits in
+// the low-bit family (lowbit_matrix below), every other matrix is INT8 as for `int8`.
+enum class weight_format { f32, int8, native };
+
+// Whether matrices of this format are integer (INT8 or low-bit).
+inline bool is_quantized(weight_format f) { return f != weight_format::f32; }
+// "f32", "int8", "auto".
+const char* name_of(weight_format f);
+// The inverse; nullopt for anything else.
+std::optional<weight_format> parse_weight_format(std::string_view s);
+
+// A matrix in the low-bit family (quant/lowbit.hpp has the formats and the packing; the
+// kernels are cpu/ops/matmul_lowbit.cpp): the file's integers and scales, never re-quantized,
+// repacked for the vector width. Outputs go in tiles of 16 (n_out padded with zero rows);
+// each tile holds, per super-block of `super` inputs, `super_bytes` bytes:
+//   header (padded to 64 bytes): d [16] f16, dm [16] f16 (has_min), sc [n_grp][16] int8 and
+//     mg [n_grp][16] int8 (has_min) unless unit_sc (every sc and mg is 1)
+//   nibbles: super / 8 lines of 64 bytes; line j, byte 4 * lane + b: low nibble = input 8j + b,
+//     high nibble = input 8j + 4 + b of output lane
+//   hi (has_hi): super / 16 lines; line j, byte 4 * lane + b, bits 2s..2s+1 = bits 4-5 of
+//     the code of input 16j + 4s + b
+// A code u is the nibble with the hi bits above it (u in 0..63), or table[nibble] where
+// has_table; its value is v = u - off, and w[o][i] = d * sc * v (+ dm * mg) with the group's
+// (`group` inputs) sc and mg.
+struct lowbit_matrix {
+    uint32_t type = 0;       // the file's dtype (GGML id)
+    int32_t group = 32;      // inputs per sc / mg: 16 or 32
+    int32_t super = 256;     // inputs per d / dm: 32 or 256
+    bool has_min = false;
+    bool has_hi = false;
+    bool unit_sc = false;
+    bool has_table = false;
+    int32_t off = 0;
+    uint8_t table[16] = {};
+    int64_t n_out = 0, n_in = 0;
+    int64_t header_bytes = 0, super_bytes = 0;
+    std::vector<uint8_t, cacheline_allocator<uint8_t>> data; // [tiles][n_in / super][super_bytes]
+
+    static constexpr int64_t tile = 16;
+    int64_t n_tiles() const { return (n_out + tile - 1) / tile; }
+    int64_t n_super() const { return n_in / super; }
+    int32_t n_grp() const { return super / group; }
+    const uint8_t* at(int64_t tile_i, int64_t s) const { return data.data() + (tile_i * n_super() + s) * super_bytes; }
+    int64_t bytes() const { return int64_t(data.size()); }
+};
 
 // The order of an INT8 matrix's bytes.
 //
@@ -65,15 +111,18 @@ struct weight {
     const float* data_ext = nullptr;  // F32 form held elsewhere (a backend's copy: a device view)
     std::vector<int32_t> q_sum;       // [n_out] sum of each q row (VNNI's u8 offset correction)
     q_layout layout = q_layout::rows; // of the INT8 bytes
+    std::shared_ptr<const lowbit_matrix> lb; // the low-bit family (q, scale, q_sum empty then)
 
+    bool is_lowbit() const { return lb != nullptr; }
+    bool is_integer() const { return is_i8() || is_lowbit(); } // read by matmul_i8
     bool is_i8() const { return q_ext != nullptr || !q_store.empty(); }
     bool is_f32() const { return data_ext != nullptr || !data.empty(); }
-    bool empty() const { return !is_f32() && !is_i8(); }
+    bool empty() const { return !is_f32() && !is_i8() && !is_lowbit(); }
     const float* f32() const { return data_ext ? data_ext : data.data(); }
     const float* row(int64_t i) const { return f32() + i * n_in; }
     const int8_t* q() const { return q_ext ? q_ext : q_store.data(); }
     const float* scale() const { return scale_ext ? scale_ext : scale_store.data(); }
-    int64_t bytes() const { return is_i8() ? q_bytes() + n_out * 4 : is_f32() ? n_out * n_in * 4 : 0; }
+    int64_t bytes() const { return is_lowbit() ? lb->bytes() : is_i8() ? q_bytes() + n_out * 4 : is_f32() ? n_out * n_in * 4 : 0; }
     // Row i as F32 (dequantized for INT8) into out [n_in].
     void row_f32(int64_t i, float* out) const;
 

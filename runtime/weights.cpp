@@ -5,6 +5,7 @@
 #include "cpu/weight_convert.hpp"
 #include "quant/int8.hpp"
 #include "quant/blocks.hpp"
+#include "quant/lowbit.hpp"
 #include "runtime/error.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/quantize_file.hpp"
@@ -113,7 +114,19 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
     const bool last_part = !matrix || r0 + n_out == ne[1]; // the mapping's pages may go after it
     TANDEM_CHECK(t->type != dtype::i8 || matrix, "{}: tensor {} is I8 but not a matrix", f.path(), name);
     weight w;
-    if (matrix && opt.format == weight_format::int8) {
+    if (matrix && opt.format == weight_format::native && is_lowbit_format(t->type)) {
+        // The low-bit family: the file's integers and scales repacked, never re-quantized.
+        w.n_out = n_out;
+        w.n_in = n_in;
+        w.lb = std::make_shared<const lowbit_matrix>(
+            pack_lowbit(t->type, t->data, r0, n_out, n_in, [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+                if (opt.pool) opt.pool->parallel_for(n, 1, fn);
+                else fn(0, n);
+            }));
+        if (last_part) release_pages(*t);
+        return w;
+    }
+    if (matrix && is_quantized(opt.format)) {
         w.n_out = n_out;
         w.n_in = n_in;
         if (t->type == dtype::i8) {
@@ -283,6 +296,21 @@ int64_t model_weights::bytes() const {
     return n;
 }
 
+std::string model_weights::family() const {
+    int n_lowbit = 0, n_i8 = 0, n_f32 = 0;
+    const auto count = [&](const weight& m) {
+        if (m.empty()) return;
+        n_lowbit += m.is_lowbit();
+        n_i8 += m.is_i8();
+        n_f32 += m.is_f32();
+    };
+    for (const auto& l : layers)
+        for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) count(*m);
+    count(logits_weight());
+    if (n_lowbit == 0) return n_i8 ? "int8" : "f32";
+    return n_i8 ? "low-bit + int8" : "low-bit";
+}
+
 model_weights model_weights::load(const gguf::file& f, model_config& c, const weight_load_options& opt_in) {
     // Quantizing a 1B model row by row takes seconds on one thread: use every core.
     std::optional<cpu::thread_pool> own_pool;
@@ -316,7 +344,9 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
     model_weights w;
     weight_load_options rows = opt;
     rows.layout = q_layout::rows;
-    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, read_by_matmul(f, "token_embd.weight") ? opt : rows);
+    // A low-bit embedding table keeps its bits too: the embed op dequantizes the tokens' rows.
+    const weight_load_options emb_opt = read_by_matmul(f, "token_embd.weight") ? opt : rows;
+    w.tok_embd = load_tensor(f, "token_embd.weight", {e, v}, emb_opt);
     w.output_norm = load_tensor(f, "output_norm.weight", {e}, opt);
     w.output = load_tensor(f, "output.weight", {e, v}, opt, /*optional=*/true);
     c.tied_output = w.output.empty();

@@ -37,6 +37,8 @@ struct weight_load_options {
     weight_format format = weight_format::f32;
     cpu::thread_pool* pool = nullptr; // quantizes rows in parallel when set
     q_layout layout = q_layout::rows; // of the INT8 matrices (blocked: the CPU kernels' from VNNI up)
+    // native (`--weights auto`): matrices the file holds in a low-bit format (quant/lowbit.hpp)
+    // keep it (the embedding table too), the rest are INT8.
 };
 
 struct model_weights {
@@ -48,6 +50,8 @@ struct model_weights {
 
     const weight& logits_weight() const { return output.empty() ? tok_embd : output; }
     int64_t bytes() const;     // what the weights occupy in memory (or in the mapping)
+    // "f32", "int8", "low-bit" (every matrix read by matmul low-bit) or "low-bit + int8".
+    std::string family() const;
 
     // Loads and converts every tensor, checking each shape against the config; fills in
     // cfg.n_vocab, cfg.qkv_bias and cfg.tied_output. Throws tandem::error naming the tensor.

@@ -179,6 +179,7 @@ TEST_CASE("config: the sample names every key the parser knows, each line's defa
     CHECK(all.drain_timeout_s == d.drain_timeout_s);
     CHECK(all.placement == d.placement);
     CHECK(all.log_level == d.log_level);
+    CHECK(all.weights == d.weights);
     CHECK_NOTHROW(all.validate());
 
     // docs/config.md's table has a row for each key but the old name kv_size_mb

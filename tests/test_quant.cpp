@@ -296,7 +296,9 @@ TEST_CASE("tandem quantize takes every block format: the file holds what loading
         const quantize_stats st = quantize_gguf(in, out, pool);
         CHECK(st.n_quantized == 2 * 7 + 2);
         CHECK(gguf::file::open(out).find_tensor("blk.1.ffn_down.weight")->type == dtype::i8);
-        model_bundle a = load_model(in); // quantized at load
+        load_options i8; // the INT8 family: quantized at load (auto would keep the blocks' bits)
+        i8.weights = weight_format::int8;
+        model_bundle a = load_model(in, i8);
         model_bundle b = load_model(out);
         const weight& wa = a.mdl->weights().layers[1].w_down;
         const weight& wb = b.mdl->weights().layers[1].w_down;

@@ -49,6 +49,12 @@ q_layout matmul_i8_layout();
 void matmul_i8_amx_emulated(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,
                             const weight& w, const float* bias);
 
+// The low-bit family (runtime/weight.hpp's lowbit_matrix): out [n_tok, m.n_out] as
+// matmul_lowbit_ref (quant/lowbit.hpp) bit for bit at every ISA level: the scalar twin is the
+// reference, AVX2 and VNNI unpack each super-block's codes once per tile into INT8 lines.
+void matmul_lowbit(thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,
+                   const lowbit_matrix& m, const float* bias);
+
 // row [n] = silu(g) * u with AVX-512 and a polynomial exp (swiglu and swiglu_quant share it).
 void swiglu_row_avx512(const float* g, const float* u, float* row, int64_t n);
 

@@ -1,6 +1,7 @@
 // Element-wise ops: checks and dispatch.
 #include "runtime/ops/elementwise.hpp"
 
+#include "quant/lowbit.hpp"
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
 #include "cpu/thread_pool.hpp"
@@ -70,6 +71,14 @@ struct add_impl : add_op {
 
 void embed(const exec_ctx& ctx, float* out, const int32_t* tokens, int64_t n_tok, const weight& table) {
     TANDEM_ASSERT(n_tok >= 0 && !table.empty() && table.n_in > 1, "embed needs an embedding matrix");
+    if (table.is_lowbit()) { // the low-bit family (host memory only): each token's row dequantized
+        TANDEM_ASSERT(ctx.be != backend::cuda, "low-bit weights are the CPU's");
+        for (int64_t t = 0; t < n_tok; ++t) {
+            TANDEM_ASSERT(tokens[t] >= 0 && tokens[t] < table.n_out, "token {} outside the table", tokens[t]);
+            lowbit_row_f32(*table.lb, tokens[t], out + t * table.n_in);
+        }
+        return;
+    }
     if (table.is_i8() && table.layout == q_layout::blocked) { // a table tied to the logits, in host memory
         TANDEM_ASSERT(ctx.be != backend::cuda, "a device's weights are rows");
         // the tokens' rows read back, then the op on them as a table of n_tok rows

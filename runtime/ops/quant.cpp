@@ -4,6 +4,7 @@
 #include "cpu/ops/ops.hpp"
 #include "cpu/ref/ops_ref.hpp"
 #include "runtime/ops/op_defs.hpp"
+#include "quant/lowbit.hpp"
 
 #include <vector>
 
@@ -47,6 +48,19 @@ struct matmul_i8_impl : matmul_i8_op {
     static constexpr auto cpu = ::tandem::cpu::matmul_i8;
 };
 
+// The low-bit family: the CPU's kernels and the reference; no CUDA implementation (a GPU
+// deployment loads low-bit files as INT8, runtime/weights.hpp), so dispatch refuses it by name.
+struct matmul_lowbit_impl {
+    static constexpr std::string_view name = "matmul_lowbit";
+    static void ref(float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w, const float* bias) {
+        matmul_lowbit_ref(out, qx, sx, n_tok, *w.lb, bias);
+    }
+    static void cpu(::tandem::cpu::thread_pool& pool, float* out, const int8_t* qx, const float* sx, int64_t n_tok,
+                    const weight& w, const float* bias) {
+        ::tandem::cpu::matmul_lowbit(pool, out, qx, sx, n_tok, *w.lb, bias);
+    }
+};
+
 } // namespace
 
 void quantize_rows(const exec_ctx& ctx, act_i8 out, const float* x, int64_t n_tok, int64_t n) {
@@ -72,6 +86,16 @@ void swiglu_quant(const exec_ctx& ctx, act_i8 out, const float* gate, const floa
 
 void matmul_i8(const exec_ctx& ctx, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const weight* bias) {
+    if (w.is_lowbit()) {
+        TANDEM_ASSERT(n_tok >= 0 && w.lb->n_out == w.n_out && w.lb->n_in == w.n_in);
+        const float* b = nullptr;
+        if (bias && !bias->empty()) {
+            TANDEM_ASSERT(bias->n_out == w.n_out, "bias [{}] vs weight rows {}", bias->n_out, w.n_out);
+            b = bias->f32();
+        }
+        dispatch<matmul_lowbit_impl>(ctx, out, qx, sx, n_tok, w, b);
+        return;
+    }
     TANDEM_ASSERT(n_tok >= 0 && w.is_i8() && w.n_in > 1 && int64_t(w.q_sum.size()) == w.n_out,
                   "matmul_i8 needs an INT8 matrix with row sums");
     TANDEM_ASSERT(w.n_in * 127 * 127 < (int64_t(1) << 31), "n_in {} overflows the int32 dot", w.n_in);

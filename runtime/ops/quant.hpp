@@ -29,7 +29,8 @@ void quantize_rows_split(const exec_ctx& ctx, act_i8 hi, act_i8 lo, const float*
 // q, s = quantize_per_token(silu(gate) * up), gate and up [n_tok, n]
 void swiglu_quant(const exec_ctx& ctx, act_i8 out, const float* gate, const float* up, int64_t n_tok, int64_t n);
 
-// out [n_tok, w.n_out] = (s_x[t] * s_w[o]) * dot(q_x[t], q_w[o]) + bias [w.n_out]; w must be INT8.
+// out [n_tok, w.n_out] = (s_x[t] * s_w[o]) * dot(q_x[t], q_w[o]) + bias [w.n_out]; w must be INT8,
+// or low-bit (then quant/lowbit.hpp's matmul_lowbit_ref: per super-block scales; CPU and ref only).
 void matmul_i8(const exec_ctx& ctx, float* out, const int8_t* qx, const float* sx, int64_t n_tok, const weight& w,
                const weight* bias = nullptr);
 // Builds ahead what matmul_i8 on this backend builds on first use for any n_tok up to max_tok
