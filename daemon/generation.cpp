@@ -118,10 +118,13 @@ std::variant<generation_plan, api_error> plan_generation(generation_request req,
     if (req.chat) {
         const reasoning_request& rq = req.reasoning;
         const bool thinks = ms.reasoning && rq.enable != false; // (documents: citations would run over the thinking)
-        if (!ms.reasoning && (rq.enable || rq.budget >= 0))
+        // enable_thinking is a template variable: a Jinja template reads it (honoured, whatever
+        // the vocabulary); a family renderer would drop it, and a budget needs the markers.
+        const bool enable_dropped = rq.enable && !ms.tmpl.uses_jinja();
+        if (!ms.reasoning && (enable_dropped || rq.budget >= 0))
             return bad(fmt::format("'{}' needs a reasoning model: this model's chat template has no thinking markers",
-                                   rq.enable ? rq.enable_field : rq.budget_field),
-                       rq.enable ? rq.enable_field : rq.budget_field);
+                                   rq.budget >= 0 ? rq.budget_field : rq.enable_field),
+                       rq.budget >= 0 ? rq.budget_field : rq.enable_field);
         if (!req.ground.documents.empty() && thinks)
             return bad("'documents' with a reasoning model need its thinking off (chat_template_kwargs.enable_thinking "
                        "false): citations are not kept apart from the thinking yet",

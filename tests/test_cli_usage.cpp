@@ -51,13 +51,13 @@ TEST_CASE("tandem: every parse error is one line `tandem: <option>: <problem>` a
     check_usage(run_tandem({"run", "-m", stories, "-p", "x", "-n", "-5"}),
                 "tandem: --n-predict: must be at least -1, got -5", "tandem run --help");
     check_usage(run_tandem({"run", "-m", stories, "-p", "x", "--weights", "f16"}),
-                "tandem: --weights: expected f32 or int8, got 'f16'", "tandem run --help");
+                "tandem: --weights: expected f32, int8 or auto, got 'f16'", "tandem run --help");
     check_usage(run_tandem({"run", "-m", stories}), "tandem: --prompt: required", "tandem run --help");
     check_usage(run_tandem({"status", "--interval", "1"}), "tandem: --interval: needs --watch", "tandem status --help");
     check_usage(run_tandem({"status", "--watch", "--count", "-1"}), "tandem: --count: must be at least 0, got -1",
                 "tandem status --help");
     check_usage(run_tandem({"synth", "-o", "/tmp/x.gguf", "--type", "q3"}),
-                "tandem: --type: expected bf16, f16, f32, iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k or "
+                "tandem: --type: expected bf16, f16, f32, iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q4_k_m, q5_0, q5_1, q5_k, q6_k or "
                 "q8_0, got 'q3'",
                 "tandem synth --help");
     check_usage(run_tandem({"synth", "-o", "/tmp/x.gguf", "--rope-scaling", "llama3"}),

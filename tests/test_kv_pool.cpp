@@ -396,12 +396,15 @@ TEST_CASE("kv_pool: what a forked worker writes through attach is visible to the
     CHECK_FALSE(pages_match_pattern(*owner, 6));
 }
 
-TEST_CASE("kv_pool: default path: one per socket and model, in the RuntimeDirectory under systemd") {
+TEST_CASE("kv_pool: default path: one per socket and model, in a directory of the user's own on /dev/shm, in the RuntimeDirectory under systemd") {
     const char* old = std::getenv("RUNTIME_DIRECTORY");
     const std::string saved = old ? old : "";
     ::unsetenv("RUNTIME_DIRECTORY");
     const std::string a = ipc::default_kv_pool_path("/tmp/a.sock", "/m/x.gguf");
-    const std::string prefix = "/dev/shm/tandem-kv-";
+    // /dev/shm/tandem-EUID/ (the daemon makes it 0700 and refuses it owned by another user),
+    // never a name in the shared /dev/shm another user could create first
+    const std::string dir = "/dev/shm/tandem-" + std::to_string(::geteuid()) + "/";
+    const std::string prefix = dir + "tandem-kv-";
     CHECK(a.rfind(prefix, 0) == 0);
     // tandem-kv-USER-HASH: the user's name (or uid), 12 hex digits
     const std::string rest = a.substr(prefix.size());
@@ -417,7 +420,7 @@ TEST_CASE("kv_pool: default path: one per socket and model, in the RuntimeDirect
     // the parts cannot run into each other
     CHECK(ipc::default_kv_pool_path("/tmp/a", "b/x") != ipc::default_kv_pool_path("/tmp/a/b", "x"));
     ::setenv("RUNTIME_DIRECTORY", "/run/tandem", 1);
-    CHECK(ipc::default_kv_pool_path("/tmp/a.sock", "/m/x.gguf") == "/run/tandem/" + a.substr(std::string("/dev/shm/").size()));
+    CHECK(ipc::default_kv_pool_path("/tmp/a.sock", "/m/x.gguf") == "/run/tandem/" + a.substr(dir.size()));
     ::setenv("RUNTIME_DIRECTORY", "/run/a:/run/b", 1);
     CHECK(ipc::default_kv_pool_path("/tmp/a.sock", "/m/x.gguf").rfind("/run/a/tandem-kv-", 0) == 0);
     if (old) ::setenv("RUNTIME_DIRECTORY", saved.c_str(), 1);

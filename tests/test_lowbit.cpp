@@ -147,7 +147,8 @@ std::vector<token_id> greedy(model& m, const exec_ctx& ctx, const std::vector<to
                              std::vector<std::vector<float>>& logits) {
     const int32_t n_vocab = m.config().n_vocab;
     kv_cache kv(m.make_kv_layout(16), 16);
-    sequence_kv seq(kv);
+    block_pool pages(kv.n_pages());
+    sequence_kv seq(pages, 16);
     REQUIRE(seq.reserve(int32_t(prompt.size()) + n));
     std::vector<token_id> out;
     std::vector<float> row(static_cast<size_t>(n_vocab));
