@@ -130,6 +130,34 @@ inline http_response post(const std::string& sock, const std::string& target, co
     return request(sock, "POST", target, body.dump());
 }
 
+// The named events of an SSE body ("event: NAME" then "data: {...}", as Anthropic's and the
+// Responses API's streams frame them): (name, data) pairs; `well_formed` false on a frame
+// without both lines, or whose data's "type" is not its event's name.
+inline std::vector<std::pair<std::string, json>> named_events(const std::string& body, bool& well_formed) {
+    std::vector<std::pair<std::string, json>> out;
+    well_formed = true;
+    size_t pos = 0;
+    while (pos < body.size()) {
+        const size_t end = body.find("\n\n", pos);
+        if (end == std::string::npos) {
+            well_formed = false;
+            break;
+        }
+        const std::string frame = body.substr(pos, end - pos);
+        pos = end + 2;
+        const size_t nl = frame.find('\n');
+        if (frame.rfind("event: ", 0) != 0 || nl == std::string::npos || frame.compare(nl + 1, 6, "data: ") != 0) {
+            well_formed = false;
+            continue;
+        }
+        const std::string name = frame.substr(7, nl - 7);
+        json data = json::parse(frame.substr(nl + 7), nullptr, false);
+        if (data.is_discarded() || data.value("type", "") != name) well_formed = false;
+        out.emplace_back(name, data);
+    }
+    return out;
+}
+
 // The JSON payloads of an SSE body ("data: {...}" events); `done` tells whether [DONE] ended it.
 inline std::vector<json> sse_events(const std::string& body, bool* done = nullptr, bool* well_formed = nullptr) {
     std::vector<json> out;

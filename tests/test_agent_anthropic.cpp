@@ -8,33 +8,6 @@ using namespace tandem::test;
 
 namespace {
 
-// Anthropic's events: (name, data) pairs of an event stream; `well_formed` false on a frame
-// whose event line and data type disagree.
-std::vector<std::pair<std::string, json>> anthropic_events(const std::string& body, bool& well_formed) {
-    std::vector<std::pair<std::string, json>> out;
-    well_formed = true;
-    size_t pos = 0;
-    while (pos < body.size()) {
-        const size_t end = body.find("\n\n", pos);
-        if (end == std::string::npos) {
-            well_formed = false;
-            break;
-        }
-        const std::string frame = body.substr(pos, end - pos);
-        pos = end + 2;
-        const size_t nl = frame.find('\n');
-        if (frame.rfind("event: ", 0) != 0 || nl == std::string::npos || frame.compare(nl + 1, 6, "data: ") != 0) {
-            well_formed = false;
-            continue;
-        }
-        const std::string name = frame.substr(7, nl - 7);
-        json data = json::parse(frame.substr(nl + 7), nullptr, false);
-        if (data.is_discarded() || data.value("type", "") != name) well_formed = false;
-        out.emplace_back(name, data);
-    }
-    return out;
-}
-
 const json user_turn = {{{"role", "user"}, {"content", "Once upon a time"}}};
 
 // The same conversation through Chat Completions, greedy.
@@ -113,7 +86,7 @@ TEST_CASE("messages streamed: Anthropic's events in order, the text Chat Complet
     REQUIRE(r.status == 200);
     CHECK(r.headers["content-type"].find("text/event-stream") == 0);
     bool ok = false;
-    const auto events = anthropic_events(r.body, ok);
+    const auto events = named_events(r.body, ok);
     CHECK(ok);
     std::vector<std::string> names;
     std::string text;
@@ -172,7 +145,7 @@ TEST_CASE("messages with tools: tool_use blocks, input_json_delta, the result se
     bool ok = false;
     std::string partial;
     bool started = false;
-    for (const auto& [name, data] : anthropic_events(st.body, ok)) {
+    for (const auto& [name, data] : named_events(st.body, ok)) {
         if (name == "content_block_start" && data["content_block"]["type"] == "tool_use") {
             started = true;
             CHECK(data["content_block"]["name"] == "get_weather");

@@ -8,31 +8,12 @@ using namespace tandem::test;
 
 namespace {
 
-// The named events of a stream: (event, data), `ok` false when a frame is malformed or its
-// sequence numbers are not 0, 1, 2, ...
-std::vector<std::pair<std::string, json>> named_events(const std::string& body, bool& ok) {
-    std::vector<std::pair<std::string, json>> out;
-    ok = true;
-    size_t pos = 0;
-    while (pos < body.size()) {
-        const size_t end = body.find("\n\n", pos);
-        if (end == std::string::npos) {
-            ok = false;
-            break;
-        }
-        const std::string frame = body.substr(pos, end - pos);
-        pos = end + 2;
-        const size_t nl = frame.find('\n');
-        if (frame.rfind("event: ", 0) != 0 || nl == std::string::npos) {
-            ok = false;
-            continue;
-        }
-        json data = json::parse(frame.substr(nl + 7), nullptr, false);
-        const std::string name = frame.substr(7, nl - 7);
-        if (data.is_discarded() || data.value("type", "") != name || data.value("sequence_number", -1) != int(out.size()))
-            ok = false;
-        out.emplace_back(name, data);
-    }
+// The named events of a stream (daemon_client.hpp), `ok` false also when their sequence
+// numbers are not 0, 1, 2, ...
+std::vector<std::pair<std::string, json>> numbered_events(const std::string& body, bool& ok) {
+    auto out = named_events(body, ok);
+    for (size_t i = 0; i < out.size(); ++i)
+        if (out[i].second.value("sequence_number", -1) != int(i)) ok = false;
     return out;
 }
 
@@ -76,7 +57,7 @@ TEST_CASE("responses: the output text is Chat Completions' text, whole and strea
     auto sr = post(s, "/v1/responses", st);
     REQUIRE(sr.status == 200);
     bool ok = false;
-    const auto events = named_events(sr.body, ok);
+    const auto events = numbered_events(sr.body, ok);
     CHECK(ok);
     std::vector<std::string> names;
     std::string text;
