@@ -6,6 +6,7 @@
 #include "runtime/chat_template.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/grammar/tool_call.hpp"
+#include "runtime/reasoning.hpp"
 #include "runtime/kv_layout.hpp"
 #include "runtime/model_config.hpp"
 #include "runtime/tokenizer.hpp"
@@ -121,6 +122,12 @@ ojson describe(const std::string& path, const info_opts& o) {
                           {"renderer", tmpl.renderer_name()},
                           {"tool_syntax", std::string(grammar::name_of(tmpl.tool_syntax()))}};
     if (!tmpl.uses_jinja()) j["chat_template"]["renderer_note"] = tmpl.jinja_error();
+    // The thinking's markers (runtime/reasoning): from the template's source and the vocabulary.
+    const std::optional<reasoning_format> thinking =
+        find_reasoning(f.get_string("tokenizer.chat_template").value_or(std::string()), tok);
+    j["chat_template"]["reasoning"] =
+        thinking ? ojson{{"open", thinking->open}, {"close", thinking->close}, {"can_disable", thinking->can_disable}}
+                 : ojson(nullptr);
     j["tokenizer"] = {{"model", std::string(tok.kind())},
                       {"pre", std::string(tok.pre())},
                       {"n_vocab", tok.n_vocab()},
@@ -181,9 +188,13 @@ void print_text(const ojson& j) {
                                                    : std::string(),
                        r["dims"].get<int>(), s["head_dim"].get<int>(), r["style"].get<std::string>(), scaling);
     const auto& ct = j["chat_template"];
-    out += fmt::format("  chat template  {}; family {} (tool calls {}){}\n",
+    const std::string thinks = ct["reasoning"].is_null()
+                                   ? std::string("no thinking markers")
+                                   : fmt::format("thinking {} ... {}", ct["reasoning"]["open"].get<std::string>(),
+                                                 ct["reasoning"]["close"].get<std::string>());
+    out += fmt::format("  chat template  {}; family {} (tool calls {}; {}){}\n",
                        ct["renderer"].get<std::string>() == "jinja" ? "the file's own (Jinja)" : "the family's format",
-                       ct["family"].get<std::string>(), ct["tool_syntax"].get<std::string>(),
+                       ct["family"].get<std::string>(), ct["tool_syntax"].get<std::string>(), thinks,
                        ct["in_file"].get<bool>() ? (ct.contains("renderer_note") ? " (" + ct["renderer_note"].get<std::string>() + ")" : "")
                                                  : " (the file has none)");
     const auto& t = j["tokenizer"];

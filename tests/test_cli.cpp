@@ -455,7 +455,8 @@ TEST_CASE("tandem info: shapes, tensors, context, RoPE, template, tokenizer and 
                                      {"in_file", false},
                                      {"renderer", "family:plain"},
                                      {"tool_syntax", "hermes"},
-                                     {"renderer_note", "the model file has no chat template"}});
+                                     {"renderer_note", "the model file has no chat template"},
+                                     {"reasoning", nullptr}});
     CHECK(j["tokenizer"]["model"] == "llama");
     CHECK(j["tokenizer"]["n_vocab"] == 512);
     CHECK(j["tokenizer"]["bos"] == json{{"id", 1}, {"text", "<s>"}});
@@ -490,7 +491,7 @@ TEST_CASE("tandem info: shapes, tensors, context, RoPE, template, tokenizer and 
     REQUIRE(r.rc == 0);
     for (const char* line : {"llama", "5 layers, embd 64, heads 8, kv heads 4, head_dim 8, ff 172, vocab 512",
                              "48 (1.1 MiB): F32 x48", "2048 tokens (training)", "sliding window none",
-                             "base 10000, 8 of 8 dims, normal, scaling none", "chat template  the family's format; family plain (tool calls hermes) (the file has none)",
+                             "base 10000, 8 of 8 dims, normal, scaling none", "chat template  the family's format; family plain (tool calls hermes; no thinking markers) (the file has none)",
                              "llama (pre default), vocab 512, bos 1 \"<s>\", eos 2 \"</s>\"",
                              "KV (f16) 640 bytes a token, 1.2 MiB for the training context"})
         CHECK_MESSAGE(r.out.find(line) != std::string::npos, line, " in:\n", r.out);
@@ -569,7 +570,19 @@ TEST_CASE("tandem info: sliding windows, RoPE scaling and a chat template of var
         {kv_of("tokenizer.chat_template",
                str("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"))});
     CHECK(info_json(dir.file("chatml.gguf"))["chat_template"] ==
-          json{{"family", "chatml"}, {"in_file", true}, {"renderer", "jinja"}, {"tool_syntax", "hermes"}});
+          json{{"family", "chatml"}, {"in_file", true}, {"renderer", "jinja"}, {"tool_syntax", "hermes"},
+               {"reasoning", nullptr}});
+    // one that writes thinking markers and reads enable_thinking (Qwen3's way): a reasoning model
+    variant_of_stories(
+        dir.file("think.gguf"), "llama",
+        {kv_of("tokenizer.chat_template",
+               str("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+                   "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"))});
+    CHECK(info_json(dir.file("think.gguf"))["chat_template"]["reasoning"] ==
+          json{{"open", "<think>"}, {"close", "</think>"}, {"can_disable", true}});
+    const auto think_text = run_tandem({"info", dir.file("think.gguf")});
+    CHECK(think_text.out.find("thinking <think> ... </think>") != std::string::npos);
 
     // errors: exit 1 with one line that says what is wrong; a bad flag is a usage error (2)
     const auto fails = [](const std::vector<std::string>& args, const std::string& what) {
