@@ -17,7 +17,7 @@ using json = nlohmann::json;
 // Every place in `j`: its path as the API names it ("messages[2].tool_calls[0].id") and a
 // pointer to the value there.
 inline void paths_of(const json& j, const std::string& at, std::vector<std::pair<std::string, json::json_pointer>>& out,
-              const json::json_pointer& ptr = {}) {
+              const json::json_pointer& ptr = json::json_pointer()) {
     if (j.is_object()) {
         for (const auto& [k, v] : j.items()) {
             const std::string p = at.empty() ? k : at + "." + k;

@@ -19,6 +19,19 @@ json chat_reply(const std::string& s, const json& messages, int max_tokens, cons
     return r.j();
 }
 
+// The same conversation with OpenAI tools, as text: a tool in the order Anthropic's tools are
+// shown to the template (type, then function: name, parameters), which this suite's sorted
+// json would turn around (another prompt, so another reply).
+json chat_reply_with_tools(const std::string& s, const json& messages, int max_tokens, const json& schema,
+                           const std::string& more = "") {
+    const std::string body = R"({"messages":)" + messages.dump() + R"(,"max_tokens":)" + std::to_string(max_tokens) +
+                             R"(,"temperature":0,"tools":[{"type":"function","function":{"name":"get_weather","parameters":)" +
+                             schema.dump() + "}}]" + more + "}";
+    auto r = request(s, "POST", "/v1/chat/completions", body);
+    REQUIRE(r.status == 200);
+    return r.j();
+}
+
 json messages_body(const json& messages, int max_tokens) {
     return {{"model", "stories260K"}, {"max_tokens", max_tokens}, {"temperature", 0}, {"messages", messages}};
 }
@@ -132,9 +145,8 @@ TEST_CASE("messages with tools: tool_use blocks, input_json_delta, the result se
     CHECK(use["input"]["city"].is_string());
 
     // the same call through Chat Completions
-    const json oa_tools = {{{"type", "function"},
-                            {"function", {{"name", "get_weather"}, {"parameters", schema}}}}};
-    const json chat = chat_reply(s, user_turn, 250, {{"tools", oa_tools}, {"tool_choice", "required"}, {"parallel_tool_calls", false}});
+    const json chat =
+        chat_reply_with_tools(s, user_turn, 250, schema, R"(,"tool_choice":"required","parallel_tool_calls":false)");
     const json call = chat["choices"][0]["message"]["tool_calls"][0]["function"];
     CHECK(json::parse(call["arguments"].get<std::string>()) == use["input"]);
 
@@ -174,7 +186,7 @@ TEST_CASE("messages with tools: tool_use blocks, input_json_delta, the result se
                           {"tool_calls", {{{"id", use["id"]}, {"type", "function"},
                                            {"function", {{"name", "get_weather"}, {"arguments", use["input"].dump()}}}}}}});
     oa_history.push_back({{"role", "tool"}, {"tool_call_id", use["id"]}, {"content", "18 C"}});
-    const json oa = chat_reply(s, oa_history, 8, {{"tools", oa_tools}});
+    const json oa = chat_reply_with_tools(s, oa_history, 8, schema);
     CHECK(followed.j()["usage"]["input_tokens"] == oa["usage"]["prompt_tokens"]);
     CHECK(followed.j()["content"][0]["text"] == oa["choices"][0]["message"]["content"]);
 }

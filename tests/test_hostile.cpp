@@ -84,7 +84,9 @@ TEST_CASE("tandemd: JSON nested 200,000 deep anywhere in a request is a 400, and
         {"a completion prompt", R"({"prompt": )" + nested(deep) + "}"},
         {"embedding input", R"({"input": )" + nested(deep) + "}"},
     };
-    for (const auto& [what, body] : bodies) {
+    for (const auto& entry : bodies) {
+        const std::string& what = entry.first; // (a name, not a structured binding: CAPTURE's lambda takes it)
+        const std::string& body = entry.second;
         CAPTURE(what);
         const std::string route = what == "a completion prompt" ? "/v1/completions"
                                   : what == "embedding input"   ? "/v1/embeddings"
@@ -164,7 +166,9 @@ TEST_CASE("tandemd: every field of every route given the wrong type is a 400 tha
         }
         std::vector<std::pair<std::string, json::json_pointer>> paths;
         paths_of(base.body, "", paths);
-        for (const auto& [path, ptr] : paths) {
+        for (const auto& path_ptr : paths) {
+            const auto& path = path_ptr.first;
+            const auto& ptr = path_ptr.second;
             for (const json& w : wrong) {
                 if (w.type() == base.body.at(ptr).type() && !w.is_array()) continue;
                 json body = base.body;
@@ -256,8 +260,9 @@ TEST_CASE("tandemd: users see only their own files and batches (404 for others')
         in >> file >> batch;
         return std::pair{file, batch};
     };
-    const auto [file_a, batch_a] = make_own(65534);
-    const auto [file_b, batch_b] = make_own(65533);
+    // (names, not structured bindings: the lambdas below capture them)
+    const auto own_a = make_own(65534), own_b = make_own(65533);
+    const std::string file_a = own_a.first, batch_a = own_a.second, file_b = own_b.first, batch_b = own_b.second;
     // 65533 sees its own and not 65534's: 404 on every route, absent from the lists.
     CHECK(as_user(65533, [&] {
               int bad = 0;
