@@ -52,7 +52,8 @@ TEST_CASE("MaskBench development set, every 4th schema: no invalid instance acce
     const auto entries = read_maskbench(path.string());
     int n = 0, n_compiled = 0, n_valid = 0, n_invalid = 0;
     for (size_t i = 0; i < entries.size(); i += 4) {
-        const auto& [id, entry] = entries[i];
+        const auto& id = entries[i].first; // (names, not structured bindings: CAPTURE's lambda takes them)
+        const auto& entry = entries[i].second;
         CAPTURE(id);
         const schema_run r = run_schema(entry, id, tok, vocab);
         ++n;
@@ -76,7 +77,9 @@ TEST_CASE("MaskBench development set, every 4th schema: no invalid instance acce
 TEST_CASE("JSON-Schema-Test-Suite cases: each compiled schema decides every instance right") {
     const auto cases = read_maskbench(std::string(TANDEM_SOURCE_DIR) + "/tests/data/jsts.json");
     int n_compiled = 0, n_tests = 0;
-    for (const auto& [id, c] : cases) {
+    for (const auto& id_case : cases) {
+        const auto& id = id_case.first;
+        const auto& c = id_case.second;
         CAPTURE(id);
         compiled g;
         try {

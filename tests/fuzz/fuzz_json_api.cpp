@@ -76,7 +76,7 @@ json replacement(reader& r) {
 json::json_pointer pick(reader& r, const json& body) {
     std::vector<std::pair<std::string, json::json_pointer>> paths;
     tandem::test::paths_of(body, "", paths);
-    if (paths.empty()) return {};
+    if (paths.empty()) return json::json_pointer();
     return paths[r.next() % paths.size()].second;
 }
 
@@ -183,7 +183,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 1) return 0;
     reader r{data + 1, size - 1};
     const tandem::test::base_request& base = (*bases)[data[0] % bases->size()];
-    json body = base.body;
+    tandem::test::json body = base.body;
     for (int i = 0; i < 8 && r.more(); ++i) edit(r, body);
     const std::string text = body.dump();
     const model_state& ms = *st->ms;
@@ -192,10 +192,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (auto* e = std::get_if<api_error>(&parsed)) {
         refused = *e;
     } else if (base.route == "/v1/chat/completions" || base.route == "/v1/completions") {
-        auto plan = parse_generation(std::get<json>(parsed), base.route == "/v1/chat/completions", ms, st->cfg);
+        auto plan = parse_generation(std::get<0>(parsed), base.route == "/v1/chat/completions", ms, st->cfg);
         if (auto* e = std::get_if<api_error>(&plan)) refused = *e;
     } else if (base.route == "/v1/embeddings") {
-        auto plan = parse_embeddings(std::get<json>(parsed), ms, st->cfg);
+        auto plan = parse_embeddings(std::get<0>(parsed), ms, st->cfg);
         if (auto* e = std::get_if<api_error>(&plan)) refused = *e;
     } else {
         const std::optional<reply> rep = answer(base.route, text);
