@@ -212,6 +212,15 @@ handler_fn ollama_embed(bool legacy) {
                 const model_state& ms = *x.st.ms;
                 if (legacy) TANDEM_TRY(check_keys(b, "", {"model", "prompt", "options", "keep_alive"}, true));
                 else TANDEM_TRY(check_keys(b, "", {"model", "input", "truncate", "keep_alive"}, true));
+                TANDEM_TRY(read_keep_alive(b));
+                // (Ollama's options are sampling and context settings: none applies to an
+                // embedding, so any is named rather than dropped)
+                if (const auto o = b.find("options"); o != b.end() && !o->is_null()) {
+                    if (!o->is_object()) return bad("'options' must be an object", "options");
+                    if (!o->empty())
+                        return bad(fmt::format("'options.{}' does not apply to embeddings", o->begin().key()),
+                                   "options." + o->begin().key());
+                }
                 const json model = b.value("model", json());
                 if (!model.is_string()) return bad("'model' is required", "model");
                 if (model != ms.id && model != ollama_name(ms)) {

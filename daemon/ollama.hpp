@@ -5,6 +5,7 @@
 
 #include "daemon/encoder.hpp"
 #include "daemon/exchange.hpp"
+#include "daemon/fields.hpp"
 #include "daemon/generation.hpp"
 
 #include <chrono>
@@ -18,6 +19,10 @@ namespace tandem::daemon {
 // true, as Ollama's does; images, suffix, template and context are 400s that name them.
 std::variant<generation_request, api_error> parse_ollama(const json& body, const model_state& ms, const config& cfg,
                                                          bool generate);
+
+// `keep_alive`: tandemd keeps its one model loaded for good, which any duration is honoured
+// by (it stays at least that long); 0, which asks to unload it, is a 400.
+field_error read_keep_alive(const json& body);
 
 // The encoder: {"model", "created_at", "message" | "response", "done"} lines, the last with
 // done_reason and the counts and durations (nanoseconds) Ollama reports.

@@ -104,16 +104,6 @@ field_error read_think(const json& body, reasoning_request& out) {
     return std::nullopt;
 }
 
-// `keep_alive`: the model stays loaded in tandemd whatever it says, but 0 asks to unload it.
-field_error read_keep_alive(const json& body) {
-    const auto it = body.find("keep_alive");
-    if (it == body.end() || it->is_null()) return std::nullopt;
-    if (*it == 0 || *it == "0" || *it == "0s")
-        return bad("'keep_alive' 0 (unload the model) is not supported: tandemd keeps its model loaded", "keep_alive");
-    if (!it->is_string() && !it->is_number()) return bad("'keep_alive' must be a duration or a number", "keep_alive");
-    return std::nullopt;
-}
-
 // Chat messages: roles system, user, assistant, tool; assistants' tool_calls with object
 // arguments; images are a 400.
 field_error read_ollama_messages(const json& body, std::vector<chat_message>& out) {
@@ -154,6 +144,15 @@ field_error read_ollama_messages(const json& body, std::vector<chat_message>& ou
 }
 
 } // namespace
+
+field_error read_keep_alive(const json& body) {
+    const auto it = body.find("keep_alive");
+    if (it == body.end() || it->is_null()) return std::nullopt;
+    if (*it == 0 || *it == "0" || *it == "0s")
+        return bad("'keep_alive' 0 (unload the model) is not supported: tandemd keeps its model loaded", "keep_alive");
+    if (!it->is_string() && !it->is_number()) return bad("'keep_alive' must be a duration or a number", "keep_alive");
+    return std::nullopt;
+}
 
 std::variant<generation_request, api_error> parse_ollama(const json& body, const model_state& ms, const config& cfg,
                                                          bool generate) {

@@ -118,6 +118,13 @@ TEST_CASE("ollama embeddings, models, version; what it does not do") {
     auto old = post(s, "/api/embeddings", {{"model", "stories260K"}, {"prompt", "Lily"}});
     REQUIRE(old.status == 200);
     CHECK(old.j()["embedding"] == oa.j()["data"][1]["embedding"]);
+    // options (sampling, context) do not apply to an embedding: named, not dropped; keep_alive
+    // 0 (unload) is refused here as on the other routes, any other duration is kept
+    auto opt = post(s, "/api/embeddings", {{"model", "stories260K"}, {"prompt", "Lily"}, {"options", {{"num_ctx", 64}}}});
+    CHECK(opt.status == 400);
+    CHECK(opt.j()["error"].get<std::string>().find("options.num_ctx") != std::string::npos);
+    CHECK(post(s, "/api/embeddings", {{"model", "stories260K"}, {"prompt", "Lily"}, {"keep_alive", 0}}).status == 400);
+    CHECK(post(s, "/api/embed", {{"model", "stories260K"}, {"input", "Lily"}, {"keep_alive", "5m"}}).status == 200);
 
     auto tags = request(s, "GET", "/api/tags");
     REQUIRE(tags.status == 200);
