@@ -123,9 +123,9 @@ public:
         if (o.threads > 0) set("threads", std::to_string(o.threads), "--threads");
         if (o.n_ctx > 0) set("n_ctx", std::to_string(o.n_ctx), "--ctx");
         if (!cfg.origin.count("max_running")) set("max_running", std::to_string(o.max_running), "--max-running");
-        concurrency_ = o.concurrency > 0 ? o.concurrency : 2 * cfg.max_running;
+        concurrency_ = o.concurrency > 0 ? o.concurrency : 2 * cfg.engine.sched.max_running;
         // Every request in flight waits in the engine's queue rather than getting a 429.
-        set("max_waiting", std::to_string(std::max(cfg.max_waiting, concurrency_)), "tandem batch");
+        set("max_waiting", std::to_string(std::max(cfg.engine.max_waiting, concurrency_)), "tandem batch");
         set("max_connections", std::to_string(std::max(cfg.max_connections, concurrency_ + 4)), "tandem batch");
         cfg.validate();
         socket_ = cfg.socket;

@@ -391,7 +391,7 @@ engine_run run_engine(model_bundle& b, int threads, const engine_request& req, i
     eo.n_threads = threads;
     eo.max_draft_tokens = req.draft_tokens;
     eo.draft_model = draft;
-    eo.max_running = std::max(eo.max_running, n_seqs * std::max(1, req.beam.width)); // every beam in every step
+    eo.sched.max_running = std::max(eo.sched.max_running, n_seqs * std::max(1, req.beam.width)); // every beam in every step
     auto eng = make_local_engine(*b.mdl, *b.tok, eo);
     TANDEM_ASSERT(req.beam.width == 0 || (n_seqs == 1 && !req.make_processor));
     auto watch = std::make_shared<beam_watch>();

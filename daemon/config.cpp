@@ -110,7 +110,7 @@ const std::vector<std::pair<std::string, setter>>& setters() {
         {"prefill_threads", [](config& c, const std::string& v) { return parse_int(v, c.prefill_threads, 0, 1024); }},
         {"decode_threads", [](config& c, const std::string& v) { return parse_int(v, c.decode_threads, 0, 1024); }},
         {"n_ctx", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.n_ctx, 0, 1 << 20); }},
-        {"page_size", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.page_size, 1, 1024); }},
+        {"page_size", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.engine.sched.page_size, 1, 1024); }},
         {"kv_cache_mb", [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.kv_cache_mb, 0, 1 << 24); }},
         // the name before the worker split
         {"kv_size_mb", [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.kv_cache_mb, 0, 1 << 24); }},
@@ -129,24 +129,24 @@ const std::vector<std::pair<std::string, setter>>& setters() {
          }},
         {"kv_pool", [](config& c, const std::string& v) { c.kv_pool = v; return std::optional<std::string>(); }},
         {"kv_pool_persist", [](config& c, const std::string& v) { return parse_bool(v, c.kv_pool_persist); }},
-        {"prefix_cache", [](config& c, const std::string& v) { return parse_bool(v, c.prefix_cache); }},
-        {"priority_aging_s", [](config& c, const std::string& v) { return parse_seconds(v, c.priority_aging_s); }},
+        {"prefix_cache", [](config& c, const std::string& v) { return parse_bool(v, c.engine.sched.prefix_cache); }},
+        {"priority_aging_s", [](config& c, const std::string& v) { return parse_seconds(v, c.engine.sched.priority_aging_s); }},
         {"background_step_tokens",
-         [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.background_step_tokens, 0, 1 << 20); }},
-        {"max_running", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_running, 1, 4096); }},
-        {"max_waiting", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_waiting, 0, 1 << 20); }},
+         [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.engine.sched.background_step_tokens, 0, 1 << 20); }},
+        {"max_running", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.engine.sched.max_running, 1, 4096); }},
+        {"max_waiting", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.engine.max_waiting, 0, 1 << 20); }},
         {"max_connections",
          [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.max_connections, 1, 1 << 20); }},
-        {"step_tokens", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.step_tokens, 1, 1 << 20); }},
+        {"step_tokens", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.engine.sched.step_tokens, 1, 1 << 20); }},
         {"draft_tokens", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.draft_tokens, 0, 16); }},
         {"draft_model", [](config& c, const std::string& v) { c.draft_model = v; return std::optional<std::string>(); }},
         {"draft_cost",
          [](config& c, const std::string& v) -> std::optional<std::string> {
              char* end = nullptr;
              const double x = std::strtod(v.c_str(), &end);
-             if (v == "auto") c.draft_cost = 0;
+             if (v == "auto") c.engine.draft_cost = 0;
              else if (v.empty() || *end != '\0' || !(x > 0) || x > 1) return "expected auto, or a fraction in (0, 1]";
-             else c.draft_cost = x;
+             else c.engine.draft_cost = x;
              return std::nullopt;
          }},
         {"state_dir", [](config& c, const std::string& v) { c.state_dir = v; return std::optional<std::string>(); }},
@@ -330,7 +330,7 @@ std::string size_text(double bytes) {
 
 context_plan plan_context(const config& cfg, int32_t n_ctx_train, int64_t page_bytes) {
     context_plan p;
-    const int64_t ps = std::max(1, cfg.page_size);
+    const int64_t ps = std::max(1, cfg.engine.sched.page_size);
     page_bytes = std::max<int64_t>(1, page_bytes);
     const double token_bytes = double(page_bytes) / double(ps);
     // The pool the memory keys ask for, and how to name it in the notes.
@@ -376,7 +376,7 @@ context_plan plan_context(const config& cfg, int32_t n_ctx_train, int64_t page_b
 
     const int64_t per_ctx = (p.n_ctx + ps - 1) / ps;
     int64_t n_pages = budget_pages;
-    if (cfg.kv_pages <= 0 && cfg.kv_cache_mb == 0) n_pages = std::min(n_pages, per_ctx * std::max(1, cfg.max_running));
+    if (cfg.kv_pages <= 0 && cfg.kv_cache_mb == 0) n_pages = std::min(n_pages, per_ctx * std::max(1, cfg.engine.sched.max_running));
     if (n_pages < per_ctx) { // any request the context allows must fit, alone
         p.notes.push_back({false, fmt::format("the KV pool is grown from {}'s {} pages ({}) to {} pages ({}): one "
                                               "full context of n_ctx {}",

@@ -1,6 +1,8 @@
 // tandemd's configuration: defaults, `key = value` files, and overrides from flags.
 #pragma once
 
+#include "runtime/engine.hpp"
+
 #include <cstdint>
 #include <iosfwd>
 #include <map>
@@ -29,23 +31,21 @@ struct config {
     int prefill_threads = 0;           // 0 = threads (the workers share the cores: see docs/config.md)
     int decode_threads = 0;            // 0 = threads
     int32_t n_ctx = 0;                 // 0 = the model's training context
-    int32_t page_size = 16;
+    // The engine's and its scheduler's settings, each set by the key of its name: page_size,
+    // prefix_cache, priority_aging_s, background_step_tokens (32 here: 0 is no cap),
+    // max_running, max_waiting, step_tokens, draft_cost (0 = measured). A new one is a field
+    // there and a line in config.cpp's table; the daemon fills in what it derives (the
+    // context, the pool's pages, the logits rows, the fingerprint, the draft model).
+    engine_options engine{.sched{.background_step_tokens = 32}};
     int64_t kv_cache_mb = 0;           // 0 = room for max_running full contexts, at most 2 GiB
     int32_t kv_pages = 0;              // > 0: the pool's page count (instead of kv_cache_mb)
     std::string kv_dtype = "f16";      // f16 | int8 | f32
     std::string weights = "auto";      // auto (low-bit files keep their bits) | int8
     std::string kv_pool;               // "" = default_kv_pool_path (a file on tmpfs)
     bool kv_pool_persist = false;      // keep the pool file at exit (a warm prefix cache after a clean restart)
-    bool prefix_cache = true;
-    double priority_aging_s = 5;
-    int32_t background_step_tokens = 32; // background work in one step (0: no cap)
-    int32_t max_running = 16;
-    int32_t max_waiting = 64;
     int32_t max_connections = 256;
-    int32_t step_tokens = 512;
     int32_t draft_tokens = 0;          // speculative decoding: drafts per step (0: off; 4 with a draft_model)
     std::string draft_model;           // a GGUF with the model's vocabulary that drafts ("" = prompt lookup)
-    double draft_cost = 0;             // a draft token's cost over a decode step (0 = auto: measured)
     int64_t max_body_bytes = 1 << 20;
     int32_t max_json_depth = 64;       // nesting of objects and arrays in any JSON a client sends
     int64_t max_inflight_mb = 512;     // request and reply bodies held in memory, all connections together

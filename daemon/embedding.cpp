@@ -135,7 +135,7 @@ embed(exchange& x, std::vector<std::vector<token_id>> inputs, int32_t priority) 
     };
     // A window of inputs in the engine at a time, the next as each one finishes: the engine's
     // queue is bounded (max_waiting), and a list of 2,048 inputs is not a daemon at capacity.
-    const size_t window = size_t(std::max(1, x.st.cfg.max_running));
+    const size_t window = size_t(std::max(1, x.st.cfg.engine.sched.max_running));
     size_t next = 0, n_live = 0;
     auto submit_more = [&]() -> std::optional<api_error> {
         for (; next < inputs.size() && n_live < window; ++next, ++n_live) {

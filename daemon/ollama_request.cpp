@@ -26,22 +26,17 @@ field_error read_ollama_model(const json& body, const model_state& ms) {
 // Tandem does not honour are 400s naming them. Ollama's defaults: temperature 0.8, top_k 40,
 // top_p 0.9; num_predict -1 (until the model stops or the context is full).
 field_error read_options(const json& body, const model_state& ms, const config& cfg, engine_request& base) {
-    double temperature = 0.8, top_p = 0.9, min_p = 0, rep = 1, presence = 0, frequency = 0;
-    int64_t top_k = 40, num_predict = -1, num_ctx = 0, seed = 0;
-    bool has_seed = false;
+    base.sampling.temperature = 0.8f;
+    base.sampling.top_p = 0.9f;
+    base.sampling.top_k = 40;
+    int64_t num_predict = -1, num_ctx = 0;
     if (const auto it = body.find("options"); it != body.end() && !it->is_null()) {
         if (!it->is_object()) return bad("'options' must be an object", "options");
         const json& o = *it;
         TANDEM_TRY(check_keys(o, "options",
                               {"num_predict", "num_ctx", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                                "presence_penalty", "frequency_penalty", "seed", "stop"}));
-        TANDEM_TRY(read_number(o, "temperature", 0, 2, temperature, "options"));
-        TANDEM_TRY(read_number(o, "top_p", 0, 1, top_p, "options"));
-        TANDEM_TRY(read_number(o, "min_p", 0, 1, min_p, "options"));
-        TANDEM_TRY(read_number(o, "repeat_penalty", 0.01, 10, rep, "options"));
-        TANDEM_TRY(read_number(o, "presence_penalty", -2, 2, presence, "options"));
-        TANDEM_TRY(read_number(o, "frequency_penalty", -2, 2, frequency, "options"));
-        TANDEM_TRY(read_int(o, "top_k", 0, ms.bundle.tok->n_vocab(), top_k, "options"));
+        TANDEM_TRY(read_sampling_knobs(o, "repeat_penalty", 0, ms.bundle.tok->n_vocab(), base.sampling, "options"));
         TANDEM_TRY(read_int(o, "num_predict", -2, ms.max_tokens_limit, num_predict, "options"));
         if (num_predict == 0) return bad("'options.num_predict' must not be 0 (-1: until the end)", "options.num_predict");
         TANDEM_TRY(read_int(o, "num_ctx", 1, std::numeric_limits<int32_t>::max(), num_ctx, "options"));
@@ -50,9 +45,6 @@ field_error read_options(const json& body, const model_state& ms, const config& 
                                    "tandemd.conf; the context is the daemon's, not a request's)",
                                    num_ctx, ms.n_ctx),
                        "options.num_ctx");
-        has_seed = o.contains("seed") && !o["seed"].is_null();
-        TANDEM_TRY(read_int(o, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed,
-                            "options"));
         if (const auto stop = o.find("stop"); stop != o.end() && !stop->is_null()) {
             const json wrapped = {{"stop", *stop}}; // (OpenAI's shape: a string or up to 16)
             if (auto e = read_stop(wrapped, cfg.max_stop_bytes, base.stop)) {
@@ -63,14 +55,6 @@ field_error read_options(const json& body, const model_state& ms, const config& 
         }
     }
     base.max_tokens = num_predict < 0 ? ms.max_tokens_limit : int32_t(num_predict);
-    base.sampling.temperature = float(temperature);
-    base.sampling.top_p = float(top_p);
-    base.sampling.min_p = float(min_p);
-    base.sampling.top_k = int32_t(top_k);
-    base.sampling.repetition_penalty = float(rep);
-    base.sampling.presence_penalty = float(presence);
-    base.sampling.frequency_penalty = float(frequency);
-    if (has_seed) base.sampling.seed = uint64_t(seed);
     return std::nullopt;
 }
 

@@ -197,6 +197,32 @@ field_error read_messages(const json& body, std::vector<chat_message>& out) {
     return std::nullopt;
 }
 
+field_error read_sampling_knobs(const json& obj, const char* repetition_key, int64_t top_k_min, int32_t n_vocab,
+                                sampling_params& out, std::string_view where) {
+    double temperature = out.temperature, top_p = out.top_p, min_p = out.min_p, rep = out.repetition_penalty,
+           presence = out.presence_penalty, frequency = out.frequency_penalty;
+    int64_t top_k = out.top_k, seed = 0;
+    TANDEM_TRY(read_number(obj, "temperature", 0, 2, temperature, where));
+    TANDEM_TRY(read_number(obj, "top_p", 0, 1, top_p, where));
+    TANDEM_TRY(read_number(obj, "min_p", 0, 1, min_p, where));
+    TANDEM_TRY(read_number(obj, repetition_key, 0.01, 10, rep, where));
+    TANDEM_TRY(read_number(obj, "presence_penalty", -2, 2, presence, where));
+    TANDEM_TRY(read_number(obj, "frequency_penalty", -2, 2, frequency, where));
+    TANDEM_TRY(read_int(obj, "top_k", top_k_min, n_vocab, top_k, where));
+    const bool has_seed = obj.contains("seed") && !obj["seed"].is_null();
+    TANDEM_TRY(read_int(obj, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed,
+                        where));
+    out.temperature = float(temperature);
+    out.top_p = float(top_p);
+    out.min_p = float(min_p);
+    out.top_k = int32_t(top_k);
+    out.repetition_penalty = float(rep);
+    out.presence_penalty = float(presence);
+    out.frequency_penalty = float(frequency);
+    if (has_seed) out.seed = uint64_t(seed); // (a request of n sequences: sequence i samples with seed + i)
+    return std::nullopt;
+}
+
 field_error read_stop(const json& body, int32_t max_bytes, std::vector<std::string>& out) {
     auto it = body.find("stop");
     if (it == body.end() || it->is_null()) return std::nullopt;

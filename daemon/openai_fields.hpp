@@ -30,6 +30,12 @@ field_error read_messages(const json& body, std::vector<chat_message>& out);
 field_error read_template_kwargs(const json& body, nlohmann::ordered_json& out);
 // An assistant message's tool_calls at `p`: [{"id", "type": "function", "function": {"name", "arguments"}}].
 field_error read_message_calls(const json& calls, const std::string& p, std::vector<chat_tool_call>& out);
+// The sampling knobs OpenAI's body and Ollama's `options` share: temperature, top_p, min_p,
+// top_k (from top_k_min: OpenAI's -1 is "off"), the repetition penalty under the surface's own
+// name, presence and frequency penalties, seed. A knob not given keeps the value `out` holds
+// (the surface's default).
+field_error read_sampling_knobs(const json& obj, const char* repetition_key, int64_t top_k_min, int32_t n_vocab,
+                                sampling_params& out, std::string_view where = {});
 // `stop`: a string or up to 16, each at most max_bytes.
 field_error read_stop(const json& body, int32_t max_bytes, std::vector<std::string>& out);
 // `logit_bias`: {"token id": -100..100}; -100 bans the token.

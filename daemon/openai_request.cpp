@@ -39,15 +39,9 @@ field_error read_sampling(const json& body, bool chat, const model_state& ms, co
                           generation_request& req) {
     const tokenizer& tok = *ms.bundle.tok;
     engine_request& base = req.base;
-    double temperature = 1, top_p = 1, min_p = 0, rep = 1, presence = 0, frequency = 0;
-    int64_t top_k = 0, seed = 0, n = 1;
-    TANDEM_TRY(read_number(body, "temperature", 0, 2, temperature));
-    TANDEM_TRY(read_number(body, "top_p", 0, 1, top_p));
-    TANDEM_TRY(read_number(body, "min_p", 0, 1, min_p));
-    TANDEM_TRY(read_number(body, "repetition_penalty", 0.01, 10, rep));
-    TANDEM_TRY(read_number(body, "presence_penalty", -2, 2, presence));
-    TANDEM_TRY(read_number(body, "frequency_penalty", -2, 2, frequency));
-    TANDEM_TRY(read_int(body, "top_k", -1, tok.n_vocab(), top_k));
+    sampling_params& knobs = base.sampling; // (OpenAI's defaults: sampling_params')
+    TANDEM_TRY(read_sampling_knobs(body, "repetition_penalty", -1, tok.n_vocab(), knobs));
+    int64_t n = 1;
     TANDEM_TRY(read_int(body, "n", 1, std::numeric_limits<int32_t>::max(), n));
     int64_t best_of = n;
     TANDEM_TRY(read_int(body, "best_of", 1, std::numeric_limits<int32_t>::max(), best_of));
@@ -57,8 +51,6 @@ field_error read_sampling(const json& body, bool chat, const model_state& ms, co
     TANDEM_TRY(read_beam(body, req.best_of, base.beam));
     if (base.beam.width == 0 && best_of > n && req.stream)
         return bad("'best_of' greater than 'n' cannot stream: the best are known only at the end", "best_of");
-    const bool has_seed = body.contains("seed") && !body["seed"].is_null();
-    TANDEM_TRY(read_int(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed));
     TANDEM_TRY(read_bool(body, "ignore_eos", base.ignore_eos));
     int64_t priority = 0;
     TANDEM_TRY(read_int(body, "priority", -1000, 1000, priority));
@@ -68,14 +60,15 @@ field_error read_sampling(const json& body, bool chat, const model_state& ms, co
     TANDEM_TRY(read_logit_bias(body, tok.n_vocab(), base.sampling.logit_bias));
     if (base.beam.width > 0) { // beam search is deterministic: no sampling knobs, nothing to verify
         const std::pair<const char*, bool> sampling[] = {
-            {"temperature", temperature > 0}, {"top_p", top_p < 1}, {"top_k", top_k > 0}, {"min_p", min_p > 0}};
+            {"temperature", knobs.temperature > 0}, {"top_p", knobs.top_p < 1}, {"top_k", knobs.top_k > 0},
+            {"min_p", knobs.min_p > 0}};
         for (const auto& [key, set] : sampling)
             if (body.contains(key) && set)
                 return bad(fmt::format("'{}' does not apply to beam search, which is deterministic (leave it out, or "
                                        "give temperature 0)",
                                        key),
                            key);
-        temperature = 0;
+        knobs.temperature = 0;
         if (body.contains("speculative") && !body["speculative"].is_null() && base.draft_tokens != 0)
             return bad("speculative decoding does not apply to beam search", "speculative");
     }
@@ -93,14 +86,6 @@ field_error read_sampling(const json& body, bool chat, const model_state& ms, co
         req.logprobs = lp >= 0;
         base.n_top_logprobs = int32_t(lp);
     }
-    base.sampling.temperature = float(temperature);
-    base.sampling.top_p = float(top_p);
-    base.sampling.min_p = float(min_p);
-    base.sampling.top_k = int32_t(top_k);
-    base.sampling.repetition_penalty = float(rep);
-    base.sampling.presence_penalty = float(presence);
-    base.sampling.frequency_penalty = float(frequency);
-    if (has_seed) base.sampling.seed = uint64_t(seed); // sequence i samples with seed + i
     return std::nullopt;
 }
 

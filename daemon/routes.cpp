@@ -122,8 +122,8 @@ reply status(exchange& x) {
                         {"draft_device", es.draft_device.empty() ? json(nullptr) : json(es.draft_device)},
                         {"drafted_tokens", es.n_draft_tokens},
                         {"accepted_tokens", es.n_accepted_tokens}};
-    j["limits"] = {{"max_running", st.cfg.max_running},
-                   {"max_waiting", st.cfg.max_waiting},
+    j["limits"] = {{"max_running", st.cfg.engine.sched.max_running},
+                   {"max_waiting", st.cfg.engine.max_waiting},
                    {"max_prompt_tokens", ms->max_prompt_tokens},
                    {"max_tokens", ms->max_tokens_limit},
                    {"max_body_bytes", st.cfg.max_body_bytes}};

@@ -215,11 +215,11 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     }
     const model_config& mc = ms.bundle.cfg;
     const int n_threads = cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    engine_options eo;
+    engine_options eo = cfg.engine; // (the settings from the config; what follows is derived)
     eo.n_threads = n_threads;
     // The context and the KV pool (config.hpp plan_context): n_ctx defaults to the training
     // context as far as the KV memory holds it; the notes say what was chosen and why.
-    const kv_layout layout{mc.n_layer, mc.n_head_kv, mc.head_dim, cfg.page_size, kv};
+    const kv_layout layout{mc.n_layer, mc.n_head_kv, mc.head_dim, eo.sched.page_size, kv};
     const context_plan cp = plan_context(cfg, mc.n_ctx_train, layout.page_bytes());
     if (!cp.error.empty()) fail("{}", cp.error);
     for (const context_plan::note& n : cp.notes) {
@@ -227,23 +227,16 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
         else log->info("{}", n.text);
     }
     eo.n_ctx = cp.n_ctx;
-    eo.page_size = cfg.page_size;
-    eo.max_running = cfg.max_running;
-    eo.max_waiting = cfg.max_waiting;
-    eo.step_tokens = cfg.step_tokens;
     eo.max_draft_tokens = cfg.speculative_tokens();
-    eo.draft_cost = cfg.draft_cost;
     if (!cfg.draft_model.empty()) { // runs in this process, on the engine's thread (runtime/draft_model.hpp)
         ms.draft = load_draft_model(cfg.draft_model, *ms.bundle.tok, load_options{wf, kv, 0});
         eo.draft_model = ms.draft->mdl.get();
     }
     // The channel's logits area: one row per decoding sequence, and the drafts' rows of the
     // sequences that may draft at once.
-    eo.max_logits = std::max(1, cfg.max_running) + std::min(cfg.max_running, eo.max_draft_batch) * eo.max_draft_tokens;
-    eo.prefix_cache = cfg.prefix_cache;
-    eo.priority_aging_s = cfg.priority_aging_s;
-    eo.background_step_tokens = cfg.background_step_tokens;
-    eo.n_pages = int32_t(cp.n_pages);
+    eo.sched.max_logits =
+        std::max(1, eo.sched.max_running) + std::min(eo.sched.max_running, eo.max_draft_batch) * eo.max_draft_tokens;
+    eo.sched.n_pages = int32_t(cp.n_pages);
     ms.n_ctx = eo.n_ctx;
     ms.threads = n_threads;
     ms.max_prompt_tokens = cp.max_prompt_tokens;
@@ -259,7 +252,7 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     // Nothing here reads the file again: its mapping goes, so a file truncated on disk cannot
     // fault this process (the workers', in use, are restarted; worker_spec's file checks).
     ms.bundle.file.reset();
-    eo.prefix_seed = fp;
+    eo.sched.prefix_seed = fp;
     // One pool per socket and model (the socket systemd passed, under activation): daemons
     // side by side never share one.
     const std::string pool_path =
@@ -270,7 +263,7 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     if (cfg.kv_pool.empty())
         ensure_owned_dir(fs::path(pool_path).parent_path().string(), 0700, under_systemd_runtime() ? 0755 : 0700);
     std::string why;
-    ms.pool = ipc::kv_pool::create_or_adopt(pool_path, {fp, layout, eo.n_pages}, &why);
+    ms.pool = ipc::kv_pool::create_or_adopt(pool_path, {fp, layout, eo.sched.n_pages}, &why);
     ms.unlink_pool = !cfg.kv_pool_persist;
     ms.store = make_pool_store(*ms.pool);
     worker_spec base;
@@ -282,11 +275,11 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
     base.pool_bytes = ms.pool->bytes();
     base.kv = kv;
     base.weights = wf;
-    base.page_size = cfg.page_size;
-    base.n_pages = eo.n_pages;
+    base.page_size = eo.sched.page_size;
+    base.n_pages = eo.sched.n_pages;
     base.fingerprint = fp;
-    base.max_rows = eo.max_logits;
-    base.max_tokens = resolve_options(eo, mc).step_tokens; // the largest batch
+    base.max_rows = eo.sched.max_logits;
+    base.max_tokens = resolve_options(eo, mc).sched.step_tokens; // the largest batch
     base.command_bytes = command_ring_bytes(eo, cfg.max_n);
     base.n_vocab = mc.n_vocab;
     base.log_level = cfg.log_level;
@@ -484,7 +477,7 @@ void server::start_batch_jobs() {
     s.max_file_bytes = c.max_file_bytes;
     s.max_json_depth = c.max_json_depth;
     s.max_files = c.max_files;
-    s.concurrency = c.batch_concurrency > 0 ? c.batch_concurrency : c.max_running;
+    s.concurrency = c.batch_concurrency > 0 ? c.batch_concurrency : c.engine.sched.max_running;
     try { // stored Responses (previous_response_id) beside the batch jobs
         st_.responses =
             std::make_shared<response_store>(s.dir + "/responses", std::chrono::hours(c.responses_ttl_h));

@@ -11,7 +11,7 @@
 #include "runtime/engine.hpp"
 #include "runtime/grammar/guide.hpp"
 #include "ipc/kv_pool.hpp"
-#include "runtime/generate.hpp"
+#include "runtime/model_loader.hpp"
 
 #include <boost/asio/thread_pool.hpp>
 

@@ -8,7 +8,7 @@
 #include "ipc/wire.hpp"
 #include "runtime/error.hpp"
 #include "runtime/fingerprint.hpp"
-#include "runtime/generate.hpp"
+#include "runtime/model_loader.hpp"
 #include "runtime/gguf.hpp"
 #include "runtime/log.hpp"
 #include "runtime/runner.hpp"

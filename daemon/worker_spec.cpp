@@ -17,11 +17,11 @@ namespace tandem::daemon {
 uint64_t command_ring_bytes(const engine_options& eo, int32_t max_n) {
     const int64_t decode_tokens = 1 + std::max(0, eo.max_draft_tokens);
     // every decoding sequence asks for a row, every prefill chunk takes a token of the budget
-    const int64_t n_seqs = std::min<int64_t>(int64_t(eo.max_logits) + eo.step_tokens,
-                                             int64_t(eo.max_running) * std::max(1, max_n));
-    const int64_t n_tokens = eo.step_tokens + n_seqs * decode_tokens;
+    const int64_t n_seqs = std::min<int64_t>(int64_t(eo.sched.max_logits) + eo.sched.step_tokens,
+                                             int64_t(eo.sched.max_running) * std::max(1, max_n));
+    const int64_t n_tokens = eo.sched.step_tokens + n_seqs * decode_tokens;
     const int64_t pages_per_seq =
-        std::min<int64_t>(eo.n_pages, (int64_t(eo.n_ctx) + decode_tokens + eo.page_size - 1) / eo.page_size);
+        std::min<int64_t>(eo.sched.n_pages, (int64_t(eo.n_ctx) + decode_tokens + eo.sched.page_size - 1) / eo.sched.page_size);
     return ipc::ring::capacity_for(ipc::run_bytes(n_seqs, n_tokens, n_seqs * pages_per_seq));
 }
 

@@ -35,15 +35,16 @@ using clock_type = std::chrono::steady_clock;
 
 engine_options resolve_options(engine_options o, const model_config& c) {
     if (o.n_ctx <= 0 || o.n_ctx > c.n_ctx_train) o.n_ctx = c.n_ctx_train;
-    o.max_running = std::max(1, o.max_running);
+    o.sched.max_running = std::max(1, o.sched.max_running);
     o.max_draft_tokens = std::clamp(o.max_draft_tokens, 0, int32_t(engine_stats::max_draft_positions));
-    o.decode_tokens = std::max({1, o.decode_tokens, 1 + o.max_draft_tokens}); // a step verifies a draft whole
-    o.step_tokens = std::max(o.step_tokens, o.max_running * o.decode_tokens + 1);
-    if (o.max_logits <= 0) o.max_logits = o.max_running * o.decode_tokens;
-    o.max_logits = std::max(o.max_logits, o.decode_tokens); // any one decode step fits
-    const int32_t pages_per_ctx = (o.n_ctx + o.page_size - 1) / o.page_size;
-    if (o.n_pages <= 0) o.n_pages = pages_per_ctx * o.max_running;
-    o.n_pages = std::max(o.n_pages, pages_per_ctx);
+    o.sched.decode_tokens = std::max({1, o.sched.decode_tokens, 1 + o.max_draft_tokens}); // a step verifies a draft whole
+    o.sched.step_tokens = std::max(o.sched.step_tokens, o.sched.max_running * o.sched.decode_tokens + 1);
+    if (o.sched.max_logits <= 0) o.sched.max_logits = o.sched.max_running * o.sched.decode_tokens;
+    o.sched.max_logits = std::max(o.sched.max_logits, o.sched.decode_tokens); // any one decode step fits
+    const int32_t pages_per_ctx = (o.n_ctx + o.sched.page_size - 1) / o.sched.page_size;
+    if (o.sched.n_pages <= 0) o.sched.n_pages = pages_per_ctx * o.sched.max_running;
+    o.sched.n_pages = std::max(o.sched.n_pages, pages_per_ctx);
+    o.sched.kv_window = c.kv_window(); // every layer windowed: pages behind the window go back at once
     return o;
 }
 
@@ -62,23 +63,11 @@ public:
         : tok_(tok), opts_(o), parts_(std::move(parts)), n_embd_(cfg.n_embd) {
         TANDEM_ASSERT(!parts_.executors.empty());
         opts_ = resolve_options(opts_, cfg);
-        scheduler_options so;
-        so.page_size = opts_.page_size;
-        so.n_pages = opts_.n_pages;
-        so.max_running = opts_.max_running;
-        so.step_tokens = opts_.step_tokens;
-        so.decode_tokens = opts_.decode_tokens;
-        so.max_logits = opts_.max_logits;
-        so.prefix_cache = opts_.prefix_cache;
-        so.prefix_seed = opts_.prefix_seed;
-        so.priority_aging_s = opts_.priority_aging_s;
-        so.background_step_tokens = opts_.background_step_tokens;
-        so.kv_window = cfg.kv_window(); // every layer windowed: pages behind the window go back at once
-        sched_ = std::make_unique<scheduler>(so, parts_.store);
+        sched_ = std::make_unique<scheduler>(opts_.sched, parts_.store);
         std::unique_ptr<draft_model> drafter;
         if (opts_.draft_model && opts_.max_draft_tokens > 0)
-            drafter = std::make_unique<draft_model>(*opts_.draft_model, opts_.n_threads, opts_.page_size, opts_.n_pages,
-                                                    2 * opts_.max_running);
+            drafter = std::make_unique<draft_model>(*opts_.draft_model, opts_.n_threads, opts_.sched.page_size,
+                                                    opts_.sched.n_pages, 2 * opts_.sched.max_running);
         spec_ = std::make_unique<speculation>(*sched_, *this, opts_, std::move(drafter));
         stats_.draft_device = spec_->draft_device();
         beams_ = std::make_unique<beam_search>(*sched_, tok_, *this);
@@ -90,8 +79,8 @@ public:
         for (const auto& e : parts_.executors) names += (names.empty() ? "" : ", ") + e->name();
         if (spec_->has_draft_model()) names += ", draft model on " + spec_->draft_device();
         log_->info("context {}, {} KV pages of {} tokens ({} cached), batch up to {}, {} tokens a step; {}",
-                   opts_.n_ctx, opts_.n_pages, opts_.page_size, sched_->pool().n_cached(), opts_.max_running,
-                   opts_.step_tokens, names);
+                   opts_.n_ctx, opts_.sched.n_pages, opts_.sched.page_size, sched_->pool().n_cached(), opts_.sched.max_running,
+                   opts_.sched.step_tokens, names);
         publish();
         thread_ = std::thread([this] { loop(); });
     }
@@ -117,12 +106,12 @@ public:
             req.drafts = spec_->has_draft_model() ? draft_source::model : draft_source::ngram;
         // it must fit in the pool on its own (everything else preempted): the prompt's full
         // pages once, each sequence's own pages from there
-        const int64_t own = sched_->pages_for(n_prompt + max_tokens) - n_prompt / opts_.page_size;
+        const int64_t own = sched_->pages_for(n_prompt + max_tokens) - n_prompt / opts_.sched.page_size;
         const int64_t n_seqs = std::max(req.n, req.beam.width);
-        if (n_prompt / opts_.page_size + n_seqs * own > opts_.n_pages) return {submit_status::too_long, 0};
+        if (n_prompt / opts_.sched.page_size + n_seqs * own > opts_.sched.n_pages) return {submit_status::too_long, 0};
         std::lock_guard lock(mu_);
         if (stopping_) return {submit_status::stopped, 0};
-        const int32_t free_slots = std::max(0, opts_.max_running - n_running_.load());
+        const int32_t free_slots = std::max(0, opts_.sched.max_running - n_running_.load());
         // n_pending_ counts requests not yet admitted wherever they are (incoming, or
         // handed to the scheduler but not published yet), so the bound holds without races.
         if (n_pending_.load() >= opts_.max_waiting + free_slots) return {submit_status::queue_full, 0};
@@ -357,7 +346,7 @@ private:
         const std::vector<uint64_t> due = sched_->complete(slot, true);
         const batch& b = *planned_[size_t(slot)];
         bool decode_only = true; // a decode step: what it took tells what drafts cost
-        for (int32_t i = 0; i < b.n_seqs(); ++i) decode_only = decode_only && b.n_new(i) <= opts_.decode_tokens;
+        for (int32_t i = 0; i < b.n_seqs(); ++i) decode_only = decode_only && b.n_new(i) <= opts_.sched.decode_tokens;
         if (decode_only)
             spec_->record_step(b.n_tokens(),
                                std::chrono::duration<double>(clock_type::now() - started_at_[size_t(slot)]).count());
@@ -561,10 +550,10 @@ private:
         stats_.n_waiting = ss.n_waiting;
         stats_.n_pages_used = ss.n_pages_used;
         stats_.n_pages_peak = ss.n_pages_peak;
-        stats_.n_pages_total = opts_.n_pages;
+        stats_.n_pages_total = opts_.sched.n_pages;
         stats_.n_pages_cached = ss.n_pages_cached;
         stats_.n_kv_tokens = ss.n_kv_tokens;
-        stats_.page_size = opts_.page_size;
+        stats_.page_size = opts_.sched.page_size;
         stats_.n_ctx = opts_.n_ctx;
         stats_.n_steps = n_steps_;
         stats_.n_prompt_tokens = ss.n_prompt_tokens;

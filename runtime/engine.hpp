@@ -216,22 +216,18 @@ public:
 struct engine_options {
     int n_threads = 1;
     int32_t n_ctx = 0;                // 0: the model's training context
-    int32_t page_size = 16;
-    int32_t n_pages = 0;              // KV pool size; 0: enough for max_running full contexts
-    int32_t max_running = 16;         // sequences in one batch
+    // The scheduler's own: page_size, n_pages (the KV pool; 0: enough for max_running full
+    // contexts), max_running (sequences in one batch), step_tokens (a step's token budget,
+    // prefill chunked to fit), decode_tokens, max_logits (0: max_running * decode_tokens),
+    // prefix_cache, prefix_seed (the model fingerprint), priority_aging_s,
+    // background_step_tokens. The engine sets kv_window from the model.
+    scheduler_options sched;
     int32_t max_waiting = 64;         // queued requests beyond a full batch; more are refused
-    int32_t step_tokens = 512;        // token budget of one step (prefill is chunked to fit)
-    int32_t decode_tokens = 1;        // a sequence with at most this many tokens to compute is decode work
-    int32_t max_logits = 0;           // logits rows one step may return; 0: max_running * decode_tokens
     int32_t max_draft_tokens = 0;     // drafts a request may ask for; decode_tokens becomes at least 1 + this
     int32_t max_draft_batch = 4;      // drafts only while at most this many sequences run (a larger
                                       // step is compute-bound: a draft costs about what a token does)
     double draft_cost = 0;            // a draft token's cost over a decode step, which the policy weighs
                                       // (runtime/speculation.hpp drafts_worth); 0: measured from the decode steps
-    bool prefix_cache = true;         // reuse the K/V of full pages of earlier prompts
-    uint64_t prefix_seed = 0;         // the model fingerprint (prefix hashes of other models never match)
-    double priority_aging_s = 5;      // each this many seconds waited raises a request's priority by one
-    int32_t background_step_tokens = 0; // tokens of background work (negative priority) in one step; 0: no cap
     // A draft model (same vocabulary; not owned, outlives the engine): the engine runs it on
     // its own thread, with its own page pool of n_pages pages, for requests that draft from it.
     model* draft_model = nullptr;

@@ -73,9 +73,9 @@ public:
     local_engine(model& mdl, const tokenizer& tok, const engine_options& opts, std::unique_ptr<runner> r) {
         const auto& c = mdl.config();
         const engine_options o = resolve_options(opts, c);
-        kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(o.page_size), o.n_pages);
+        kv_ = std::make_unique<kv_cache>(mdl.make_kv_layout(o.sched.page_size), o.sched.n_pages);
         store_ = make_local_store(*kv_);
-        r->prepare(o.step_tokens, o.max_logits); // a resident engine's memory stops growing once it is up
+        r->prepare(o.sched.step_tokens, o.sched.max_logits); // a resident engine's memory stops growing once it is up
         engine_parts parts;
         parts.executors.push_back(std::make_unique<inproc_executor>(std::move(r), *kv_, c.n_vocab));
         parts.store = store_.get();

@@ -5,6 +5,7 @@
 
 #include "cpu/thread_pool.hpp"
 #include "daemon_client.hpp"
+#include "offline_reference.hpp"
 #include "runtime/citations.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/gguf.hpp"
@@ -43,13 +44,7 @@ inline const std::string& shared_socket() {
 
 // The offline loop's greedy text for a completions prompt: what the daemon must reproduce.
 inline std::string offline_text(const std::string& prompt, int n, bool ignore_eos = false) {
-    static model_bundle b = load_model(model_path("stories260K.gguf"));
-    static cpu::thread_pool pool(1);
-    generate_params p;
-    p.n_predict = n;
-    p.sampling.temperature = 0;
-    p.ignore_eos = ignore_eos;
-    return generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(prompt, true, false), p).text;
+    return offline_run(prompt, n, ignore_eos).text;
 }
 
 // The in-process engine's embedding of a text (the model's pooling): what the daemon must return.

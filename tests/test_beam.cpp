@@ -186,9 +186,9 @@ model_bundle& stories_f32() {
 
 engine_options beam_engine_options(int32_t max_running) {
     engine_options o;
-    o.max_running = max_running;
-    o.page_size = 8;
-    o.prefix_cache = false;
+    o.sched.max_running = max_running;
+    o.sched.page_size = 8;
+    o.sched.prefix_cache = false;
     return o;
 }
 
@@ -401,7 +401,7 @@ TEST_CASE("the same beams alone and in a busy batch; pages shared and released")
     do peak_pages = std::max(peak_pages, eng->stats().n_pages_used);
     while (!lone.wait(0.0001));
     const engine_beams alone = read(lone, 4);
-    const int32_t n_prompt = int32_t(req.prompt.size()), page = eo.page_size;
+    const int32_t n_prompt = int32_t(req.prompt.size()), page = eo.sched.page_size;
     const int32_t unshared = 4 * ((n_prompt + o.max_tokens + page - 1) / page);
     const int32_t shared_bound = n_prompt / page + 4 * ((o.max_tokens + page - 1) / page + 1);
     CAPTURE(peak_pages);
@@ -502,13 +502,13 @@ TEST_CASE("beam search: stop strings end beams, cancellation ends the request, o
 TEST_CASE("prompt scoring: each prompt token's logprob and top alternatives equal the reference forward's") {
     model_bundle& b = stories_f32();
     engine_options eo = beam_engine_options(4);
-    eo.prefix_cache = true;
-    eo.step_tokens = 8;              // the prompt is computed in several chunks
+    eo.sched.prefix_cache = true;
+    eo.sched.step_tokens = 8;              // the prompt is computed in several chunks
     auto eng = make_local_engine(*b.mdl, *b.tok, eo);
     const std::string text = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.";
     engine_request req = greedy(text, 0);
     const auto& prompt = req.prompt;
-    REQUIRE(prompt.size() > 2 * size_t(eo.step_tokens));
+    REQUIRE(prompt.size() > 2 * size_t(eo.sched.step_tokens));
     // A plain request first, so that the prompt's pages are in the prefix cache: scoring
     // computes them anyway.
     collector warm;

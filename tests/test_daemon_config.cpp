@@ -164,11 +164,11 @@ TEST_CASE("config: the sample names every key the parser knows, each line's defa
     CHECK(all.max_prompt_tokens == d.max_prompt_tokens);
     CHECK(all.max_tokens_limit == d.max_tokens_limit);
     CHECK(all.max_connections == d.max_connections);
-    CHECK(all.step_tokens == d.step_tokens);
+    CHECK(all.engine.sched.step_tokens == d.engine.sched.step_tokens);
     CHECK(all.worker_timeout_s == d.worker_timeout_s);
     CHECK(all.worker_heartbeat_s == d.worker_heartbeat_s);
-    CHECK(all.priority_aging_s == d.priority_aging_s);
-    CHECK(all.background_step_tokens == d.background_step_tokens);
+    CHECK(all.engine.sched.priority_aging_s == d.engine.sched.priority_aging_s);
+    CHECK(all.engine.sched.background_step_tokens == d.engine.sched.background_step_tokens);
     CHECK(all.max_file_bytes == d.max_file_bytes);
     CHECK(all.max_files == d.max_files);
     CHECK(all.batch_concurrency == d.batch_concurrency);
@@ -258,11 +258,11 @@ TEST_CASE("worker channel: the command ring holds the largest batch the options 
     // A 128K context with 16-token pages: every sequence's block table has 8193 entries.
     engine_options eo;
     eo.n_ctx = 131072;
-    eo.page_size = 16;
-    eo.n_pages = 1 << 20;
-    eo.max_running = 16;
-    eo.step_tokens = 512;
-    eo.max_logits = 16;
+    eo.sched.page_size = 16;
+    eo.sched.n_pages = 1 << 20;
+    eo.sched.max_running = 16;
+    eo.sched.step_tokens = 512;
+    eo.sched.max_logits = 16;
     // The largest batch a plan can make: every running sequence (max_running requests of
     // max_n each, or the 16 decodes and 512 one-token prefill chunks a step can hold) at the
     // end of the context, one of them with the whole prefill budget.
@@ -271,10 +271,10 @@ TEST_CASE("worker channel: the command ring holds the largest batch the options 
         INFO("max_n ", max_n);
         const uint64_t cap = command_ring_bytes(eo, max_n);
         batch b;
-        const std::vector<int32_t> table(size_t(eo.n_ctx / eo.page_size + 1), 7);
+        const std::vector<int32_t> table(size_t(eo.n_ctx / eo.sched.page_size + 1), 7);
         const std::vector<uint32_t> gens(table.size(), 1);
         for (int i = 0; i < n_seqs; ++i) {
-            const std::vector<token_id> toks(i == 0 ? size_t(eo.step_tokens) + 1 : 1, 5);
+            const std::vector<token_id> toks(i == 0 ? size_t(eo.sched.step_tokens) + 1 : 1, 5);
             b.add_seq(uint64_t(i), eo.n_ctx - 1 - int32_t(toks.size()), toks, table, gens, eo.n_ctx - 1);
         }
         std::vector<uint8_t> bytes;

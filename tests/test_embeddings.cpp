@@ -71,7 +71,7 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_CASE("engine: an embedding is the prompt's pooled reference hidden states, L2-normalised") {
     engine_options o;
     o.n_threads = 2;
-    o.step_tokens = 16; // the prompt in chunks: mean pooling sums one row a chunk
+    o.sched.step_tokens = 16; // the prompt in chunks: mean pooling sums one row a chunk
     auto eng = make_local_engine(*stories().mdl, *stories().tok, o);
     for (pooling_type how : {pooling_type::mean, pooling_type::cls, pooling_type::last}) {
         const auto toks = stories().tok->encode(story, true, false);
@@ -103,7 +103,7 @@ TEST_CASE("engine: an embedding is the same alone, beside generations, preempted
     model_bundle& b = stories();
     engine_options base;
     base.n_threads = 1;
-    base.max_running = 4;
+    base.sched.max_running = 4;
     std::vector<float> alone;
     {
         auto eng = make_local_engine(*b.mdl, *b.tok, base);
@@ -116,9 +116,9 @@ TEST_CASE("engine: an embedding is the same alone, beside generations, preempted
             CAPTURE(step_tokens);
             CAPTURE(n_pages);
             engine_options o = base;
-            o.step_tokens = step_tokens;
+            o.sched.step_tokens = step_tokens;
             o.n_ctx = 160;
-            o.n_pages = n_pages; // 12 pages of 16: the generations preempt one another and the embedding
+            o.sched.n_pages = n_pages; // 12 pages of 16: the generations preempt one another and the embedding
             auto eng = make_local_engine(*b.mdl, *b.tok, o);
             // the story's pages in the prefix cache first: mean pooling computes them again
             collector primer;
@@ -148,9 +148,9 @@ TEST_CASE("engine: an embedding is the same alone, beside generations, preempted
     // The embedding itself preempted half-way: a generation that arrived first needs its pages
     // (two tokens a step: the embedding's prompt takes longer than the generation's pages last).
     engine_options o = base;
-    o.step_tokens = 2;
+    o.sched.step_tokens = 2;
     o.n_ctx = 96;
-    o.n_pages = 6;
+    o.sched.n_pages = 6;
     // The preemption needs the embedding in before the generation ends (88 steps): a thread
     // descheduled that long on a loaded machine misses it, so the pair runs again (fresh engine)
     // until one was preempted; every run's results are checked.

@@ -47,8 +47,8 @@ TEST_CASE("engine: requests joining and leaving a running batch each equal their
     }
     engine_options o;
     o.n_threads = 1;
-    o.max_running = 4;    // fewer than requests: some wait, then join as others leave
-    o.step_tokens = 8;    // prompts are prefilled in chunks alongside decodes
+    o.sched.max_running = 4;    // fewer than requests: some wait, then join as others leave
+    o.sched.step_tokens = 8;    // prompts are prefilled in chunks alongside decodes
     auto eng = make_local_engine(*b.mdl, *b.tok, o);
     std::vector<collector> cs(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -72,10 +72,10 @@ TEST_CASE("engine: cancel stops a request and frees its pages; limits come back 
     model_bundle& b = stories();
     engine_options o;
     o.n_threads = 1;
-    o.max_running = 1;
+    o.sched.max_running = 1;
     o.max_waiting = 1;
     o.n_ctx = 512;
-    o.n_pages = 40; // 640 tokens
+    o.sched.n_pages = 40; // 640 tokens
     auto eng = make_local_engine(*b.mdl, *b.tok, o);
 
     collector long_run, queued, refused;
@@ -145,9 +145,9 @@ TEST_CASE("engine: prefix-cache hits and preemption leave greedy outputs unchang
     };
     engine_options base;
     base.n_threads = 1;
-    base.max_running = 4;
+    base.sched.max_running = 4;
     engine_options no_cache = base;
-    no_cache.prefix_cache = false;
+    no_cache.sched.prefix_cache = false;
     engine_stats s_ref, s_cache, s_tight;
     const auto ref = run_all(no_cache, &s_ref);
     CHECK(s_ref.n_prefix_hits == 0);
@@ -160,7 +160,7 @@ TEST_CASE("engine: prefix-cache hits and preemption leave greedy outputs unchang
     // A pool too small for three at once: sequences are preempted and recomputed.
     engine_options tight = base;
     tight.n_ctx = 128;
-    tight.n_pages = 9; // 144 positions; three requests of ~85 need ~16 pages
+    tight.sched.n_pages = 9; // 144 positions; three requests of ~85 need ~16 pages
     const auto squeezed = run_all(tight, &s_tight);
     CHECK(squeezed == ref);
     CHECK(s_tight.n_preemptions > 0);
@@ -171,8 +171,8 @@ TEST_CASE("engine: n = 4 computes the prompt once, forks it, and each sequence e
     model_bundle& b = stories();
     engine_options o;
     o.n_threads = 1;
-    o.max_running = 2; // the group of four runs beyond it (a request's group stays whole)
-    o.step_tokens = 16;
+    o.sched.max_running = 2; // the group of four runs beyond it (a request's group stays whole)
+    o.sched.step_tokens = 16;
     auto eng = make_local_engine(*b.mdl, *b.tok, o);
     engine_request req = greedy("Once upon a time, there was a little girl named Lily. She", 24);
     req.n = 4;
@@ -394,7 +394,7 @@ struct scripted_engine {
     std::unique_ptr<engine> eng;
 
     explicit scripted_engine(const std::string& script, int32_t max_running = 8, const std::string& failure = {})
-        : o(options(max_running)), kv(stories().mdl->make_kv_layout(o.page_size), o.n_pages), store(make_local_store(kv)) {
+        : o(options(max_running)), kv(stories().mdl->make_kv_layout(o.sched.page_size), o.sched.n_pages), store(make_local_store(kv)) {
         engine_parts parts;
         auto e = std::make_unique<scripted_executor>(*stories().mdl, kv, script, failure);
         ex = e.get();
@@ -406,9 +406,9 @@ struct scripted_engine {
     static engine_options options(int32_t max_running) {
         engine_options o;
         o.n_ctx = 256;
-        o.n_pages = 96;
-        o.max_running = max_running;
-        o.step_tokens = 8; // prompts in several chunks
+        o.sched.n_pages = 96;
+        o.sched.max_running = max_running;
+        o.sched.step_tokens = 8; // prompts in several chunks
         return o;
     }
 };
@@ -643,9 +643,9 @@ TEST_CASE("windowed model: prefix-cache hits, preemption and recompute, and n > 
     };
     engine_options base;
     base.n_threads = 1;
-    base.max_running = 4;
+    base.sched.max_running = 4;
     engine_options no_cache = base;
-    no_cache.prefix_cache = false;
+    no_cache.sched.prefix_cache = false;
     engine_stats s_ref, s_cache;
     const auto want = run_all(no_cache, &s_ref);
     CHECK(s_ref.n_prefix_hits == 0);
@@ -661,7 +661,7 @@ TEST_CASE("windowed model: prefix-cache hits, preemption and recompute, and n > 
     // in, so the pair runs again (fresh engine, up to five times) until the low one was
     // preempted; every run's outputs are checked.
     engine_options one = base;
-    one.max_running = 1;
+    one.sched.max_running = 1;
     const engine_request r_low = request(0, 440); // 56 + 440 positions: within the context of 512
     std::vector<token_id> low_ids;
     bool preempted = false;

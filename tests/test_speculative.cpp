@@ -276,7 +276,7 @@ double chi_square_critical(int df) {
 // Tokens 1..3 of n seeded samples (temperature 1) of one prompt, counted by (position, token).
 std::map<std::pair<int, token_id>, int> first_tokens(engine_options o, draft_source drafts, int n, uint64_t seed0) {
     const std::string prompt = "Lily saw a ball. Lily saw a ball. Lily";
-    o.max_running = 64;
+    o.sched.max_running = 64;
     o.max_waiting = n;
     o.max_draft_batch = 64; // drafts in every step of this test, however many run
     auto eng = make_local_engine(*stories().mdl, *stories().tok, o);

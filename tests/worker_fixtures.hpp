@@ -6,6 +6,7 @@
 #include "cpu/thread_pool.hpp"
 #include "daemon/worker_executor.hpp"
 #include "daemon_client.hpp"
+#include "offline_reference.hpp"
 #include "ipc/channel.hpp"
 #include "ipc/kv_pool.hpp"
 #include "ipc/ring.hpp"
@@ -35,15 +36,7 @@ inline scratch_dir& scratch() {
 
 // The offline loop's output for `prompt`: greedy, or with `beams` (a width) the beams' texts.
 inline generate_result offline(const std::string& prompt, int n, int beams = 0) {
-    static model_bundle b = load_model(model_path("stories260K.gguf"));
-    static cpu::thread_pool pool(1);
-    generate_params p;
-    p.n_predict = n;
-    p.sampling.temperature = 0;
-    p.ignore_eos = true;
-    p.beam.width = beams;
-    p.n_beams = std::max(beams, 1);
-    return generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(prompt, true, false), p);
+    return offline_run(prompt, n, true, beams);
 }
 
 std::string offline_text(const std::string& prompt, int n) { return offline(prompt, n).text; }
