@@ -135,9 +135,9 @@ void set_speculation(const run_opts& o, const model_bundle* draft, generate_para
     TANDEM_CHECK(method != "off" || o.draft_tokens <= 0, "--speculative off with --draft-tokens {}: no drafts would be made",
                  o.draft_tokens);
     if (method == "off") return;
-    p.draft_tokens = o.draft_tokens < 0 ? 4 : o.draft_tokens;
-    TANDEM_CHECK(p.draft_tokens > 0, "--speculative {} with --draft-tokens 0: no drafts", method);
-    p.drafts = method == "draft" ? draft_source::model : draft_source::ngram;
+    p.request.draft_tokens = o.draft_tokens < 0 ? 4 : o.draft_tokens;
+    TANDEM_CHECK(p.request.draft_tokens > 0, "--speculative {} with --draft-tokens 0: no drafts", method);
+    p.request.drafts = method == "draft" ? draft_source::model : draft_source::ngram;
     if (draft) p.draft_model = draft->mdl.get();
     p.draft_threads = o.threads;
 }
@@ -163,32 +163,32 @@ int cmd_run(const run_opts& o) {
                             o.n_predict, n_ctx, n_ctx - n_prompt, n_ctx < n_train ? "; --ctx raises it" : "");
 
     generate_params p;
-    p.n_predict = o.n_predict;
+    p.request.max_tokens = o.n_predict;
     p.n_ctx = o.ctx;
-    p.stop = o.stop;
-    p.ignore_eos = o.ignore_eos;
-    p.sampling.temperature = o.temp;
-    p.sampling.top_k = o.top_k;
-    p.sampling.top_p = o.top_p;
-    p.sampling.min_p = o.min_p;
-    p.sampling.repetition_penalty = o.repeat_penalty;
-    p.sampling.penalty_last_n = o.repeat_last_n;
-    p.sampling.presence_penalty = o.presence_penalty;
-    p.sampling.frequency_penalty = o.frequency_penalty;
-    p.sampling.seed = o.seed;
+    p.request.stop = o.stop;
+    p.request.ignore_eos = o.ignore_eos;
+    p.request.sampling.temperature = o.temp;
+    p.request.sampling.top_k = o.top_k;
+    p.request.sampling.top_p = o.top_p;
+    p.request.sampling.min_p = o.min_p;
+    p.request.sampling.repetition_penalty = o.repeat_penalty;
+    p.request.sampling.penalty_last_n = o.repeat_last_n;
+    p.request.sampling.presence_penalty = o.presence_penalty;
+    p.request.sampling.frequency_penalty = o.frequency_penalty;
+    p.request.sampling.seed = o.seed;
     set_speculation(o, draft ? &*draft : nullptr, p);
     if (o.beams > 0) { // every beam comes back; the best is the text
-        p.beam.width = o.beams;
-        p.beam.length_penalty = o.length_penalty;
-        p.beam.early_stopping = o.early_stopping == "true"    ? beam_params::stopping::early
+        p.request.beam.width = o.beams;
+        p.request.beam.length_penalty = o.length_penalty;
+        p.request.beam.early_stopping = o.early_stopping == "true"    ? beam_params::stopping::early
                                 : o.early_stopping == "never" ? beam_params::stopping::never
                                                               : beam_params::stopping::heuristic;
-        p.n_beams = o.beams;
-        p.sampling.temperature = 0;
+        p.request.n = o.beams;
+        p.request.sampling.temperature = 0;
     }
     if (const auto c = run_constraint(o)) {
         auto cache = std::make_shared<grammar::mask_cache>(grammar::compile(*c), grammar::vocab_trie::of(*b.tok));
-        p.make_processor = [cache] { return grammar::make_grammar_processor(cache); };
+        p.request.make_processor = [cache] { return grammar::make_grammar_processor(cache); };
     }
 
     const host_threads threads(o.threads);

@@ -23,7 +23,8 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     TANDEM_CHECK(n_prompt > 0, "the prompt is empty");
     const int32_t n_ctx = p.n_ctx > 0 ? std::min(p.n_ctx, c.n_ctx_train) : c.n_ctx_train;
     TANDEM_CHECK(n_prompt < n_ctx, "the prompt has {} tokens but the context holds {}", n_prompt, n_ctx);
-    const int32_t n_predict = p.n_predict < 0 ? n_ctx - n_prompt : std::min(p.n_predict, n_ctx - n_prompt);
+    const engine_request& want = p.request;
+    const int32_t n_predict = want.max_tokens < 0 ? n_ctx - n_prompt : std::min(want.max_tokens, n_ctx - n_prompt);
     r.finish_reason = "length";
     if (n_predict == 0) return r;
 
@@ -32,25 +33,18 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     engine_options eo;
     eo.n_ctx = n_ctx;
     eo.sched.page_size = p.page_size;
-    eo.sched.max_running = std::max(1, p.beam.width); // a full context for each beam
+    eo.sched.max_running = std::max(1, want.beam.width); // a full context for each beam
     eo.max_waiting = 1;
     eo.sched.step_tokens = p.prefill_chunk;
     eo.sched.prefix_cache = false;
-    eo.max_draft_tokens = p.draft_tokens;
+    eo.max_draft_tokens = want.draft_tokens;
     eo.draft_model = p.draft_model;
     eo.n_threads = p.draft_threads;
     auto eng = make_local_engine(mdl, tok, eo, make_runner(mdl, ctx));
-    engine_request req;
+    engine_request req = want;
     req.prompt = r.prompt_tokens;
     req.max_tokens = n_predict;
-    req.sampling = p.sampling;
-    req.stop = p.stop;
-    req.ignore_eos = p.ignore_eos;
-    req.draft_tokens = p.draft_tokens;
-    req.drafts = p.drafts;
-    req.make_processor = p.make_processor;
-    req.beam = p.beam;
-    if (p.beam.width > 0) req.n = std::clamp(p.n_beams, 1, p.beam.width);
+    req.n = want.beam.width > 0 ? std::clamp(want.n, 1, want.beam.width) : 1;
     const int32_t n_seqs = req.n;
 
     // Events come on the engine thread; the caller's thread takes them (on_text runs here).
@@ -66,7 +60,7 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
     TANDEM_CHECK(sr.status == submit_status::ok, "the engine refused the request");
     bool cancelled = false;
     std::optional<std::chrono::steady_clock::time_point> t_first; // the first token sampled
-    if (p.beam.width > 0) r.beams.resize(size_t(n_seqs));
+    if (want.beam.width > 0) r.beams.resize(size_t(n_seqs));
     for (int32_t n_done = 0;;) {
         engine_event ev;
         {
@@ -75,7 +69,7 @@ generate_result generate(const exec_ctx& ctx, model& mdl, const tokenizer& tok, 
             ev = std::move(events.front());
             events.pop_front();
         }
-        if (p.beam.width > 0) { // the beams, best first, as the search ends
+        if (want.beam.width > 0) { // the beams, best first, as the search ends
             beam_result& b = r.beams[size_t(ev.index)];
             b.text += ev.text;
             if (!ev.done) {

@@ -17,24 +17,16 @@
 
 namespace tandem {
 
+// An offline run: the one request as the engine takes it (its prompt is generate's argument;
+// max_tokens < 0: until EOS or the context is full, and cut to the context either way; with
+// beam search, `n` of the beams come back), and what the one-request engine needs besides.
 struct generate_params {
-    int32_t n_predict = 128;          // < 0: until EOS or the context is full
-    sampling_params sampling;
-    std::vector<std::string> stop;
-    bool ignore_eos = false;
+    engine_request request{.max_tokens = 128, .draft_tokens = 0};
     int32_t n_ctx = 0;                // 0: the model's training context
     int32_t prefill_chunk = 512;      // tokens per prefill step
     int32_t page_size = 16;
-    int32_t draft_tokens = 0;         // speculative decoding (0: off; engine_request::draft_tokens)
-    draft_source drafts = draft_source::automatic; // the draft model when there is one, else prompt lookup
     model* draft_model = nullptr;     // load_draft_model's; runs on its own draft_threads
     int draft_threads = 1;
-    // Guided generation: the processor that masks each next token (engine_request::make_processor).
-    std::function<std::unique_ptr<logits_processor>()> make_processor;
-    // Beam search (engine_request::beam; the sampling knobs then do not apply): the n_beams
-    // best of beam.width beams come back, the best as the result's tokens and text.
-    beam_params beam;
-    int32_t n_beams = 1;
 };
 
 // A finished beam of beam search, best first.

@@ -16,11 +16,11 @@ inline generate_result offline_run(const std::string& prompt, int n, bool ignore
     static model_bundle b = load_model(model_path("stories260K.gguf"));
     static cpu::thread_pool pool(1);
     generate_params p;
-    p.n_predict = n;
-    p.sampling.temperature = 0;
-    p.ignore_eos = ignore_eos;
-    p.beam.width = beams;
-    p.n_beams = std::max(beams, 1);
+    p.request.max_tokens = n;
+    p.request.sampling.temperature = 0;
+    p.request.ignore_eos = ignore_eos;
+    p.request.beam.width = beams;
+    p.request.n = std::max(beams, 1);
     return generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(prompt, true, false), p);
 }
 

@@ -484,10 +484,10 @@ TEST_CASE("beam search: stop strings end beams, cancellation ends the request, o
 
     // The offline loop: the best beam as the result, every beam with its score.
     generate_params gp;
-    gp.n_predict = 48;
-    gp.sampling.temperature = 0;
-    gp.beam.width = 3;
-    gp.n_beams = 3;
+    gp.request.max_tokens = 48;
+    gp.request.sampling.temperature = 0;
+    gp.request.beam.width = 3;
+    gp.request.n = 3;
     cpu::thread_pool pool(1);
     const generate_result gr = generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, req.prompt, gp);
     REQUIRE(gr.beams.size() == 3);

@@ -30,6 +30,19 @@ using tandem::test::stories;
 
 
 
+namespace {
+
+// One thread, a batch of four sequences, with or without the prefix cache.
+engine_options four_seqs(bool prefix_cache) {
+    engine_options o;
+    o.n_threads = 1;
+    o.sched.max_running = 4;
+    o.sched.prefix_cache = prefix_cache;
+    return o;
+}
+
+} // namespace
+
 TEST_CASE("engine: requests joining and leaving a running batch each equal their solo output") {
     model_bundle& b = stories();
     const std::vector<std::string> prompts = {"Once upon a time", "The cat sat", "One day, Tom", "Lily and Ben",
@@ -40,9 +53,9 @@ TEST_CASE("engine: requests joining and leaving a running batch each equal their
     std::vector<std::string> solo;
     for (size_t i = 0; i < prompts.size(); ++i) {
         generate_params p;
-        p.n_predict = lens[i];
-        p.sampling.temperature = 0;
-        p.ignore_eos = true;
+        p.request.max_tokens = lens[i];
+        p.request.sampling.temperature = 0;
+        p.request.ignore_eos = true;
         solo.push_back(generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, greedy(prompts[i], 1).prompt, p).text);
     }
     engine_options o;
@@ -143,11 +156,7 @@ TEST_CASE("engine: prefix-cache hits and preemption leave greedy outputs unchang
         eng->stop();
         return out;
     };
-    engine_options base;
-    base.n_threads = 1;
-    base.sched.max_running = 4;
-    engine_options no_cache = base;
-    no_cache.sched.prefix_cache = false;
+    const engine_options base = four_seqs(true), no_cache = four_seqs(false);
     engine_stats s_ref, s_cache, s_tight;
     const auto ref = run_all(no_cache, &s_ref);
     CHECK(s_ref.n_prefix_hits == 0);
@@ -216,10 +225,10 @@ TEST_CASE("engine: n = 4 computes the prompt once, forks it, and each sequence e
     std::set<std::vector<token_id>> distinct;
     for (int i = 0; i < 4; ++i) {
         generate_params p;
-        p.n_predict = 24;
-        p.ignore_eos = true;
-        p.sampling = req.sampling;
-        p.sampling.seed = 100 + uint64_t(i);
+        p.request.max_tokens = 24;
+        p.request.ignore_eos = true;
+        p.request.sampling = req.sampling;
+        p.request.sampling.seed = 100 + uint64_t(i);
         const auto solo = generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, req.prompt, p);
         CHECK_MESSAGE(ids[size_t(i)] == solo.tokens, "sequence ", i);
         CHECK(text[size_t(i)] == solo.text);
@@ -416,9 +425,9 @@ struct scripted_engine {
 std::string solo_text(const std::string& prompt, int32_t n) {
     cpu::thread_pool pool(1);
     generate_params p;
-    p.n_predict = n;
-    p.sampling.temperature = 0;
-    p.ignore_eos = true;
+    p.request.max_tokens = n;
+    p.request.sampling.temperature = 0;
+    p.request.ignore_eos = true;
     return generate(exec_ctx{backend::cpu, &pool}, *stories().mdl, *stories().tok, greedy(prompt, 1).prompt, p).text;
 }
 
@@ -641,11 +650,7 @@ TEST_CASE("windowed model: prefix-cache hits, preemption and recompute, and n > 
         eng->stop();
         return out;
     };
-    engine_options base;
-    base.n_threads = 1;
-    base.sched.max_running = 4;
-    engine_options no_cache = base;
-    no_cache.sched.prefix_cache = false;
+    const engine_options base = four_seqs(true), no_cache = four_seqs(false);
     engine_stats s_ref, s_cache;
     const auto want = run_all(no_cache, &s_ref);
     CHECK(s_ref.n_prefix_hits == 0);

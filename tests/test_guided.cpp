@@ -55,16 +55,16 @@ sampled sample(const grammar::constraint& c, uint64_t seed, int32_t max_tokens, 
     // A little classification ahead: masks come from both paths (ahead, and when first met).
     auto cache = std::make_shared<grammar::mask_cache>(grammar::compile(c), vocab(), std::chrono::milliseconds(20));
     generate_params p;
-    p.n_predict = max_tokens;
-    p.sampling.temperature = temperature;
-    p.sampling.seed = seed;
-    p.draft_tokens = draft;
+    p.request.max_tokens = max_tokens;
+    p.request.sampling.temperature = temperature;
+    p.request.sampling.seed = seed;
+    p.request.draft_tokens = draft;
     std::shared_ptr<const grammar::trigger_table> trigger;
     if (calls) {
         trigger = std::make_shared<const grammar::trigger_table>(*vocab(), calls->trigger, calls->anchored);
-        for (const token_id t : calls->favoured) p.sampling.logit_bias.emplace_back(t, calls->bias);
+        for (const token_id t : calls->favoured) p.request.sampling.logit_bias.emplace_back(t, calls->bias);
     }
-    p.make_processor = [cache, trigger] { return grammar::make_grammar_processor(cache, nullptr, trigger); };
+    p.request.make_processor = [cache, trigger] { return grammar::make_grammar_processor(cache, nullptr, trigger); };
     const auto r = generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode("Data:", true), p);
     return {r.text, r.finish_reason, r.tokens};
 }

@@ -331,8 +331,8 @@ TEST_CASE("greedy golden token ids on stories260K") {
         // the engine, through the generation loop, on every backend
         for (backend be : {backend::ref, backend::cpu}) {
             generate_params p;
-            p.n_predict = int32_t(g.ids.size());
-            p.sampling.temperature = 0;
+            p.request.max_tokens = int32_t(g.ids.size());
+            p.request.sampling.temperature = 0;
             p.prefill_chunk = 3; // several chunks, so chunked prefill is part of the golden path
             const generate_result r = generate(exec_ctx{be, &pool}, *b.mdl, *b.tok, prompt, p);
             CHECK(r.tokens == g.ids);

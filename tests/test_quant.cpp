@@ -31,14 +31,14 @@ std::vector<token_id> sampled_text(model_bundle& f32, int n, bool pure) {
     std::vector<token_id> toks;
     for (uint64_t seed = 1; int(toks.size()) < n; ++seed) {
         generate_params p;
-        p.n_predict = 400;
-        p.sampling.temperature = 1.0f;
+        p.request.max_tokens = 400;
+        p.request.sampling.temperature = 1.0f;
         if (!pure) { // the CLI's defaults, as `tandem run --temp 1 --seed N` samples
-            p.sampling.top_k = 40;
-            p.sampling.top_p = 0.95f;
-            p.sampling.min_p = 0.05f;
+            p.request.sampling.top_k = 40;
+            p.request.sampling.top_p = 0.95f;
+            p.request.sampling.min_p = 0.05f;
         }
-        p.sampling.seed = seed;
+        p.request.sampling.seed = seed;
         const auto r = generate(exec_ctx{backend::cpu, &pool}, *f32.mdl, *f32.tok, {1}, p);
         toks.push_back(1);
         toks.insert(toks.end(), r.tokens.begin(), r.tokens.end());
@@ -129,8 +129,8 @@ void check_same_model(const model_bundle& a, const model_bundle& b) {
 std::vector<token_id> greedy(const model_bundle& m, int n) {
     cpu::thread_pool pool(2);
     generate_params p;
-    p.n_predict = n;
-    p.sampling.temperature = 0;
+    p.request.max_tokens = n;
+    p.request.sampling.temperature = 0;
     return generate(exec_ctx{backend::cpu, &pool}, *m.mdl, *m.tok, m.tok->encode("Once upon a time", true), p).tokens;
 }
 

@@ -562,9 +562,9 @@ TEST_CASE("beam search over the API: best first with scores, as the offline sear
     static model_bundle b = load_model(model_path("stories260K.gguf"));
     cpu::thread_pool pool(1);
     generate_params p;
-    p.n_predict = 12;
-    p.beam = {4, 0.5f, beam_params::stopping::never};
-    p.n_beams = 2;
+    p.request.max_tokens = 12;
+    p.request.beam = {4, 0.5f, beam_params::stopping::never};
+    p.request.n = 2;
     const generate_result off =
         generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode("Once upon a time", true, false), p);
     REQUIRE(off.beams.size() == 2);

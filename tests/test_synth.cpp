@@ -621,9 +621,9 @@ TEST_CASE("a model in each 2- to 6-bit block format loads as the layout says, in
                 REQUIRE(std::fabs(got[i] - row[i]) <= (wf == weight_format::f32 ? 0.0f : 0.51f * amax / 127));
             cpu::thread_pool pool(1);
             generate_params gp;
-            gp.n_predict = 6;
-            gp.sampling.temperature = 0;
-            gp.ignore_eos = true;
+            gp.request.max_tokens = 6;
+            gp.request.sampling.temperature = 0;
+            gp.request.ignore_eos = true;
             CHECK(generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, {1}, gp).tokens.size() == 6);
         }
     }

@@ -623,9 +623,9 @@ TEST_CASE("workers: a windowed model through the worker split releases pages beh
     model_bundle b = load_model(windowed_model_path());
     cpu::thread_pool pool(1);
     generate_params gp;
-    gp.n_predict = 96;
-    gp.sampling.temperature = 0;
-    gp.ignore_eos = true;
+    gp.request.max_tokens = 96;
+    gp.request.sampling.temperature = 0;
+    gp.request.ignore_eos = true;
     const generate_result want =
         generate(exec_ctx{backend::cpu, &pool}, *b.mdl, *b.tok, b.tok->encode(windowed_prompt, true, false), gp);
     CHECK(text == want.text);
