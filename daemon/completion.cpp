@@ -4,6 +4,8 @@
 
 #include "daemon/embedding.hpp"
 #include "daemon/fields.hpp"
+#include "daemon/model_host.hpp"
+#include "daemon/upstream.hpp"
 #include "daemon/retrieval.hpp"
 #include "runtime/log.hpp"
 
@@ -191,6 +193,11 @@ asio::awaitable<bool> run_completion(exchange& x, const std::string& route, std:
         }
         for (uint64_t id : ids) ms.eng->cancel(id);
         ch->finished = true;
+        if (r.status == submit_status::queue_full && x.overflow && forwardable_path(x.req.path)) {
+            // the model's `overflow`: its upstream takes what its queue cannot (instead of a 429)
+            if (x.st.models) x.st.models->count_forward(x.overflow->name, true);
+            co_return co_await forward_upstream(x, *x.overflow);
+        }
         api_error e = submit_error(r.status);
         if (r.status == submit_status::too_long) e.message = too_long_message(plan.requests[k], ms);
         co_return co_await fail_with(e);

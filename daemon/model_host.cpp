@@ -197,16 +197,17 @@ model_pick model_host::pick(const std::string& name, bool forwardable) {
     }
     switch (e->st) {
     case state::loaded: {
-        if (forwardable && !e->src.overflow.empty()) { // the local queue full: the upstream takes it
-            const engine_stats es = e->ms->eng->stats();
-            if (es.n_running >= e->src.cfg.max_running && es.n_waiting >= e->src.cfg.max_waiting)
-                for (const auto& u : st_.cfg.upstreams)
-                    if (u.name == e->src.overflow) {
+        if (forwardable && !e->src.overflow.empty()) // the local queue full: the upstream takes it
+            for (const auto& u : st_.cfg.upstreams)
+                if (u.name == e->src.overflow) {
+                    const engine_stats es = e->ms->eng->stats();
+                    if (es.n_running >= e->src.cfg.max_running && es.n_waiting >= e->src.cfg.max_waiting) {
                         p.upstream = &u;
                         p.overflow = true;
                         return p;
                     }
-        }
+                    p.overflow_to = &u; // (the engine may still refuse it: the completion handler forwards then)
+                }
         ++e->n_active;
         e->last_used = clock_type::now();
         p.lease.host_ = this;
@@ -530,6 +531,15 @@ void model_host::render_metrics(std::string& out) const {
         out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", g.name, g.help, g.name, g.type);
         for (const entry& e : entries_) out += fmt::format("{}{{model=\"{}\"}} {}\n", g.name, label_text(e.src.name), g.value(e));
     }
+    if (st_.cfg.upstreams.empty()) return;
+    out += "# HELP tandem_upstream_requests_total Requests forwarded to an upstream (overflow: a local model's queue was full).\n"
+           "# TYPE tandem_upstream_requests_total counter\n";
+    for (const auto& u : st_.cfg.upstreams)
+        for (bool overflow : {false, true}) {
+            const auto it = n_forwarded_.find({u.name, overflow});
+            out += fmt::format("tandem_upstream_requests_total{{upstream=\"{}\",overflow=\"{}\"}} {}\n", label_text(u.name),
+                               overflow, it == n_forwarded_.end() ? 0 : it->second);
+        }
 }
 
 // --- the model a request names ------------------------------------------------------------

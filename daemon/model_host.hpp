@@ -16,6 +16,7 @@
 #include <chrono>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,6 +77,7 @@ struct model_pick {
     model_lease lease;
     const upstream_section* upstream = nullptr;
     bool overflow = false;           // forwarded because the local queue is full
+    const upstream_section* overflow_to = nullptr; // with a lease: where the request goes if the queue refuses it
     std::optional<api_error> error;
     bool wait = false;
 };
@@ -100,6 +102,13 @@ public:
     std::optional<api_error> unload(const std::string& name);
     // Once a second: models idle past their keep_alive go; finished threads are joined.
     void tick();
+    // A request forwarded to an upstream (/metrics counts them).
+    void count_forward(const std::string& upstream, bool overflow) { ++n_forwarded_[{upstream, overflow}]; }
+    // A thread that ends on its own (a cancelled upstream transfer), joined once `done` (tick)
+    // or at exit.
+    void keep_thread(std::thread t, std::shared_ptr<std::atomic<bool>> done) {
+        threads_.push_back({std::move(t), std::move(done)});
+    }
     // The daemon drains: loads in progress give up.
     void abort_loading() { abort_ = true; }
     // At exit: every engine stopped, every thread joined (the io thread no longer runs).
@@ -156,6 +165,7 @@ private:
     std::atomic<bool> abort_{false};
     bool stopped_ = false;
     bool room_wanted_ = false;          // a request waits for a model to go idle
+    std::map<std::pair<std::string, bool>, int64_t> n_forwarded_; // (upstream, overflow): requests
 };
 
 // The model a request names, read without parsing the whole body where it can: its top

@@ -445,8 +445,12 @@ asio::awaitable<bool> session::dispatch(const http::request<http::string_body>& 
             if (st_.stopping) co_return co_await refuse(shutting_down(), label);
             model_pick p = st_.models->pick(mr.name, r.generates && forwardable_path(path));
             if (p.error) co_return co_await refuse(*p.error, label);
-            if (p.upstream) co_return co_await forward_upstream(x, *p.upstream);
+            if (p.upstream) {
+                st_.models->count_forward(p.upstream->name, p.overflow);
+                co_return co_await forward_upstream(x, *p.upstream);
+            }
             if (!p.wait) {
+                x.overflow = p.overflow_to;
                 lease = std::move(p.lease);
                 lease.keep_alive(mr.keep_alive_s);
                 break;

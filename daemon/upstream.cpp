@@ -3,6 +3,7 @@
 #include "daemon/upstream.hpp"
 
 #include "daemon/fields.hpp"
+#include "daemon/model_host.hpp"
 #include "daemon/state.hpp"
 #include "runtime/log.hpp"
 
@@ -32,6 +33,7 @@ struct upstream_call {
     CURLcode rc = CURLE_OK;          // guarded by mu
     std::string error;               // guarded by mu: curl's words for a failure
     std::atomic<bool> cancel{false};
+    std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false); // its thread ended
     CURL* handle = nullptr;          // the transfer's thread only
 
     void wake() {
@@ -108,6 +110,7 @@ void run_transfer(std::shared_ptr<upstream_call> call, std::string url, std::str
     curl_slist_free_all(headers);
     curl_easy_cleanup(h);
     call->wake();
+    call->finished->store(true);
 }
 
 api_error transfer_error(const upstream_section& u, CURLcode rc, const std::string& what) {
@@ -161,15 +164,18 @@ asio::awaitable<bool> forward_upstream(exchange& x, const upstream_section& u) {
     std::thread t(run_transfer, call, u.base_url + x.req.path, std::string(x.req.http.body()), key,
                   std::string(x.req.header("Accept")), u.timeout_s);
     // However the handler ends (the client gone, the daemon stopping), the transfer is
-    // cancelled and its thread joined (within a second: the progress callback's period).
+    // cancelled; its thread ends at its next byte or progress call (about a second when the
+    // upstream is silent), joined by the model host, not here on the io thread.
     struct joiner {
         upstream_call& c;
         std::thread& t;
+        model_host* host;
         ~joiner() {
             c.cancel = true;
-            if (t.joinable()) t.join();
+            if (host && !c.finished->load()) host->keep_thread(std::move(t), c.finished);
+            else if (t.joinable()) t.join();
         }
-    } join{*call, t};
+    } join{*call, t, x.st.models};
     x.out.current(call->ch);
     x.out.watch_peer(call->ch);
 

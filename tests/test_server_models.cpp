@@ -263,6 +263,9 @@ TEST_CASE("an upstream: a second tandemd on TCP serves forwarded requests, strea
                                      {"ignore_eos", true}, {"n", 4}, {"temperature", 0}, {"stream", true}});
     const json over = completion(d.sock, "local", "Once upon a time");
     CHECK(over["choices"][0]["text"] == upstream_local);
+    const std::string em = request(d.sock, "GET", "/metrics").body;
+    CHECK(metric(em, "tandem_upstream_requests_total{upstream=\"cluster\",overflow=\"true\"}") == 1);
+    CHECK(metric(em, "tandem_upstream_requests_total{upstream=\"cluster\",overflow=\"false\"}") >= 3);
     ::close(busy);
     // and once the local queue has room again, it is served here
     for (int i = 0; i < 200 && model_status(d.sock, "local")["running"] != 0; ++i)
