@@ -369,6 +369,17 @@ void model_host::tick() {
     join_done();
     if (stopped_) return;
     const auto now = clock_type::now();
+    for (entry& e : entries_) {
+        // A model other than the default whose engine failed for good (a worker that cannot
+        // start again) goes once idle; the next request loads it anew. (The default's failure
+        // ends the daemon: server::status_loop.)
+        std::string failure;
+        if (e.st == state::loaded && !e.src.is_default && e.n_active == 0 &&
+            !e.ms->eng->wait_ready(std::chrono::milliseconds(0), failure) && !failure.empty()) {
+            logger("server")->error("{} cannot serve any more: {}; unloading it", e.src.name, failure);
+            start_unload(e);
+        }
+    }
     for (entry& e : entries_)
         if (e.st == state::loaded && e.n_active == 0 && e.keep_alive_s >= 0 &&
             std::chrono::duration<double>(now - e.last_used).count() >= e.keep_alive_s) {
