@@ -188,6 +188,37 @@ TEST_CASE("the memory budget: loading one model evicts the least recently used i
     CHECK(d.stop() == 0);
 }
 
+TEST_CASE("a model busy with requests is never evicted; a load longer than load_wait_s is a 503 with Retry-After") {
+    daemon_process d;
+    start_with(d, "busy",
+               "model = " + model_path("stories260K.gguf") + "\nmodels_max = 1\nload_wait_s = 0.5\n[model tiny]\npath = " +
+                   tiny() + "\nn_ctx = 256\n",
+               {"TANDEMD_TEST_LOAD_DELAY_MS=1000"}); // every load takes a second more
+    REQUIRE(d.wait_ready());
+    // the default streams: no room for tiny (models_max 1) while it runs
+    const int busy = stream_started(d.sock, "/v1/completions",
+                                    {{"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"ignore_eos", true}, {"n", 4},
+                                     {"temperature", 0}, {"stream", true}});
+    auto r = post(d.sock, "/v1/completions", {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}});
+    CHECK(r.status == 503);
+    CHECK(r.j()["error"]["code"] == "model_loading");
+    CHECK(r.headers.count("retry-after") == 1);
+    CHECK(model_status(d.sock, "stories260K")["state"] == "loaded");
+    CHECK(model_status(d.sock, "tiny")["state"] == "unloaded");
+    ::close(busy);
+    for (int i = 0; i < 300 && model_status(d.sock, "stories260K")["requests_active"] != 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // now the default goes, and tiny loads, but for longer than the request waits: 503 again
+    r = post(d.sock, "/v1/completions", {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}});
+    CHECK(r.status == 503);
+    CHECK(r.headers.count("retry-after") == 1);
+    // the load goes on; once it is in, tiny answers, and the default is out
+    CHECK(wait_state(d.sock, "tiny", "loaded"));
+    CHECK(post(d.sock, "/v1/completions", {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}}).status == 200);
+    CHECK(model_status(d.sock, "stories260K")["state"] == "unloaded");
+    CHECK(d.stop() == 0);
+}
+
 TEST_CASE("an upstream: a second tandemd on TCP serves forwarded requests, streams, cancels and overflow") {
     const int port = free_port();
     daemon_process up; // the "cluster": serves `remote` and `local` (the name overflow forwards)
