@@ -310,3 +310,30 @@ TEST_CASE("an upstream: a second tandemd on TCP serves forwarded requests, strea
     CHECK(gone.j()["error"]["code"] == "upstream_unreachable");
     CHECK(d.stop() == 0);
 }
+
+TEST_CASE("an upstream that does not answer: 504 upstream_timeout after its timeout_s") {
+    // a listener that never accepts: the connection is made (the kernel's backlog), no byte comes
+    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
+    REQUIRE(::listen(s, 8) == 0);
+    socklen_t len = sizeof in;
+    ::getsockname(s, reinterpret_cast<sockaddr*>(&in), &len);
+    daemon_process d;
+    start_with(d, "silent",
+               "model = " + model_path("stories260K.gguf") + "\n[upstream mute]\nbase_url = http://127.0.0.1:" +
+                   std::to_string(ntohs(in.sin_port)) + "\nmodels = quiet\ntimeout_s = 1\n");
+    REQUIRE(d.wait_ready());
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = post(d.sock, "/v1/chat/completions",
+                        {{"model", "quiet"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"stream", true}});
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(r.status == 504);
+    CHECK(r.j()["error"]["code"] == "upstream_timeout");
+    CHECK(waited >= 0.9);
+    CHECK(waited < 10);
+    CHECK(d.stop() == 0);
+    ::close(s);
+}
