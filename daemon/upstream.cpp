@@ -180,6 +180,10 @@ asio::awaitable<bool> forward_upstream(exchange& x, const upstream_section& u) {
     x.out.watch_peer(call->ch);
 
     bool streaming = false, whole = false, ok = true;
+    bool timed_out = false; // the upstream silent past timeout_s: cancelled here, answered 504
+    const auto idle_limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(u.timeout_s));
+    auto last_byte = std::chrono::steady_clock::now();
     std::string body; // a reply that is not a stream, collected
     long status = 0;
     std::string ctype;
@@ -201,6 +205,8 @@ asio::awaitable<bool> forward_upstream(exchange& x, const upstream_section& u) {
             x.st.met.request_done(x.label, 499);
             co_return false;
         }
+        if (!chunks.empty()) last_byte = std::chrono::steady_clock::now();
+        if (timed_out && rc == CURLE_ABORTED_BY_CALLBACK) rc = CURLE_OPERATION_TIMEDOUT;
         for (std::string& c : chunks) {
             if (!streaming && !whole) {
                 // The first bytes: a 2xx event stream is passed through as it comes, anything
@@ -254,8 +260,21 @@ asio::awaitable<bool> forward_upstream(exchange& x, const upstream_section& u) {
             x.st.met.request_done(x.label, r.status);
             co_return co_await x.out.send(r);
         }
+        // Waits only when nothing came while this handler was writing (a wake posted then found
+        // no wait to cancel): the check and the wait's start run with no suspension between.
+        {
+            std::lock_guard lock(call->mu);
+            if (!call->chunks.empty() || call->done) continue;
+        }
+        if (x.out.closed() || call->ch->peer_gone) continue;
         boost::system::error_code ec;
+        call->ch->timer.expires_at(timed_out ? std::chrono::steady_clock::time_point::max() : last_byte + idle_limit);
         co_await call->ch->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        if (!ec && !timed_out && std::chrono::steady_clock::now() - last_byte >= idle_limit) {
+            log->warn("upstream {}: nothing for {} s (timeout_s): cancelled", u.name, u.timeout_s);
+            timed_out = true;
+            call->cancel = true; // the transfer ends at its next progress call, then answered below
+        }
     }
 }
 
