@@ -195,10 +195,16 @@ TEST_CASE("a model busy with requests is never evicted; a load longer than load_
                    tiny() + "\nn_ctx = 256\n",
                {"TANDEMD_TEST_LOAD_DELAY_MS=1000"}); // every load takes a second more
     REQUIRE(d.wait_ready());
-    // the default streams: no room for tiny (models_max 1) while it runs
-    const int busy = stream_started(d.sock, "/v1/completions",
-                                    {{"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"ignore_eos", true}, {"n", 4},
-                                     {"temperature", 0}, {"stream", true}});
+    // the default streams to a client that reads nothing: its reply fills the socket, so the
+    // request holds the model however fast the tokens come; no room for tiny (models_max 1)
+    const int busy = connect_unix(d.sock);
+    REQUIRE(busy >= 0);
+    send_all(busy, make_request("POST", "/v1/completions",
+                                json{{"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"ignore_eos", true}, {"n", 8},
+                                     {"temperature", 0}, {"stream", true}}.dump()));
+    for (int i = 0; i < 500 && model_status(d.sock, "stories260K")["requests_active"] != 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    REQUIRE(model_status(d.sock, "stories260K")["requests_active"] == 1);
     auto r = post(d.sock, "/v1/completions", {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}});
     CHECK(r.status == 503);
     CHECK(r.j()["error"]["code"] == "model_loading");
