@@ -94,7 +94,7 @@ TEST_CASE("two models in one daemon: interleaved requests, 404 naming the models
     daemon_process d;
     start_with(d, "two",
                "model = " + model_path("stories260K.gguf") + "\n[model tiny]\npath = " + tiny() +
-                   "\nn_ctx = 256\nkeep_alive = 1\n");
+                   "\nn_ctx = 256\nkeep_alive = 1\nkv_pool_persist = true\n");
     REQUIRE(d.wait_ready());
     // the default is loaded at start; the other is listed, not loaded
     json models = request(d.sock, "GET", "/v1/models").j()["data"];
@@ -145,9 +145,13 @@ TEST_CASE("two models in one daemon: interleaved requests, 404 naming the models
     CHECK(metric(metrics, "tandem_model_loaded{model=\"tiny\"}") == 1);
     CHECK(metric(metrics, "tandem_model_loaded{model=\"stories260K\"}") == 1);
 
-    // idle for its keep_alive (1 s): unloaded; the default stays; the next request loads it again
+    // idle for its keep_alive (1 s): unloaded; the default stays; the next request loads it
+    // again, its prefix cache kept in its pool file (kv_pool_persist)
+    const std::string story = "Once upon a time there was a little girl named Lily. She loved to play outside in the park with her friends every day after school.";
+    completion(d.sock, "tiny", story, 2);
     CHECK(wait_state(d.sock, "tiny", "unloaded"));
     CHECK(model_status(d.sock, "stories260K")["state"] == "loaded");
+    CHECK(completion(d.sock, "tiny", story, 2)["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16);
     CHECK(completion(d.sock, "tiny", "Once upon a time")["choices"][0]["text"] == want_tiny);
     CHECK(model_status(d.sock, "tiny")["loads"] >= 2); // (more if it went idle in between)
 
