@@ -159,6 +159,19 @@ void print_status(const terminal& t, const ipc::client& c, const snapshot& s) {
                     if (d["meta"].contains(k)) meta += (meta.empty() ? "" : ", ") + std::string(k) + " " + scalar_text(d["meta"][k]);
         }
     r.emplace_back("model", model + (meta.empty() ? "" : " (" + meta + ")"));
+    // Several models (model_host): a line each, its state, memory and requests.
+    if (s.xj.is_object() && s.xj.contains("models") && s.xj["models"].is_object() &&
+        s.xj["models"].value("models", json::array()).size() > 1)
+        for (const auto& e : s.xj["models"]["models"]) {
+            if (!e.is_object()) continue;
+            std::string text = e.value("id", std::string()) + ": " + e.value("state", std::string());
+            if (e.value("default", false)) text += " (default)";
+            if (e.value("state", std::string()) == "loaded")
+                text += fmt(", %.1f MiB", double(e.value("memory_bytes", int64_t(0))) / 1048576.0) + ", " +
+                        num(double(e.value("requests_active", 0))) + " requests";
+            text += ", " + num(double(e.value("loads", 0))) + " loads";
+            r.emplace_back("  model", text);
+        }
     if (const json p = placement_of(s); !p.is_null()) r.emplace_back("placement", placement_text(p));
     if (s.xj.is_object() && s.xj.contains("threads")) r.emplace_back("threads", scalar_text(s.xj["threads"]));
     if (s.xj.is_object() && s.xj.contains("uptime_s") && s.xj["uptime_s"].is_number())

@@ -4,6 +4,8 @@
 
 #include "daemon/embedding.hpp"
 #include "daemon/fields.hpp"
+#include "daemon/model_host.hpp"
+#include "daemon/upstream.hpp"
 #include "daemon/retrieval.hpp"
 #include "runtime/log.hpp"
 
@@ -31,7 +33,7 @@ std::string new_id(std::string_view prefix) {
 } // namespace
 
 asio::awaitable<std::optional<api_error>> retrieve(exchange& x, generation_plan& plan) {
-    model_state& ms = *x.st.ms;
+    model_state& ms = model_of(x);
     const tokenizer& tok = *ms.bundle.tok;
     const pending_grounding& g = *plan.retrieval;
     const std::vector<document>& docs = g.ground.documents;
@@ -140,7 +142,7 @@ handler_fn generation_route(surface s) {
             auto parsed_req = s.parse(std::get<json>(body), x);
             if (auto* e = std::get_if<api_error>(&parsed_req)) return *e;
             parsed_request& pr = std::get<parsed_request>(parsed_req);
-            auto plan = plan_generation(std::move(pr.req), *x.st.ms, x.st.cfg);
+            auto plan = plan_generation(std::move(pr.req), model_of(x), x.st.cfg);
             if (auto* e = std::get_if<api_error>(&plan)) return *e;
             return planned{std::move(std::get<generation_plan>(plan)), std::move(pr.enc), std::nullopt};
         });
@@ -160,7 +162,7 @@ handler_fn generation_route(surface s) {
 
 asio::awaitable<bool> run_completion(exchange& x, const std::string& route, std::string_view id_prefix,
                                      generation_plan plan, encoder& enc) {
-    model_state& ms = *x.st.ms;
+    model_state& ms = model_of(x);
     metrics& met = x.st.met;
     auto fail_with = [&](const api_error& e) -> asio::awaitable<bool> {
         met.request_done(route, e.status);
@@ -191,6 +193,11 @@ asio::awaitable<bool> run_completion(exchange& x, const std::string& route, std:
         }
         for (uint64_t id : ids) ms.eng->cancel(id);
         ch->finished = true;
+        if (r.status == submit_status::queue_full && x.overflow && forwardable_path(x.req.path)) {
+            // the model's `overflow`: its upstream takes what its queue cannot (instead of a 429)
+            if (x.st.models) x.st.models->count_forward(x.overflow->name, true);
+            co_return co_await forward_upstream(x, *x.overflow);
+        }
         api_error e = submit_error(r.status);
         if (r.status == submit_status::too_long) e.message = too_long_message(plan.requests[k], ms);
         co_return co_await fail_with(e);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <cstdlib>
 #include <fstream>
@@ -185,6 +186,16 @@ const std::vector<std::pair<std::string, setter>>& setters() {
          [](config& c, const std::string& v) { c.allowed_users = split_list(v); return std::optional<std::string>(); }},
         {"allowed_groups",
          [](config& c, const std::string& v) { c.allowed_groups = split_list(v); return std::optional<std::string>(); }},
+        {"models_max", [](config& c, const std::string& v) { return parse_int<int32_t>(v, c.models_max, 1, 1024); }},
+        {"memory_budget_mb",
+         [](config& c, const std::string& v) { return parse_int<int64_t>(v, c.memory_budget_mb, 0, int64_t(1) << 30); }},
+        {"keep_alive",
+         [](config& c, const std::string& v) -> std::optional<std::string> {
+             const auto s = parse_keep_alive(v);
+             if (!s) return "expected seconds or a duration (5m, 1h), -1 for never";
+             c.keep_alive_s = *s;
+             return std::nullopt;
+         }},
         {"log_level",
          [](config& c, const std::string& v) -> std::optional<std::string> {
              static const char* levels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
@@ -242,22 +253,139 @@ void config::load_file(const std::string& path) {
     load(in, path);
 }
 
+std::optional<double> parse_keep_alive(const std::string& v) {
+    if (v.empty()) return std::nullopt;
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (end == v.c_str()) return std::nullopt;
+    const std::string unit(end);
+    double scale = 0;
+    if (unit.empty() || unit == "s") scale = 1;
+    else if (unit == "ms") scale = 0.001;
+    else if (unit == "m") scale = 60;
+    else if (unit == "h") scale = 3600;
+    else return std::nullopt;
+    if (!std::isfinite(x)) return std::nullopt;
+    return x < 0 ? -1.0 : x * scale;
+}
+
+const std::vector<std::string>& model_section_keys() {
+    static const std::vector<std::string> keys = {
+        "model_id",      "chat_template", "placement",       "prefill",        "decode",         "workers",
+        "threads",       "prefill_threads", "decode_threads", "n_ctx",         "page_size",      "kv_cache_mb",
+        "kv_pages",      "kv_dtype",      "weights",         "kv_pool",        "kv_pool_persist", "prefix_cache",
+        "max_running",   "max_waiting",   "step_tokens",     "draft_tokens",   "draft_model",    "draft_cost",
+        "max_prompt_tokens", "max_tokens_limit", "max_n"};
+    return keys;
+}
+
+namespace {
+
+// One key of a [model NAME] section: path, keep_alive, overflow, or a key the model may have
+// of its own (checked on a scratch config).
+std::optional<std::string> check_model_key(const std::string& key, const std::string& value) {
+    if (key == "path" || key == "overflow") return value.empty() ? std::optional<std::string>("must not be empty")
+                                                                 : std::nullopt;
+    if (key == "keep_alive")
+        return parse_keep_alive(value) ? std::nullopt
+                                       : std::optional<std::string>("expected seconds or a duration (5m, 1h), -1 for never");
+    const auto& keys = model_section_keys();
+    if (std::find(keys.begin(), keys.end(), key) == keys.end())
+        return key == "model" ? "a model section names its file with `path`"
+                              : "not a key a [model] section takes (it is the daemon's, for every model)";
+    config scratch;
+    return scratch.set(key, value);
+}
+
+std::optional<std::string> set_upstream_key(upstream_section& u, const std::string& key, const std::string& value) {
+    if (key == "base_url") {
+        if (!value.starts_with("http://") && !value.starts_with("https://")) return "expected an http:// or https:// URL";
+        u.base_url = value;
+        while (u.base_url.ends_with("/")) u.base_url.pop_back();
+        if (u.base_url.ends_with("/v1")) u.base_url.resize(u.base_url.size() - 3); // its routes are /v1/...
+    } else if (key == "api_key_file") {
+        u.api_key_file = value;
+    } else if (key == "models") {
+        u.models = split_list(value);
+        if (u.models.empty()) return "expected one or more model names";
+    } else if (key == "timeout_s") {
+        return parse_seconds(value, u.timeout_s);
+    } else {
+        return "unknown key (an [upstream] section takes base_url, api_key_file, models, timeout_s)";
+    }
+    return std::nullopt;
+}
+
+} // namespace
+
 void config::load(std::istream& in, const std::string& path) {
     std::string line;
+    model_section* sec = nullptr;   // the [model NAME] section being read
+    upstream_section* up = nullptr; // the [upstream NAME] section being read
     for (int n = 1; std::getline(in, line); ++n) {
         line = strip_comment(line);
         if (line.empty()) continue;
+        const std::string where = path + ":" + std::to_string(n);
+        if (line.front() == '[') { // [model NAME] or [upstream NAME]: the keys below are its own
+            TANDEM_CHECK(line.back() == ']', "{}: expected `[model NAME]` or `[upstream NAME]`", where);
+            const std::string head = trim(line.substr(1, line.size() - 2));
+            const auto sp = head.find_first_of(" \t");
+            const std::string kind = head.substr(0, sp);
+            const std::string name = sp == std::string::npos ? std::string() : trim(head.substr(sp));
+            TANDEM_CHECK(!name.empty() && name.find_first_of(" \t/\"'") == std::string::npos,
+                         "{}: expected `[model NAME]` or `[upstream NAME]`, NAME without spaces, quotes or slashes", where);
+            const auto taken = [&](const std::string& nm) {
+                for (const auto& m : models)
+                    if (m.name == nm) return true;
+                for (const auto& u : upstreams)
+                    if (u.name == nm) return true;
+                return false;
+            };
+            TANDEM_CHECK(!taken(name), "{}: a section named '{}' comes earlier", where, name);
+            sec = nullptr;
+            up = nullptr;
+            if (kind == "model") {
+                models.push_back({name, {}, where});
+                sec = &models.back();
+            } else if (kind == "upstream") {
+                upstream_section u;
+                u.name = name;
+                u.origin = where;
+                upstreams.push_back(std::move(u));
+                up = &upstreams.back();
+            } else {
+                fail("{}: unknown section [{}]: expected [model NAME] or [upstream NAME]", where, kind);
+            }
+            continue;
+        }
         const auto eq = line.find('=');
-        TANDEM_CHECK(eq != std::string::npos, "{}:{}: expected `key = value`", path, n);
+        TANDEM_CHECK(eq != std::string::npos, "{}: expected `key = value`", where);
         std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
-        if (auto err = unquote(value)) fail("{}:{}: {}: {}", path, n, key, *err);
-        if (auto err = set(key, value)) fail("{}:{}: {}: {}", path, n, key, *err);
-        origin[key] = path + ":" + std::to_string(n);
+        if (auto err = unquote(value)) fail("{}: {}: {}", where, key, *err);
+        if (sec) {
+            if (auto err = check_model_key(key, value)) fail("{}: [model {}] {}: {}", where, sec->name, key, *err);
+            sec->settings.emplace_back(key, value);
+            continue;
+        }
+        if (up) {
+            if (auto err = set_upstream_key(*up, key, value)) fail("{}: [upstream {}] {}: {}", where, up->name, key, *err);
+            continue;
+        }
+        if (auto err = set(key, value)) fail("{}: {}: {}", where, key, *err);
+        origin[key] = where;
+    }
+    for (const auto& m : models) {
+        const bool has_path = std::any_of(m.settings.begin(), m.settings.end(), [](const auto& kv) { return kv.first == "path"; });
+        TANDEM_CHECK(has_path, "{}: [model {}] has no `path` (its GGUF file)", m.origin, m.name);
+    }
+    for (const auto& u : upstreams) {
+        TANDEM_CHECK(!u.base_url.empty(), "{}: [upstream {}] has no `base_url`", u.origin, u.name);
+        TANDEM_CHECK(!u.models.empty(), "{}: [upstream {}] has no `models` (the names forwarded there)", u.origin, u.name);
     }
 }
 
 void config::validate() const {
-    TANDEM_CHECK(!model.empty(),
+    TANDEM_CHECK(!model.empty() || !models.empty(),
                  "no model: pass --model PATH or set `model` in the config file (no demo model is installed beside tandemd)");
     // "FILE:LINE: key: problem", or "key: problem" for a key set by a flag without a place
     const auto bad = [&](const std::string& key, const std::string& problem) {
@@ -277,6 +405,11 @@ void config::validate() const {
         if (!lookup_group(g)) bad("allowed_groups", "no group '" + g + "'");
     for (const auto& u : allowed_users)
         if (!lookup_user(u)) bad("allowed_users", "no user '" + u + "'");
+    for (const auto& m : models)
+        for (const auto& [key, value] : m.settings)
+            if (key == "overflow" && std::none_of(upstreams.begin(), upstreams.end(),
+                                                  [&v = value](const upstream_section& u) { return u.name == v; }))
+                fail("{}: [model {}] overflow: no [upstream {}] section", m.origin, m.name, value);
 }
 
 bool under_systemd_runtime() {

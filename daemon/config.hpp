@@ -12,6 +12,26 @@
 
 namespace tandem::daemon {
 
+// A `[model NAME]` section of tandemd.conf: a model the daemon serves by that name, loaded on
+// demand (daemon/model_host.hpp). `path` is its GGUF; its other keys override the daemon's for
+// this model (the keys model_section_keys() lists).
+struct model_section {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> settings; // in the file's order, `path` included
+    std::string origin;                                        // "FILE:LINE" of its header
+};
+
+// An `[upstream NAME]` section: an OpenAI-compatible server (vLLM, SGLang, llm-d, another
+// tandemd) that requests for its models are forwarded to (daemon/upstream.hpp).
+struct upstream_section {
+    std::string name;
+    std::string base_url;              // "http://host:port" (its /v1/... routes are used)
+    std::string api_key_file;          // "" = none; else a file whose first line is the key
+    std::vector<std::string> models;   // the model names forwarded there
+    double timeout_s = 300;            // a reply silent this long (no byte) is a 504
+    std::string origin;
+};
+
 struct config {
     std::string model;                 // GGUF path; "" = default_model_path(), if installed
     std::string model_id;              // the id /v1/models reports; "" = the file's stem
@@ -71,6 +91,12 @@ struct config {
     std::vector<std::string> allowed_users;  // names or uids
     std::vector<std::string> allowed_groups; // names or gids
     std::string log_level = "info";
+    // Several models (docs/config.md#several-models): the sections, and how many stay loaded.
+    std::vector<model_section> models; // [model NAME] sections
+    std::vector<upstream_section> upstreams; // [upstream NAME] sections
+    int32_t models_max = 4;            // local models loaded at once (least recently used out first)
+    int64_t memory_budget_mb = 0;      // 0 = no budget; else the loaded models' weights and KV pools
+    double keep_alive_s = 300;         // a model idle this long is unloaded (< 0: never; the default model: never)
     // Where each key was set, "FILE:LINE" (or the flag), for the errors validate() reports.
     std::map<std::string, std::string> origin;
 
@@ -126,6 +152,14 @@ std::string default_state_dir();
 // installed share/tandem/models/ (found from the running tandemd's own path, so any install
 // prefix works); "" when there is none there (a build tree).
 std::string default_model_path();
+
+// A keep_alive: seconds ("300", "-1"), or a duration with a unit ("5m", "10s", "1h", "500ms");
+// negative means for good. nullopt when it is neither.
+std::optional<double> parse_keep_alive(const std::string& v);
+
+// The keys a [model NAME] section takes besides `path`, `keep_alive` and `overflow`: those
+// that may differ between models (the context, the KV pool, placement, limits).
+const std::vector<std::string>& model_section_keys();
 
 // The documented keys, in order, for --help-config.
 std::vector<std::string> config_keys();

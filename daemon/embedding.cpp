@@ -125,7 +125,7 @@ std::optional<api_error> embeddings_unavailable(const model_state& ms) {
 
 asio::awaitable<std::variant<std::vector<std::vector<float>>, api_error>>
 embed(exchange& x, std::vector<std::vector<token_id>> inputs, int32_t priority) {
-    model_state& ms = *x.st.ms;
+    model_state& ms = model_of(x);
     auto ch = generation_channel::make(x.out.executor());
     std::vector<uint64_t> ids;
     auto cancel_all = [&] {
@@ -208,7 +208,7 @@ asio::awaitable<bool> handle_embeddings(exchange& x) {
         co_await off_io(x.st.blocking.get(), [&]() -> std::variant<embedding_plan, api_error> {
             auto body = parse_request_body(x.req.http.body(), x.st.cfg.max_json_depth);
             if (auto* e = std::get_if<api_error>(&body)) return *e;
-            return parse_embeddings(std::get<json>(body), *x.st.ms, x.st.cfg);
+            return parse_embeddings(std::get<json>(body), model_of(x), x.st.cfg);
         });
     if (auto* e = std::get_if<api_error>(&parsed)) {
         x.st.met.request_done(route, e->status);
@@ -227,7 +227,7 @@ asio::awaitable<bool> handle_embeddings(exchange& x) {
     for (const auto& in : plan.inputs) n_tokens += int64_t(in.size());
     x.st.met.tokens(n_tokens, 0);
     x.st.met.request_done(route, 200);
-    const reply r = reply::of_json(embeddings_response(plan, std::get<0>(vectors), x.st.ms->id));
+    const reply r = reply::of_json(embeddings_response(plan, std::get<0>(vectors), model_of(x).id));
     co_return co_await x.out.send(r);
 }
 

@@ -36,6 +36,8 @@ namespace asio = boost::asio;
 namespace http = boost::beast::http;
 
 struct daemon_state;
+struct model_state;
+struct upstream_section;
 
 // Engine events of one request on their way from the engine thread to the handler, which
 // waits on the timer; the session marks the peer gone when the client hangs up.
@@ -115,7 +117,11 @@ struct exchange {
     responder& out;
     daemon_state& st;
     std::string label;                // the route's metrics label
+    model_state* ms = nullptr;        // the model the request named, held while it runs (null: st.ms)
+    const upstream_section* overflow = nullptr; // its upstream for a request its queue refuses
 };
+// The request's model: the one it named (the session holds it), else the daemon's default.
+model_state& model_of(const exchange& x);
 using handler_fn = std::function<asio::awaitable<bool>(exchange&)>;
 
 // Runs f on the daemon's pool for blocking work (tokenizing, compiling a constraint, the disk)

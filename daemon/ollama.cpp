@@ -4,11 +4,13 @@
 
 #include "daemon/embedding.hpp"
 #include "daemon/fields.hpp"
+#include "daemon/model_host.hpp"
 #include "daemon/state.hpp"
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -149,16 +151,40 @@ std::string ollama_name(const model_state& ms) {
 }
 
 reply ollama_tags(const exchange& x) {
-    json m = model_entry(*x.st.ms);
-    m["modified_at"] = now_rfc3339();
-    return reply::of_json({{"models", json::array({m})}});
+    json models = json::array();
+    if (!x.st.models) models.push_back(model_entry(model_of(x)));
+    else {
+        const auto loaded = x.st.models->loaded();
+        for (const json& c : x.st.models->cards()) { // every local model, loaded or not
+            if (c["state"] == "upstream") continue;
+            const std::string id = c["id"].get<std::string>();
+            const auto it = std::find_if(loaded.begin(), loaded.end(), [&](const auto& ms) { return ms->id == id; });
+            if (it != loaded.end()) {
+                models.push_back(model_entry(**it));
+                continue;
+            }
+            const std::string name = id.find(':') == std::string::npos ? id + ":latest" : id;
+            models.push_back({{"name", name}, {"model", name}, {"size", c["memory_bytes"]}, {"digest", ""},
+                              {"details", {{"parent_model", ""}, {"format", "gguf"}}}});
+        }
+    }
+    for (json& m : models) m["modified_at"] = now_rfc3339();
+    return reply::of_json({{"models", std::move(models)}});
 }
 
 reply ollama_ps(const exchange& x) {
-    json m = model_entry(*x.st.ms);
-    m["expires_at"] = "2262-04-11T23:47:16.854775807Z"; // loaded for good (Go's latest time, as Ollama writes keep_alive -1)
-    m["size_vram"] = 0;
-    return reply::of_json({{"models", json::array({m})}});
+    std::vector<std::shared_ptr<model_state>> loaded;
+    if (x.st.models) loaded = x.st.models->loaded();
+    json models = json::array();
+    const auto add = [&](const model_state& ms) {
+        json m = model_entry(ms);
+        m["expires_at"] = "2262-04-11T23:47:16.854775807Z"; // (Go's latest time, as Ollama writes keep_alive -1)
+        m["size_vram"] = 0;
+        models.push_back(std::move(m));
+    };
+    if (!x.st.models) add(model_of(x));
+    for (const auto& ms : loaded) add(*ms);
+    return reply::of_json({{"models", std::move(models)}});
 }
 
 reply ollama_version(const exchange&) { return reply::of_json({{"version", TANDEM_VERSION}}); }
@@ -168,7 +194,7 @@ reply ollama_show(const exchange& x) {
     if (auto* e = std::get_if<api_error>(&parsed)) return ollama_error(*e);
     const json& body = std::get<json>(parsed);
     if (auto e = check_keys(body, "", {"model", "name", "verbose"})) return ollama_error(*e);
-    const model_state& ms = *x.st.ms;
+    const model_state& ms = model_of(x);
     const json name = body.contains("model") ? body["model"] : body.value("name", json());
     if (!name.is_string()) return ollama_error(bad("'model' is required", "model"));
     if (name != ms.id && name != ollama_name(ms)) {
@@ -209,7 +235,7 @@ handler_fn ollama_embed(bool legacy) {
                 auto body = parse_request_body(x.req.http.body(), x.st.cfg.max_json_depth);
                 if (auto* e = std::get_if<api_error>(&body)) return *e;
                 const json& b = std::get<json>(body);
-                const model_state& ms = *x.st.ms;
+                const model_state& ms = model_of(x);
                 if (legacy) TANDEM_TRY(check_keys(b, "", {"model", "prompt", "options", "keep_alive"}, true));
                 else TANDEM_TRY(check_keys(b, "", {"model", "input", "truncate", "keep_alive"}, true));
                 TANDEM_TRY(read_keep_alive(b));
@@ -262,7 +288,7 @@ handler_fn ollama_embed(bool legacy) {
         if (legacy) {
             out = {{"embedding", v.empty() ? json::array() : json(v[0])}};
         } else {
-            out = {{"model", ollama_name(*x.st.ms)},
+            out = {{"model", ollama_name(model_of(x))},
                    {"embeddings", v},
                    {"total_duration", nanos(clock_type::now() - x.req.received)},
                    {"load_duration", 0},

@@ -20,8 +20,8 @@ namespace tandem::daemon {
 std::variant<generation_request, api_error> parse_ollama(const json& body, const model_state& ms, const config& cfg,
                                                          bool generate);
 
-// `keep_alive`: tandemd keeps its one model loaded for good, which any duration is honoured
-// by (it stays at least that long); 0, which asks to unload it, is a 400.
+// `keep_alive`: how long the model stays loaded after the request (a duration or seconds; 0:
+// unloaded once the request ends, negative: for good); the session applies it (model_host).
 field_error read_keep_alive(const json& body);
 
 // The encoder: {"model", "created_at", "message" | "response", "done"} lines, the last with

@@ -132,9 +132,9 @@ field_error read_ollama_messages(const json& body, std::vector<chat_message>& ou
 field_error read_keep_alive(const json& body) {
     const auto it = body.find("keep_alive");
     if (it == body.end() || it->is_null()) return std::nullopt;
-    if (*it == 0 || *it == "0" || *it == "0s")
-        return bad("'keep_alive' 0 (unload the model) is not supported: tandemd keeps its model loaded", "keep_alive");
-    if (!it->is_string() && !it->is_number()) return bad("'keep_alive' must be a duration or a number", "keep_alive");
+    if (it->is_number()) return std::nullopt; // seconds (negative: for good, 0: unloaded after the request)
+    if (!it->is_string() || !parse_keep_alive(it->get<std::string>()))
+        return bad("'keep_alive' must be a duration (\"5m\", \"10s\", \"-1\") or a number of seconds", "keep_alive");
     return std::nullopt;
 }
 

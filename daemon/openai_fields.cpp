@@ -85,7 +85,7 @@ field_error read_model(const json& body, const model_state& ms) {
     auto it = body.find("model");
     if (it == body.end() || it->is_null()) return std::nullopt;
     if (!it->is_string()) return bad("'model' must be a string", "model");
-    if (it->get<std::string>() == ms.id) return std::nullopt;
+    if (it->get<std::string>() == ms.id || it->get<std::string>() == ms.id + ":latest") return std::nullopt; // (Ollama's tag)
     api_error e =
         bad(fmt::format("The model '{}' does not exist; this daemon serves '{}'", it->get<std::string>(), ms.id), "model");
     e.status = 404;

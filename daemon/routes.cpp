@@ -5,6 +5,7 @@
 #include "daemon/batch_jobs.hpp"
 #include "daemon/completion.hpp"
 #include "daemon/embedding.hpp"
+#include "daemon/model_host.hpp"
 #include "daemon/openai_fields.hpp"
 #include "daemon/ollama.hpp"
 #include "daemon/openai_request.hpp"
@@ -42,27 +43,9 @@ std::variant<json, api_error> body_of(exchange& x) {
     return parse_request_body(x.req.http.body(), x.st.cfg.max_json_depth);
 }
 
-json model_card(const model_state& ms, const daemon_state& st) {
-    const auto& c = ms.bundle.cfg;
-    return json{{"id", ms.id},
-                {"object", "model"},
-                {"created", int64_t(st.started_unix)},
-                {"owned_by", "tandem"},
-                {"meta",
-                 {{"path", ms.path},
-                  {"arch", c.arch},
-                  {"n_ctx", ms.n_ctx},
-                  {"n_ctx_train", c.n_ctx_train},
-                  {"n_vocab", c.n_vocab},
-                  {"n_layer", c.n_layer},
-                  {"n_embd", c.n_embd},
-                  {"chat_template", std::string(name_of(ms.tmpl.family()))},
-                  {"chat_template_renderer", ms.tmpl.renderer_name()}}}};
-}
-
 reply health(exchange& x) {
     if (x.st.stopping) return reply{503, "application/json", R"({"status":"stopping"})", 5};
-    if (!x.st.ms) return reply{503, "application/json", R"({"status":"loading"})", 2};
+    if (!x.st.ms && !x.st.serving) return reply{503, "application/json", R"({"status":"loading"})", 2};
     return reply{200, "application/json", R"({"status":"ok"})", 0};
 }
 
@@ -72,12 +55,17 @@ reply metrics_text(exchange& x) {
     if (ms) es = ms->eng->stats();
     std::string text = x.st.met.render(ms ? &es : nullptr);
     if (ms && ms->guides) render_guide_metrics(text, ms->guides->stats());
+    if (x.st.models) x.st.models->render_metrics(text); // every model's state, by its name
     return reply{200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), 0};
 }
 
 reply model(exchange& x) {
     const std::string& id = x.req.params.at("id");
-    if (id == x.st.ms->id) return reply::of_json(model_card(*x.st.ms, x.st));
+    if (x.st.models) {
+        if (auto card = x.st.models->card(id)) return reply::of_json(*card);
+        return reply::of(x.st.models->not_found(id));
+    }
+    if (id == model_of(x).id) return reply::of_json(model_card(model_of(x), x.st));
     api_error e = bad(fmt::format("The model '{}' does not exist", id), "model");
     e.status = 404;
     e.code = "model_not_found";
@@ -88,11 +76,12 @@ reply status(exchange& x) {
     const daemon_state& st = x.st;
     const model_state* ms = st.ms.get();
     const auto tot = st.met.totals();
-    json j = {{"status", st.stopping ? "stopping" : ms ? "ready" : "loading"},
+    json j = {{"status", st.stopping ? "stopping" : ms || st.serving ? "ready" : "loading"},
               {"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - st.started).count()},
               {"requests_total", tot.n_requests},
               {"prompt_tokens_total", tot.n_prompt_tokens},
               {"completion_tokens_total", tot.n_completion_tokens}};
+    if (st.models) j["models"] = st.models->status(); // every model: state, memory, requests
     if (!ms) return reply::of_json(j);
     const engine_stats es = ms->eng->stats();
     j["model"] = model_card(*ms, st);
@@ -130,6 +119,24 @@ reply status(exchange& x) {
     return reply::of_json(j);
 }
 
+// POST /v1/tandem/models/{id}/load: the session loaded it (held for this request, waiting up to
+// load_wait_s); it stays for its keep_alive.
+reply load_model(exchange& x) {
+    const std::string& id = x.req.params.at("id");
+    if (!x.st.models) return reply::of_json(model_card(model_of(x), x.st));
+    auto card = x.st.models->card(id);
+    if (!card) return reply::of(x.st.models->not_found(id));
+    return reply::of_json(*card);
+}
+
+// POST /v1/tandem/models/{id}/unload: unloaded now, or when its running requests end.
+reply unload_model(exchange& x) {
+    const std::string& id = x.req.params.at("id");
+    if (!x.st.models) return reply::of(bad("this daemon serves one model and does not unload it", "id"));
+    if (auto e = x.st.models->unload(id)) return reply::of(*e);
+    return reply::of_json(*x.st.models->card(id));
+}
+
 reply tokenize(exchange& x) {
     auto parsed = body_of(x);
     if (auto* e = std::get_if<api_error>(&parsed)) return reply::of(*e);
@@ -143,7 +150,7 @@ reply tokenize(exchange& x) {
     bool add_special = true, parse_special = false;
     if (auto e = read_bool(j, "add_special", add_special)) return reply::of(*e);
     if (auto e = read_bool(j, "parse_special", parse_special)) return reply::of(*e);
-    const auto ids = x.st.ms->bundle.tok->encode(text, add_special, parse_special);
+    const auto ids = model_of(x).bundle.tok->encode(text, add_special, parse_special);
     return reply::of_json({{"tokens", ids}, {"count", ids.size()}});
 }
 
@@ -152,7 +159,7 @@ reply detokenize(exchange& x) {
     if (auto* e = std::get_if<api_error>(&parsed)) return reply::of(*e);
     const json& j = std::get<json>(parsed);
     if (auto e = check_keys(j, "", {"tokens"})) return reply::of(*e);
-    const tokenizer& tok = *x.st.ms->bundle.tok;
+    const tokenizer& tok = *model_of(x).bundle.tok;
     auto it = j.find("tokens");
     if (it == j.end() || !it->is_array() || !all_ints(*it))
         return reply::of(bad("'tokens' must be an array of token ids", "tokens"));
@@ -173,7 +180,7 @@ reply apply_template(exchange& x) {
     const json& j = std::get<json>(parsed);
     if (auto e = check_keys(j, "", {"messages", "tools", "tool_choice", "add_generation_prompt", "chat_template_kwargs"}))
         return reply::of(*e);
-    const model_state& ms = *x.st.ms;
+    const model_state& ms = model_of(x);
     std::vector<chat_message> messages;
     if (auto e = read_messages(j, messages)) return reply::of(*e);
     tools_request tools;
@@ -199,7 +206,7 @@ handler_fn openai_generation(bool chat) {
         auto parsed = co_await off_io(x.st.blocking.get(), [&]() -> std::variant<generation_plan, api_error> {
             auto body = body_of(x);
             if (auto* e = std::get_if<api_error>(&body)) return *e;
-            return parse_generation(std::get<json>(body), chat, *x.st.ms, x.st.cfg);
+            return parse_generation(std::get<json>(body), chat, model_of(x), x.st.cfg);
         });
         if (auto* e = std::get_if<api_error>(&parsed)) {
             x.st.met.request_done(x.label, e->status);
@@ -216,7 +223,7 @@ handler_fn openai_generation(bool chat) {
 handler_fn anthropic_messages() {
     surface s;
     s.parse = [](const json& body, const exchange& x) -> std::variant<parsed_request, api_error> {
-        auto req = parse_anthropic(body, *x.st.ms, x.st.cfg);
+        auto req = parse_anthropic(body, model_of(x), x.st.cfg);
         if (auto* e = std::get_if<api_error>(&req)) return *e;
         auto enc = make_anthropic_encoder(std::get<generation_request>(req).base.stop);
         return parsed_request{std::move(std::get<generation_request>(req)), std::move(enc)};
@@ -230,7 +237,7 @@ handler_fn anthropic_messages() {
 reply anthropic_count_tokens(exchange& x) {
     auto body = body_of(x);
     if (auto* e = std::get_if<api_error>(&body)) return anthropic_error(*e);
-    const model_state& ms = *x.st.ms;
+    const model_state& ms = model_of(x);
     auto parsed = parse_anthropic(std::get<json>(body), ms, x.st.cfg, true);
     if (auto* e = std::get_if<api_error>(&parsed)) return anthropic_error(*e);
     const generation_request& req = std::get<generation_request>(parsed);
@@ -247,7 +254,7 @@ handler_fn openai_responses() {
     surface s;
     s.parse = [](const json& body, const exchange& x) -> std::variant<parsed_request, api_error> {
         responses_context ctx;
-        auto req = parse_responses(body, *x.st.ms, x.st.cfg, x.st.responses.get(), x.req.who, ctx);
+        auto req = parse_responses(body, model_of(x), x.st.cfg, x.st.responses.get(), x.req.who, ctx);
         if (auto* e = std::get_if<api_error>(&req)) return *e;
         ctx.store_to = x.st.responses;
         return parsed_request{std::move(std::get<generation_request>(req)), make_responses_encoder(std::move(ctx))};
@@ -275,7 +282,7 @@ reply stored_response(exchange& x, bool remove) {
 handler_fn ollama_generation(bool generate) {
     surface s;
     s.parse = [generate](const json& body, const exchange& x) -> std::variant<parsed_request, api_error> {
-        auto req = parse_ollama(body, *x.st.ms, x.st.cfg, generate);
+        auto req = parse_ollama(body, model_of(x), x.st.cfg, generate);
         if (auto* e = std::get_if<api_error>(&req)) return *e;
         return parsed_request{std::move(std::get<generation_request>(req)), make_ollama_encoder(generate, x.req.received)};
     };
@@ -284,8 +291,8 @@ handler_fn ollama_generation(bool generate) {
     if (generate) // no prompt: Ollama loads the model and answers done (the model here is loaded)
         s.shortcut = [](const json& body, const exchange& x) -> std::optional<reply> {
             if (!body.is_object() || body.contains("prompt") || !body.value("model", json()).is_string()) return std::nullopt;
-            if (body["model"] != x.st.ms->id && body["model"] != ollama_name(*x.st.ms)) return std::nullopt;
-            return reply::of_json({{"model", ollama_name(*x.st.ms)}, {"response", ""}, {"done", true}, {"done_reason", "load"}});
+            if (body["model"] != model_of(x).id && body["model"] != ollama_name(model_of(x))) return std::nullopt;
+            return reply::of_json({{"model", ollama_name(model_of(x))}, {"response", ""}, {"done", true}, {"done_reason", "load"}});
         };
     return generation_route(std::move(s));
 }
@@ -312,9 +319,12 @@ std::vector<route> make_routes() {
         {"/v1/tandem/status", "GET", "/v1/tandem/status", false, false, simple(status)},
         {"/v1/models", "GET", "/v1/models", true, false,
          simple([](exchange& x) {
-             return reply::of_json({{"object", "list"}, {"data", json::array({model_card(*x.st.ms, x.st)})}});
+             if (x.st.models) return reply::of_json({{"object", "list"}, {"data", x.st.models->cards()}});
+             return reply::of_json({{"object", "list"}, {"data", json::array({model_card(model_of(x), x.st)})}});
          })},
         {"/v1/models/{id...}", "GET", "/v1/models", true, false, simple(model)},
+        {"/v1/tandem/models/{id}/load", "POST", "/v1/tandem/models", true, false, simple(load_model)},
+        {"/v1/tandem/models/{id}/unload", "POST", "/v1/tandem/models", false, false, simple(unload_model)},
         {"/tokenize", "POST", "/tokenize", true, false, blocking(tokenize)},
         {"/detokenize", "POST", "/detokenize", true, false, simple(detokenize)},
         {"/v1/tandem/apply-template", "POST", "/v1/tandem/apply-template", true, false, blocking(apply_template)},
@@ -411,6 +421,8 @@ std::string url_decode(std::string_view s) {
 }
 
 } // namespace
+
+model_state& model_of(const exchange& x) { return x.ms ? *x.ms : *x.st.ms; }
 
 const std::vector<route>& routes() {
     static const std::vector<route> table = make_routes();

@@ -88,7 +88,7 @@ server::server(config cfg, bool embedded)
 }
 
 server::~server() {
-    if (loader_.joinable()) loader_.join();
+    if (host_) host_->stop_all();
     if (st_.blocking) st_.blocking->join(); // (its work may use the batch jobs, which go next)
 }
 
@@ -308,38 +308,47 @@ std::unique_ptr<model_state> load_model_state(const config& cfg, const std::stri
 }
 
 void server::start_loading() {
-    if (managed_) systemd::notify_status("loading " + st_.cfg.model);
-    loader_ = std::thread([this, cfg = st_.cfg, socket_name = socket_name_] {
-        std::unique_ptr<model_state> ms;
-        std::string err;
-        try {
-            // Tests stretch the load to observe the loading state; nothing else sets this.
-            if (const char* d = std::getenv("TANDEMD_TEST_LOAD_DELAY_MS"); d && *d)
-                std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
-            ms = load_model_state(cfg, socket_name, abort_loading_);
-        } catch (const std::exception& e) {
-            err = e.what(); // (the pool's file went with the state, unless kept: kv_pool_persist)
-        }
-        asio::post(io_, [this, ms = std::move(ms), err]() mutable {
-            auto log = logger("server");
-            if (st_.stopping) return; // a signal came first; run() disposes of the engine
-            if (!ms) {
-                log->error("cannot load the model: {}", err);
-                exit_code_ = 1;
-                load_error_ = err;
-                begin_drain(); // requests held for the model get 503, then the daemon exits
-                if (managed_) systemd::notify_status("failed: " + err);
-                return;
-            }
-            st_.ms = std::move(ms);
-            const std::string status =
-                fmt::format("serving {} ({} threads, context {})", st_.ms->id, st_.ms->threads, st_.ms->n_ctx);
-            log->info("ready: {}", status);
-            ready_ = true;
-            if (managed_) systemd::notify_ready(status);
-            sessions_.state_changed(); // requests held for the model go on
-        });
-    });
+    if (managed_) systemd::notify_status("loading " + default_model_name(st_.cfg));
+    const std::string socket_name = socket_name_;
+    auto load = [socket_name](const model_source& src, const std::atomic<bool>& abort) {
+        // Tests stretch the load to observe the loading state; nothing else sets this.
+        if (const char* d = std::getenv("TANDEMD_TEST_LOAD_DELAY_MS"); d && *d)
+            for (int ms = std::atoi(d); ms > 0 && !abort; ms -= 10)
+                std::this_thread::sleep_for(std::chrono::milliseconds(std::min(ms, 10)));
+        // The default model's pool is named as before (after the socket); a section's also
+        // after its name, so that two names of one file never share a pool.
+        return load_model_state(src.cfg, src.is_default ? socket_name : socket_name + "#" + src.name, abort);
+    };
+    host_ = std::make_unique<model_host>(st_, io_.get_executor(), std::move(load), [this] { models_changed(); });
+    st_.models = host_.get();
+    const model_pick p = host_->load(""); // the default model, at start
+    if (p.error) { // (it cannot be had: no room is not possible here)
+        load_error_ = p.error->message;
+        exit_code_ = 1;
+        begin_drain();
+    }
+}
+
+void server::models_changed() {
+    auto log = logger("server");
+    sessions_.state_changed(); // requests held for a model look again
+    if (st_.stopping || st_.serving) return;
+    if (st_.ms) { // the default model is in: the daemon is ready
+        st_.serving = true;
+        const std::string status =
+            fmt::format("serving {} ({} threads, context {})", st_.ms->id, st_.ms->threads, st_.ms->n_ctx);
+        log->info("ready: {}", status);
+        ready_ = true;
+        if (managed_) systemd::notify_ready(status);
+        return;
+    }
+    if (auto err = host_->default_failure()) {
+        log->error("cannot load the model: {}", *err);
+        exit_code_ = 1;
+        load_error_ = *err;
+        begin_drain(); // requests held for the model get 503, then the daemon exits
+        if (managed_) systemd::notify_status("failed: " + *err);
+    }
 }
 
 std::unique_ptr<tcp_policy> server::tcp_policy_of(const sockaddr_storage& addr) {
@@ -398,6 +407,7 @@ asio::awaitable<void> server::status_loop() {
         status_timer_.expires_after(std::chrono::seconds(1));
         error_code ec;
         co_await status_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        if (host_ && !finished_ && !st_.stopping) host_->tick(); // idle models go (keep_alive)
         if (finished_ || st_.stopping || !st_.ms) continue;
         if (std::string failure; !st_.ms->eng->wait_ready(std::chrono::milliseconds(0), failure) && !failure.empty()) {
             logger("server")->error("cannot serve any more: {}; exiting", failure);
@@ -435,6 +445,7 @@ void server::begin_drain() {
     st_.stopping = true;
     if (jobs_) jobs_->stop(); // no new line; those in flight are answered in the drain
     abort_loading_ = true;
+    if (host_) host_->abort_loading();
     if (managed_) systemd::notify_stopping();
     // Our own listeners keep accepting while the drain lasts (new requests get 503 "stopping"
     // with Retry-After). The sockets systemd passed are closed: their new connections wait in
@@ -516,11 +527,10 @@ int server::run() {
     io_.run();
     jobs_.reset(); // (its lines in flight were answered in the drain, or their connections closed)
 
-    // The engine goes first: its last events are posted to io_, which must still exist.
+    // The engines go first: their last events are posted to io_, which must still exist.
     abort_loading_ = true;
-    if (st_.ms) st_.ms->eng->stop();
-    if (loader_.joinable()) loader_.join();
-    st_.ms.reset(); // the engine and its workers, then the pool's file unless kept (kv_pool_persist)
+    if (host_) host_->stop_all(); // every engine and its workers, then the pools' files unless kept
+    st_.ms.reset();
     if (!socket_path_.empty()) {
         std::error_code fec;
         fs::remove(socket_path_, fec);

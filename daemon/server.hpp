@@ -5,6 +5,7 @@
 #include "runtime/prelude.hpp"
 
 #include "daemon/access.hpp"
+#include "daemon/model_host.hpp"
 #include "daemon/peer_cred.hpp"
 #include "daemon/session_manager.hpp"
 #include "daemon/state.hpp"
@@ -62,6 +63,7 @@ private:
 
     void listen();
     void start_loading();
+    void models_changed(); // a model loaded, failed or went (io thread)
     // /v1/files and /v1/batches, their runner started (a warning and none when the state
     // directory cannot be had).
     void start_batch_jobs();
@@ -76,6 +78,7 @@ private:
 
     daemon_state st_;
     peer_policy policy_;
+    std::unique_ptr<model_host> host_; // (before io_: requests' frames release their models into it)
     asio::io_context io_{1};
     asio::signal_set signals_;
     std::vector<std::unique_ptr<acceptor_type>> acceptors_;
@@ -85,7 +88,6 @@ private:
     asio::steady_timer drain_timer_;
     asio::steady_timer watchdog_timer_;
     asio::steady_timer status_timer_;
-    std::thread loader_;
     std::unique_ptr<batch_jobs> jobs_; // (after loader_: it goes first)
     std::atomic<bool> abort_loading_{false}; // set on SIGTERM: a loader waiting for workers gives up
     std::atomic<bool> ready_{false};

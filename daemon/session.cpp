@@ -2,6 +2,9 @@
 // limits, who is asking, dispatch through the route table, replies and streams.
 #include "daemon/session.hpp"
 
+#include "daemon/model_host.hpp"
+#include "daemon/upstream.hpp"
+
 #include "daemon/batch_jobs.hpp"
 #include "daemon/routes.hpp"
 #include "daemon/session_manager.hpp"
@@ -225,11 +228,20 @@ asio::awaitable<bool> session::wait_for_model(clock_type::time_point since) {
     auto self = shared_from_this();
     load_wait_.expires_at(since + std::chrono::duration_cast<clock_type::duration>(
                                       std::chrono::duration<double>(st_.cfg.load_wait_s)));
-    while (!st_.ms && !st_.stopping && !closed_ && load_wait_.expiry() > clock_type::now()) {
+    while (!st_.ms && !st_.serving && !st_.stopping && !closed_ && load_wait_.expiry() > clock_type::now()) {
         error_code ec; // operation_aborted: state_changed (or close) woke us; look again
         co_await load_wait_.async_wait(redirect_error(use_awaitable, ec));
     }
-    co_return st_.ms || st_.stopping;
+    co_return st_.ms || st_.serving || st_.stopping;
+}
+
+asio::awaitable<bool> session::wait_change(clock_type::time_point deadline) {
+    auto self = shared_from_this();
+    if (closed_ || st_.stopping || clock_type::now() >= deadline) co_return false;
+    load_wait_.expires_at(deadline);
+    error_code ec; // operation_aborted: state_changed (or close) woke us
+    co_await load_wait_.async_wait(redirect_error(use_awaitable, ec));
+    co_return !closed_;
 }
 
 asio::awaitable<std::optional<http::request<http::string_body>>> session::read_request() {
@@ -415,15 +427,49 @@ asio::awaitable<bool> session::dispatch(const http::request<http::string_body>& 
     // longer than load_wait_s.
     const auto t0 = clock_type::now();
     if (r.generates && st_.stopping) co_return co_await refuse(shutting_down(), label);
-    if (r.needs_model && !st_.ms && !co_await wait_for_model(t0)) co_return co_await refuse(model_loading(), label);
-    if (closed_) co_return false;
-    if (r.generates && st_.stopping) co_return co_await refuse(shutting_down(), label);
-    if (r.needs_model && !st_.ms) co_return co_await refuse(model_loading(), label);
-
     const request_view view{req, method, path, parse_query(q == std::string::npos ? std::string_view{}
                                                                                   : std::string_view(target).substr(q + 1)),
                             row->params, who_, upload_file_, t0};
     exchange x{view, *this, st_, label};
+    // The model a request names (its body's `model`, the load route's id; none: the default),
+    // held while the handler runs: loaded on demand, the request waiting up to load_wait_s;
+    // or the upstream that serves it. The one place a request meets its model.
+    model_lease lease;
+    if (r.needs_model && st_.models && method != "GET") {
+        const bool load_route = path.starts_with("/v1/tandem/models/");
+        model_request mr = load_route ? model_request{row->params.at("id"), std::nullopt}
+                                      : peek_model_request(req.body(), path.starts_with("/api/"));
+        const auto deadline = t0 + std::chrono::duration_cast<clock_type::duration>(
+                                       std::chrono::duration<double>(st_.cfg.load_wait_s));
+        for (;;) {
+            if (st_.stopping) co_return co_await refuse(shutting_down(), label);
+            model_pick p = st_.models->pick(mr.name, r.generates && forwardable_path(path));
+            if (p.error) co_return co_await refuse(*p.error, label);
+            if (p.upstream) {
+                st_.models->count_forward(p.upstream->name, p.overflow);
+                co_return co_await forward_upstream(x, *p.upstream);
+            }
+            if (!p.wait) {
+                x.overflow = p.overflow_to;
+                lease = std::move(p.lease);
+                lease.keep_alive(mr.keep_alive_s);
+                break;
+            }
+            if (!co_await wait_change(deadline)) {
+                if (closed_) co_return false;
+                if (st_.stopping) co_return co_await refuse(shutting_down(), label);
+                co_return co_await refuse(model_loading(), label);
+            }
+        }
+        x.ms = lease.get();
+    } else if (r.needs_model) {
+        if (!st_.ms && !st_.serving && !co_await wait_for_model(t0)) co_return co_await refuse(model_loading(), label);
+        if (closed_) co_return false;
+        if (r.generates && st_.stopping) co_return co_await refuse(shutting_down(), label);
+        if (!st_.ms && !st_.serving) co_return co_await refuse(model_loading(), label);
+        if (!st_.models && !st_.ms) co_return co_await refuse(model_loading(), label);
+    }
+    if (closed_) co_return false;
     co_return co_await r.handle(x);
 }
 

@@ -55,6 +55,9 @@ private:
     // Holds the current request while the model loads, up to load_wait_s after `since`; true
     // when the model is loaded or the daemon stopping by then.
     asio::awaitable<bool> wait_for_model(std::chrono::steady_clock::time_point since);
+    // Waits until the daemon's models change (state_changed) or `deadline`; false when the
+    // deadline passed, the session closed or the daemon stops.
+    asio::awaitable<bool> wait_change(std::chrono::steady_clock::time_point deadline);
     void set_deadline(double seconds); // <= 0: none
     void close();
     void remove_upload();      // the current upload's file, unless the handler kept it

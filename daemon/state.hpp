@@ -53,6 +53,7 @@ struct model_state {
 };
 
 class batch_jobs;
+class model_host;
 class response_store;
 
 // Owned by the server; sessions hold a reference. Touched on the io thread only (metrics
@@ -62,8 +63,10 @@ struct daemon_state {
     batch_jobs* jobs = nullptr;      // /v1/files and /v1/batches; null in tandem batch's own daemon
     std::shared_ptr<response_store> responses; // stored Responses (state_dir/responses); null: none stored
     metrics met;
-    std::unique_ptr<model_state> ms; // null while loading
+    std::shared_ptr<model_state> ms; // the default model; null while it loads (or is unloaded)
+    model_host* models = nullptr;    // every model by name (the server's); null in a bare state: ms only
     bool stopping = false;
+    bool serving = false;            // the default model loaded once: the daemon is ready
     // Blocking work of requests (parsing and tokenizing, grammar compilation, batch files on
     // disk), off the io thread; null in a bare state (tests): the work runs on the io thread.
     std::unique_ptr<boost::asio::thread_pool> blocking;

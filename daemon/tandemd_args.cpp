@@ -39,7 +39,7 @@ bool apply_args(const tandemd_args& a, config& cfg) {
     if (!a.listen_tcp.empty()) put("listen_tcp", a.listen_tcp);
     if (!a.log_level.empty()) put("log_level", a.log_level);
     apply_sets(a.sets, cfg);
-    const bool demo_model = cfg.model.empty();
+    const bool demo_model = cfg.model.empty() && cfg.models.empty(); // (else the first [model] is the default)
     if (demo_model) cfg.model = default_model_path(); // the installed demo model, if any
     cfg.validate();
     return demo_model;

@@ -118,12 +118,13 @@ TEST_CASE("ollama embeddings, models, version; what it does not do") {
     auto old = post(s, "/api/embeddings", {{"model", "stories260K"}, {"prompt", "Lily"}});
     REQUIRE(old.status == 200);
     CHECK(old.j()["embedding"] == oa.j()["data"][1]["embedding"]);
-    // options (sampling, context) do not apply to an embedding: named, not dropped; keep_alive
-    // 0 (unload) is refused here as on the other routes, any other duration is kept
+    // options (sampling, context) do not apply to an embedding: named, not dropped; a keep_alive
+    // that is no duration is refused here as on the other routes (0, which unloads the model
+    // after the request, is test_server_models')
     auto opt = post(s, "/api/embeddings", {{"model", "stories260K"}, {"prompt", "Lily"}, {"options", {{"num_ctx", 64}}}});
     CHECK(opt.status == 400);
     CHECK(opt.j()["error"].get<std::string>().find("options.num_ctx") != std::string::npos);
-    CHECK(post(s, "/api/embeddings", {{"model", "stories260K"}, {"prompt", "Lily"}, {"keep_alive", 0}}).status == 400);
+    CHECK(post(s, "/api/embeddings", {{"model", "stories260K"}, {"prompt", "Lily"}, {"keep_alive", "soon"}}).status == 400);
     CHECK(post(s, "/api/embed", {{"model", "stories260K"}, {"input", "Lily"}, {"keep_alive", "5m"}}).status == 200);
 
     auto tags = request(s, "GET", "/api/tags");
@@ -153,7 +154,7 @@ TEST_CASE("ollama embeddings, models, version; what it does not do") {
             "messages[0].images");
     refused("/api/chat", {{"model", "llama3"}, {"messages", user_turn}}, "llama3", 404);
     refused("/api/chat", {{"model", "stories260K"}, {"messages", user_turn}, {"think", true}}, "think");
-    refused("/api/chat", {{"model", "stories260K"}, {"messages", user_turn}, {"keep_alive", 0}}, "keep_alive");
+    refused("/api/chat", {{"model", "stories260K"}, {"messages", user_turn}, {"keep_alive", "5 minutes"}}, "keep_alive");
     refused("/api/chat", {{"model", "stories260K"}, {"messages", user_turn}, {"options", {{"num_ctx", 1 << 20}}}},
             "options.num_ctx");
     refused("/api/generate", {{"model", "stories260K"}, {"prompt", "x"}, {"suffix", "y"}}, "suffix");

@@ -2,6 +2,7 @@
 #include "daemon/reply.hpp"
 #include "daemon/routes.hpp"
 #include "daemon/config.hpp"
+#include "daemon/model_host.hpp"
 #include "daemon/peer_cred.hpp"
 #include "daemon/worker_spec.hpp"
 #include "ipc/wire.hpp"
@@ -366,4 +367,72 @@ TEST_CASE("context: n_ctx defaults to the training context as far as the KV memo
     c.max_prompt_tokens = 100;
     p = plan_context(c, 2048, page_bytes);
     CHECK(p.max_prompt_tokens == 100);
+}
+
+TEST_CASE("config: [model NAME] and [upstream NAME] sections, and the one resolver from a name to a model") {
+    test::scratch_dir dir("config-sections");
+    const std::string path = dir.file("tandemd.conf");
+    std::ofstream(path) << "model = /m/default.gguf\nkv_pool = /dev/shm/p\nkeep_alive = 10m\nmodels_max = 2\n"
+                           "memory_budget_mb = 4096\n[model coder]\npath = /m/coder.gguf\nn_ctx = 4096\n"
+                           "keep_alive = 30s\noverflow = cluster\n[upstream cluster]\nbase_url = https://c.example/v1/\n"
+                           "models = big, huge\ntimeout_s = 60\n";
+    config c;
+    c.load_file(path);
+    CHECK_NOTHROW(c.validate());
+    CHECK(c.keep_alive_s == 600);
+    CHECK(c.models_max == 2);
+    CHECK(c.memory_budget_mb == 4096);
+    REQUIRE(c.models.size() == 1);
+    REQUIRE(c.upstreams.size() == 1);
+    CHECK(c.upstreams[0].base_url == "https://c.example"); // (its /v1 routes are added)
+    CHECK(c.upstreams[0].models == std::vector<std::string>{"big", "huge"});
+    CHECK(c.upstreams[0].timeout_s == 60);
+    CHECK(c.origin.count("n_ctx") == 0); // a section's keys are its own
+
+    CHECK(local_model_names(c) == std::vector<std::string>{"default", "coder"});
+    const auto def = resolve_model(c, "");
+    REQUIRE(def);
+    CHECK(def->name == "default");
+    CHECK(def->is_default);
+    CHECK(def->keep_alive_s < 0); // the default stays
+    CHECK(resolve_model(c, "default:latest")); // Ollama's name
+    const auto coder = resolve_model(c, "coder");
+    REQUIRE(coder);
+    CHECK(coder->cfg.model == "/m/coder.gguf");
+    CHECK(coder->cfg.model_id == "coder");
+    CHECK(coder->cfg.n_ctx == 4096);
+    CHECK(coder->cfg.kv_pool == "/dev/shm/p.coder"); // its own pool file
+    CHECK(coder->keep_alive_s == 30);
+    CHECK(coder->overflow == "cluster");
+    CHECK_FALSE(resolve_model(c, "big")); // an upstream's
+    REQUIRE(upstream_of(c, "huge"));
+    CHECK(upstream_of(c, "huge")->name == "cluster");
+    CHECK_FALSE(upstream_of(c, "coder"));
+
+    // the first section is the default when `model` is not set
+    config first;
+    first.models.push_back({"a", {{"path", "/m/a.gguf"}}, "x:1"});
+    CHECK(default_model_name(first) == "a");
+    CHECK(resolve_model(first, "")->cfg.model == "/m/a.gguf");
+
+    CHECK(parse_keep_alive("5m") == 300);
+    CHECK(parse_keep_alive("-1") == -1);
+    CHECK(parse_keep_alive("500ms") == 0.5);
+    CHECK_FALSE(parse_keep_alive("soon"));
+}
+
+TEST_CASE("config: a section's mistakes are FILE:LINE: [section NAME] key: problem") {
+    CHECK(config_error("model = /m.gguf\n[model a]\npath = /a.gguf\nsocket = /s\n") ==
+          ":4: [model a] socket: not a key a [model] section takes (it is the daemon's, for every model)");
+    CHECK(config_error("model = /m.gguf\n[model a]\nn_ctx = lots\n").find(":3: [model a] n_ctx: expected an integer") == 0);
+    CHECK(config_error("model = /m.gguf\n[model a]\nn_ctx = 512\n") == ":2: [model a] has no `path` (its GGUF file)");
+    CHECK(config_error("model = /m.gguf\n[model a]\npath = /a.gguf\noverflow = nowhere\n") ==
+          ":2: [model a] overflow: no [upstream nowhere] section");
+    CHECK(config_error("model = /m.gguf\n[upstream u]\nmodels = x\n") == ":2: [upstream u] has no `base_url`");
+    CHECK(config_error("model = /m.gguf\n[upstream u]\nbase_url = ftp://x\n") ==
+          ":3: [upstream u] base_url: expected an http:// or https:// URL");
+    CHECK(config_error("model = /m.gguf\n[model a]\npath = /a\n[model a]\npath = /b\n") ==
+          ":4: a section named 'a' comes earlier");
+    CHECK(config_error("model = /m.gguf\n[thing a]\n") ==
+          ":2: unknown section [thing]: expected [model NAME] or [upstream NAME]");
 }
