@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <set>
+#include <pwd.h>
 #include <unistd.h>
 
 namespace tandem::daemon {
@@ -137,6 +138,9 @@ std::string default_store_dir() {
         return dir.substr(0, dir.find(':')) + "/models";
     }
     if (::geteuid() == 0) return "/var/lib/tandem/models";
+    // The service's own user (sysusers.d: home /var/lib/tandem), as `sudo -u tandem tandem pull`.
+    if (const passwd* pw = ::getpwuid(::geteuid()); pw && pw->pw_dir && std::string_view(pw->pw_dir) == "/var/lib/tandem")
+        return "/var/lib/tandem/models";
     if (const char* d = std::getenv("XDG_DATA_HOME"); d && *d == '/') return std::string(d) + "/tandem/models";
     if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/share/tandem/models";
     return "/tmp/tandem-" + std::to_string(::geteuid()) + "/models";

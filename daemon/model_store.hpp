@@ -43,7 +43,7 @@ struct model_manifest {
 std::string utc_now();
 
 // The store's directory: $TANDEM_MODELS; else $STATE_DIRECTORY/models for the system service
-// (a StateDirectory under /var/lib), /var/lib/tandem/models for root; else
+// (a StateDirectory under /var/lib), /var/lib/tandem/models for root and the `tandem` user; else
 // $XDG_DATA_HOME/tandem/models, or ~/.local/share/tandem/models.
 std::string default_store_dir();
 
