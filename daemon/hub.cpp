@@ -474,7 +474,7 @@ struct fetched {
 // Downloads one file to `final_path` through FINAL.partial (resumed when there is one),
 // checked against its size and sha256.
 fetched fetch_file(const session& s, const reference& ref, const repo_file& file, const fs::path& final_path,
-                   const pull_options& o) {
+                   const model_store& store, const pull_options& o) {
     fs::create_directories(final_path.parent_path());
     const fs::path partial = final_path.string() + ".partial";
     const int fd = ::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -540,18 +540,25 @@ fetched fetch_file(const session& s, const reference& ref, const repo_file& file
     out.sha256 = hash.hex();
     out.commit = h.first.count("x-repo-commit") ? h.first["x-repo-commit"] : "";
     // What the hub says the file is: the tree's LFS oid, else the resolve route's headers.
-    std::string expected = file.sha256;
+    // (the resolve route's X-Linked-Etag is the LFS oid too: two different ones are an error)
+    std::string expected = file.sha256, header;
     for (const char* name : {"x-linked-etag", "etag"}) {
-        if (!expected.empty() || !h.first.count(name)) continue;
+        if (!header.empty() || !h.first.count(name)) continue;
         std::string v = h.first[name];
         if (v.starts_with("W/")) v.erase(0, 2);
         v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
-        if (is_sha256(v)) expected = lower(v);
+        if (is_sha256(v)) header = lower(v);
     }
+    if (expected.empty()) expected = header;
     const auto discard = [&] { ::unlink(partial.c_str()); };
     if (file.size > 0 && have != file.size) {
         discard();
         fail("{}: {} bytes arrived, the hub lists {}: removed", file.path, have, file.size);
+    }
+    if (!header.empty() && header != expected) {
+        discard();
+        fail("{}: the hub's tree lists sha256 {} but its resolve route {}: the download is removed", file.path,
+             expected, header);
     }
     if (expected.empty()) {
         logger("pull")->warn("{}: the hub lists no sha256 for it: not verified", file.path);
@@ -562,6 +569,7 @@ fetched fetch_file(const session& s, const reference& ref, const repo_file& file
     }
     TANDEM_CHECK(::fsync(fd) == 0, "{}: fsync: {}", partial.string(), std::strerror(errno));
     fs::rename(partial, final_path);
+    store.adopt(final_path);
     return out;
 }
 
@@ -595,7 +603,7 @@ model_manifest pull(const reference& ref, const model_store& store, const pull_o
             if (!before->revision.empty()) m.revision = before->revision;
             continue;
         }
-        const fetched got = fetch_file(s, ref, f, final_path, o);
+        const fetched got = fetch_file(s, ref, f, final_path, store, o);
         if (!got.commit.empty()) m.revision = got.commit;
         m.files.push_back({rel, f.path, f.size > 0 ? f.size : int64_t(fs::file_size(final_path)), got.sha256});
     }

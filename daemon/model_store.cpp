@@ -14,6 +14,7 @@
 #include <fstream>
 #include <set>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace tandem::daemon {
@@ -290,6 +291,7 @@ void model_store::save(const model_manifest& m) const {
         TANDEM_CHECK(out, "{}: cannot write", tmp.string());
     }
     fs::rename(tmp, path);
+    adopt(path);
 }
 
 bool model_store::remove(std::string_view name) const {
@@ -353,6 +355,14 @@ model_manifest model_store::alias(const std::string& name, const std::string& ta
     m.pulled_at = utc_now();
     save(m);
     return m;
+}
+
+void model_store::adopt(const fs::path& path) const {
+    struct stat st{};
+    if (::geteuid() != 0 || ::stat(dir_.c_str(), &st) != 0 || st.st_uid == 0) return;
+    const fs::path root = fs::absolute(dir_).lexically_normal();
+    for (fs::path p = fs::absolute(path).lexically_normal(); p != root && p.has_relative_path(); p = p.parent_path())
+        if (::lchown(p.c_str(), st.st_uid, st.st_gid) != 0) break;
 }
 
 std::vector<std::string> model_store::paths(const model_manifest& m) const {

@@ -83,6 +83,10 @@ public:
     // quantization) or a name in the store. Throws tandem::error when it is neither.
     model_manifest alias(const std::string& name, const std::string& target) const;
 
+    // Run as root: gives `path` and its folders up to the store to the store's owner (root
+    // pulling into /var/lib/tandem/models leaves files the tandem user can remove).
+    void adopt(const std::filesystem::path& path) const;
+
     // Absolute paths of a manifest's files.
     std::vector<std::string> paths(const model_manifest& m) const;
     // Where a hub file of `repo` goes, relative to the store: files/ORG/REPO/HUB_PATH.

@@ -13,6 +13,7 @@ Authorization header came). FAULTS_FILE (JSON, read at each request) plants faul
   {"bad_sha": ["ORG/REPO/FILE"]}   the tree and the headers list a wrong sha256 for it
   {"page_size": K}                 the tree lists K entries a page (Link: rel="next")
   {"token": "T"}                   the hub wants Authorization: Bearer T (else 401)
+  {"no_lfs": true}                 the tree lists no LFS oids (the sha256 is in the headers alone)
 """
 import hashlib
 import json
@@ -121,7 +122,7 @@ class Hub(Handler):
                 rel = os.path.relpath(p, base)
                 size = os.path.getsize(p)
                 e = {"type": "file", "oid": hashlib.sha1(rel.encode()).hexdigest(), "size": size, "path": rel}
-                if n.endswith(".gguf"):  # in LFS, as the hub keeps large files
+                if n.endswith(".gguf") and not faults().get("no_lfs"):  # in LFS, as the hub keeps large files
                     e["size"] = 134
                     e["lfs"] = {"oid": listed_sha(repo + "/" + rel), "size": size, "pointerSize": 134}
                 entries.append(e)

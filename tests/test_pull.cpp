@@ -287,6 +287,17 @@ TEST_CASE("tandem pull: a file whose sha256 is not the hub's is refused, and not
     CHECK_FALSE(fs::exists(hub.stored(q8)));
     CHECK_FALSE(fs::exists(hub.stored(q8).string() + ".partial"));
     CHECK(ls_json(hub).empty());
+    // Where the tree lists no LFS oid, the resolve route's X-Linked-Etag is the one checked.
+    hub.faults({{"bad_sha", {repo + "/" + q8}}, {"no_lfs", true}});
+    test::run_result again = hub.tandem({"pull", repo + ":Q8_0"});
+    CHECK(again.rc == 1);
+    CHECK(again.err.find("but the hub lists ffff") != std::string::npos);
+    CHECK_FALSE(fs::exists(hub.stored(q8)));
+    hub.faults({{"no_lfs", true}});
+    again = hub.tandem({"pull", repo + ":Q8_0"});
+    INFO(again.err);
+    CHECK(again.rc == 0);
+    CHECK(ls_json(hub)[0]["sha256"] == sha256sum(hub.source(q8).string()));
 }
 
 TEST_CASE("HF_TOKEN goes to the hub, never to the storage host it redirects to") {
