@@ -4,6 +4,7 @@
 #include "daemon/hub.hpp"
 #include "daemon/model_store.hpp"
 #include "daemon/tandemd_args.hpp"
+#include "daemon_client.hpp"
 #include "test_util.hpp"
 
 #include <doctest/doctest.h>
@@ -372,4 +373,24 @@ TEST_CASE("tandem alias: a file or a stored name; rm keeps files an alias uses; 
     CHECK(r.err.find("(it has stories)") != std::string::npos);
     REQUIRE(hub.tandem({"rm", "stories"}).rc == 0); // the last name of the store's file: it goes
     CHECK_FALSE(fs::exists(hub.stored("stories260K-Q4_K_M.gguf")));
+}
+
+TEST_CASE("tandemd --model NAME serves a pulled model under its name; tandem --model NAME asks it") {
+    test_hub hub;
+    REQUIRE(hub.tandem({"pull", repo}).rc == 0);
+    test::daemon_process d;
+    d.sock = hub.dir.file("d.sock");
+    d.log = hub.dir.file("tandemd.log");
+    d.spawn({"--model", repo, "--socket", d.sock, "--threads", "1", "--log", "warn", "--set", "kv_pool=" + d.sock + ".kv",
+             "--set", "placement=local"},
+            {"TANDEM_MODELS=" + hub.store.string()});
+    REQUIRE(d.wait_ready());
+    const test::http_response models = test::request(d.sock, "GET", "/v1/models");
+    CHECK(json::parse(models.body)["data"][0]["id"] == "tt/stories-GGUF:Q4_K_M");
+    const test::run_result r =
+        test::run_tandem({"--socket", d.sock, "--model", "tt/stories-GGUF:Q4_K_M", "--raw", "-n", "4", "Once"});
+    INFO(r.err);
+    CHECK(r.rc == 0);
+    CHECK_FALSE(r.out.empty());
+    CHECK(d.stop() == 0);
 }
