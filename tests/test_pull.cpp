@@ -190,6 +190,22 @@ TEST_CASE("tandem pull org/repo: its Q4_K_M through the redirect, verified; ls, 
     CHECK(m["files"][0]["path"] == "files/tt/stories-GGUF/stories260K-Q4_K_M.gguf");
     CHECK(fs::exists(hub.store / "manifests/tt/stories-GGUF:Q4_K_M.json"));
 
+    // On a terminal (script(1) gives it one): the bar, redrawn in place, with speed and time left.
+    const std::string cmd = hub.env() + " script -qec " +
+                            test::shell_quote(test::binary_dir() + "/daemon/tandem pull " + repo + ":Q8_0") + " " +
+                            test::shell_quote(hub.dir.file("tty.txt")) + " >/dev/null 2>&1";
+    if (std::system("command -v script >/dev/null") == 0) {
+        CHECK(std::system(cmd.c_str()) == 0);
+        const std::string tty = test::read_text(hub.dir.file("tty.txt"));
+        INFO(tty);
+        CHECK(tty.find("\r\033[Kstories260K-Q8_0.gguf 100% [########################] ") != std::string::npos);
+        CHECK(tty.find("/s  0:00 left") != std::string::npos);
+        CHECK(tty.find("pull: stories260K-Q8_0.gguf ") != std::string::npos);
+        CHECK(hub.tandem({"rm", repo + ":Q8_0"}).rc == 0);
+    } else {
+        MESSAGE("skipped: no script(1) for a terminal");
+    }
+
     // Pulled again: nothing fetched.
     hub.clear_log();
     CHECK(hub.tandem({"pull", repo}).rc == 0);
