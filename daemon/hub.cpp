@@ -111,6 +111,12 @@ std::vector<repo_file> parse_tree(std::string_view json_text) {
         if (!e.is_object() || e.value("type", "") != "file" || !e.contains("path") || !e["path"].is_string()) continue;
         repo_file f;
         f.path = e["path"].get<std::string>();
+        // A path that would leave the repository's folder in the store is not a file to pull.
+        const fs::path p(f.path);
+        if (f.path.empty() || p.is_absolute() || f.path.find('\\') != std::string::npos ||
+            f.path.find("//") != std::string::npos ||
+            std::any_of(p.begin(), p.end(), [](const fs::path& c) { return c == ".." || c == "." || c.empty(); }))
+            continue;
         if (e.contains("size") && e["size"].is_number_integer()) f.size = e["size"].get<int64_t>();
         if (e.contains("lfs") && e["lfs"].is_object()) {
             const auto& lfs = e["lfs"];
@@ -525,13 +531,17 @@ fetched fetch_file(const session& s, const reference& ref, const repo_file& file
             hash.reset();
             continue;
         }
-        if (rc == CURLE_OK && t.status != 200 && t.status != 206) fail("{}", status_text(t.status, url, s));
-        if (rc == CURLE_OK) break;
+        const bool busy = t.status == 429 || t.status >= 500; // the hub or its storage, for now
+        if (rc == CURLE_OK && t.status != 200 && t.status != 206 && (!busy || attempt >= o.retries))
+            fail("{}", status_text(t.status, url, s));
+        if (rc == CURLE_OK && !busy) break;
         // A dropped or stalled connection: resume from what arrived, a few times.
         TANDEM_CHECK(attempt < o.retries, "{}: {} after {} of {} (the partial download {} resumes on the next pull)",
                      file.path, curl_easy_strerror(rc), size_text(double(have)), size_text(double(file.size)),
                      partial.string());
-        logger("pull")->warn("{}: {} at {}; resuming", file.path, curl_easy_strerror(rc), size_text(double(have)));
+        logger("pull")->warn("{}: {} at {}; resuming", file.path,
+                             rc == CURLE_OK ? fmt::format("HTTP {}", t.status) : std::string(curl_easy_strerror(rc)),
+                             size_text(double(have)));
         std::this_thread::sleep_for(std::chrono::milliseconds(250 << std::min(attempt, 4)));
     }
     meter.finish(have);

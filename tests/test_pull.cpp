@@ -142,6 +142,10 @@ TEST_CASE("select_files: the default quant, a quant, a file, split parts togethe
       {"type":"file","oid":"e","size":134,"path":"big/m-F16-00001-of-00002.gguf","lfs":{"oid":"e1","size":9,"pointerSize":134}},
       {"type":"file","oid":"f","size":134,"path":"mmproj-m-F16.gguf","lfs":{"oid":"ff","size":3,"pointerSize":134}}])");
     REQUIRE(tree.size() == 6);
+    // A hub's path that would leave the repository's folder is no file to pull.
+    CHECK(daemon::hub::parse_tree(R"([{"type":"file","path":"../../x-Q4_K_M.gguf","size":1},
+      {"type":"file","path":"/etc/x.gguf","size":1}, {"type":"file","path":"a/./b.gguf","size":1},
+      {"type":"file","path":"a//b.gguf","size":1}, {"type":"file","path":"a\\b.gguf","size":1}])").empty());
     CHECK(tree[1].sha256 == "ab"); // the LFS oid, lower-cased
     CHECK(tree[1].size == 800);    // the file's size, not its pointer's
     std::string why;
