@@ -14,6 +14,8 @@ Authorization header came). FAULTS_FILE (JSON, read at each request) plants faul
   {"page_size": K}                 the tree lists K entries a page (Link: rel="next")
   {"token": "T"}                   the hub wants Authorization: Bearer T (else 401)
   {"no_lfs": true}                 the tree lists no LFS oids (the sha256 is in the headers alone)
+  {"fail": {"ORG/REPO/FILE": [S, N]}}  the storage server answers status S to that file's first N
+                                   requests (counted over the server's life)
 """
 import hashlib
 import json
@@ -27,6 +29,7 @@ ROOT, PORT_FILE, LOG_FILE, FAULTS_FILE = sys.argv[1:5]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 log_lock = threading.Lock()
 sha_cache = {}  # path -> (mtime, size, sha256)
+failed = {}  # ORG/REPO/FILE -> requests answered with a planted status
 
 
 def faults():
@@ -166,6 +169,10 @@ class Storage(Handler):
                 return self.reply(416, b"", {"Content-Range": "bytes */%d" % size}, "text/plain")
             status = 206
             headers["Content-Range"] = "bytes %d-%d/%d" % (start, size - 1, size)
+        fail = faults().get("fail", {}).get(rel)
+        if fail and failed.get(rel, 0) < fail[1]:
+            failed[rel] = failed.get(rel, 0) + 1
+            return self.reply(int(fail[0]), b"busy", {"Retry-After": "1"}, "text/plain")
         drop = faults().get("drop", {}).get(rel)
         self.send_response(status)
         for k, v in headers.items():

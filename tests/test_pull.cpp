@@ -296,6 +296,19 @@ TEST_CASE("tandem pull: a connection dropped half-way resumes with a range, in t
     for (const json& e : hub.log()) n_storage += e["server"] == "storage";
     CHECK(n_storage == 2);
     CHECK(hub.log().back()["range"] == "bytes=100000-");
+
+    // A busy storage host (503): tried again like a drop, up to --retries.
+    const std::string part = "split/stories260K-F32-00002-of-00002.gguf";
+    hub.faults({{"fail", {{repo + "/" + part, {503, 1}}}}});
+    r = hub.tandem({"pull", repo + ":F32", "--retries", "0"});
+    CHECK(r.rc == 1);
+    CHECK(r.err.find(": HTTP 503") != std::string::npos);
+    hub.faults({{"fail", {{repo + "/" + part, {503, 2}}}}});
+    r = hub.tandem({"pull", repo + ":F32"});
+    INFO(r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.err.find("HTTP 503 at 0 B; resuming") != std::string::npos);
+    CHECK(test::read_bytes(hub.stored(part).string()) == test::read_bytes(hub.source(part).string()));
 }
 
 TEST_CASE("tandem pull: a file whose sha256 is not the hub's is refused, and nothing of it is kept") {
