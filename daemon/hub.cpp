@@ -434,8 +434,9 @@ struct transfer {
     int fd = -1;
     int64_t offset = 0;                // bytes in the file before this attempt
     int64_t written = 0;               // bytes this attempt wrote
-    bool started = false, restarted = false, write_failed = false;
+    bool started = false, restarted = false, write_failed = false, bad_range = false;
     long status = 0;
+    const response_headers* headers = nullptr;
     std::string error_body;
     sha256_ctx* hash = nullptr;
     progress_meter* meter = nullptr;
@@ -452,6 +453,13 @@ size_t on_data(char* data, size_t size, size_t n, void* user) {
             t->offset = 0;
             t->hash->reset();
             t->restarted = true;
+        }
+        if (t->status == 206) { // the part asked for, or none of it
+            const auto cr = t->headers->first.find("content-range");
+            if (cr == t->headers->first.end() || !cr->second.starts_with(fmt::format("bytes {}-", t->offset))) {
+                t->bad_range = true;
+                return 0;
+            }
         }
     }
     if (t->status != 200 && t->status != 206) {
@@ -515,6 +523,7 @@ fetched fetch_file(const session& s, const reference& ref, const repo_file& file
         response_headers this_h;
         auto c = s.handle(url, this_h);
         t.curl = c.get();
+        t.headers = &this_h;
         curl_easy_setopt(c.get(), CURLOPT_WRITEFUNCTION, on_data);
         curl_easy_setopt(c.get(), CURLOPT_WRITEDATA, &t);
         const std::string range = fmt::format("{}-", have);
@@ -524,6 +533,13 @@ fetched fetch_file(const session& s, const reference& ref, const repo_file& file
         if (t.status == 0) curl_easy_getinfo(c.get(), CURLINFO_RESPONSE_CODE, &t.status);
         have = t.offset + t.written;
         TANDEM_CHECK(!t.write_failed, "{}: cannot write: {}", partial.string(), std::strerror(errno));
+        if (t.bad_range) { // a 206 of another range than asked: start over
+            TANDEM_CHECK(attempt < o.retries, "{}: the server sent another range than bytes={}-", file.path, t.offset);
+            TANDEM_CHECK(::ftruncate(fd, 0) == 0, "{}: cannot truncate", partial.string());
+            have = 0;
+            hash.reset();
+            continue;
+        }
         if (rc == CURLE_OK && t.status == 416 && have == file.size) break; // it was all there
         if (rc == CURLE_OK && t.status == 416) {               // the partial is not a prefix of it
             TANDEM_CHECK(::ftruncate(fd, 0) == 0, "{}: cannot truncate", partial.string());
