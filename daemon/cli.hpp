@@ -4,6 +4,7 @@
 #include "daemon/cli_args.hpp"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <functional>
 #include <memory>
@@ -58,11 +59,18 @@ void register_embed(CLI::App& app, registry& reg);
 // metadata alone (cli_info.cpp).
 void register_info(CLI::App& app, registry& reg);
 
+// `pull`, `ls`, `rm`, `show`, `alias`: the model store (cli_models.cpp).
+void register_models(CLI::App& app, registry& reg);
+// `tandem info`'s report of the GGUF at `path` (cli_info.cpp): text, or with `json` one object
+// {"manifest": manifest, "info": ...}.
+void print_model_info(const std::string& path, bool json, const nlohmann::ordered_json& manifest);
+
 // `guide compile|check|bench`: the constraint engine on its own (cli_guide.cpp).
 void register_guide(CLI::App& app, registry& reg);
 
 // Helpers shared by command groups.
-std::string resolve_model(const std::string& flag); // -m, else $TANDEM_MODEL, else an error
+// -m, else $TANDEM_MODEL, else an error; a name that is not a file resolves through the model store.
+std::string resolve_model(const std::string& flag);
 int default_threads();
 std::string read_stdin();
 void write_out(std::string_view s); // stdout, flushed at once so streams show token by token

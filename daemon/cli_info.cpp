@@ -226,6 +226,14 @@ int cmd_info(const info_opts& o) {
 
 } // namespace
 
+void print_model_info(const std::string& path, bool json, const ojson& manifest) {
+    info_opts o;
+    o.model = path;
+    const ojson j = describe(path, o);
+    if (json) write_out(ojson{{"manifest", manifest}, {"info", j}}.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n");
+    else print_text(j);
+}
+
 void register_info(CLI::App& app, registry& reg) {
     auto o = std::make_shared<info_opts>();
     auto* sub = app.add_subcommand("info", "what a GGUF model holds and what serving it takes, from its metadata "

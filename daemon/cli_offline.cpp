@@ -1,5 +1,6 @@
 // Offline subcommands of `tandem`: run, tokenize, detokenize, synth (no daemon needed).
 #include "daemon/cli.hpp"
+#include "daemon/model_store.hpp"
 
 #include "runtime/error.hpp"
 #include "runtime/generate.hpp"
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -48,9 +50,16 @@ std::vector<std::string> names_of(const std::map<std::string, dtype>& m) {
 } // namespace
 
 std::string resolve_model(const std::string& flag) {
-    if (!flag.empty()) return flag;
-    if (const char* env = std::getenv("TANDEM_MODEL"); env && *env) return env;
-    throw error("no model given: pass -m MODEL or set TANDEM_MODEL");
+    std::string model = flag;
+    if (const char* env = std::getenv("TANDEM_MODEL"); model.empty() && env && *env) model = env;
+    if (model.empty()) throw error("no model given: pass -m MODEL or set TANDEM_MODEL");
+    // Not a file: a name in the model store (tandem pull, tandem alias); a missing .gguf path
+    // stays a path, for the loader's own error.
+    std::error_code ec;
+    if (std::filesystem::exists(model, ec) || model.ends_with(".gguf")) return model;
+    const daemon::resolve_result r = daemon::resolve_model(model);
+    if (!r.model) throw error(r.error);
+    return r.model->paths.front();
 }
 
 int default_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }

@@ -81,6 +81,7 @@ const std::vector<std::pair<std::string, setter>>& setters() {
     static const std::vector<std::pair<std::string, setter>> s = {
         {"model", [](config& c, const std::string& v) { c.model = v; return std::optional<std::string>(); }},
         {"model_id", [](config& c, const std::string& v) { c.model_id = v; return std::optional<std::string>(); }},
+        {"store", [](config& c, const std::string& v) { c.store = v; return std::optional<std::string>(); }},
         {"chat_template",
          [](config& c, const std::string& v) { c.chat_template = v; return std::optional<std::string>(); }},
         {"socket", [](config& c, const std::string& v) { c.socket = v; return std::optional<std::string>(); }},

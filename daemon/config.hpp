@@ -33,7 +33,8 @@ struct upstream_section {
 };
 
 struct config {
-    std::string model;                 // GGUF path; "" = default_model_path(), if installed
+    std::string model;                 // GGUF path or a name in the store; "" = default_model_path(), if installed
+    std::string store;                 // the model store; "" = default_store_dir() (daemon/model_store.hpp)
     std::string model_id;              // the id /v1/models reports; "" = the file's stem
     std::string chat_template;         // a .jinja file that replaces the model's chat template; "" = the file's
     std::string socket;                // "" = the default for this user (see default_socket_path)

@@ -49,6 +49,8 @@ int main(int argc, char** argv) {
                  "  tandem embed TEXT...    embeddings, one JSON array a line (-m MODEL: offline)\n"
                  "  tandem run | tokenize | detokenize | synth    offline, no daemon\n"
                  "  tandem info MODEL       a GGUF's shapes, tensors, context, tokenizer and memory (--json)\n"
+                 "  tandem pull NAME        a GGUF from a Hugging Face hub into the model store (org/repo:Q4_K_M)\n"
+                 "  tandem ls | show NAME | rm NAME | alias NAME PATH    the models in the store\n"
                  "  tandem guide compile|check|bench    the JSON Schema constraint engine on its own\n"
                  "  tandem batch IN.jsonl -o OUT.jsonl   OpenAI Batch requests (-m MODEL: in this process)\n"
                  "  tandem help [COMMAND]   this help, or a command's\n"
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
     cli::registry reg;
     cli::register_offline(app, reg);
     cli::register_info(app, reg);
+    cli::register_models(app, reg);
     cli::register_guide(app, reg);
     cli::register_eval(app, reg);
     cli::register_bench(app, reg);

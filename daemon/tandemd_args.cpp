@@ -2,7 +2,10 @@
 #include "daemon/tandemd_args.hpp"
 
 #include "daemon/cli_args.hpp"
+#include "daemon/model_store.hpp"
 #include "runtime/error.hpp"
+
+#include <filesystem>
 
 namespace tandem::daemon {
 
@@ -27,6 +30,23 @@ void apply_sets(const std::vector<std::string>& sets, config& cfg) {
     }
 }
 
+void resolve_store_model(config& cfg) {
+    // A path (an existing file, or one that looks like a path) is the loader's to open.
+    std::error_code ec;
+    if (std::filesystem::exists(cfg.model, ec) || cfg.model.ends_with(".gguf") || cfg.model.starts_with('/') ||
+        cfg.model.starts_with('.'))
+        return;
+    const resolve_result r = resolve_model(cfg.model, cfg.store);
+    if (!r.model) {
+        const auto at = cfg.origin.find("model");
+        fail("{}model: {}", at == cfg.origin.end() ? "" : at->second + ": ", r.error);
+    }
+    if (r.model->manifest) { // a name in the store: serve its file, under its name
+        if (cfg.model_id.empty()) cfg.model_id = r.model->id;
+        cfg.model = r.model->paths.front();
+    }
+}
+
 bool apply_args(const tandemd_args& a, config& cfg) {
     auto put = [&](const std::string& k, const std::string& v) {
         if (auto err = cfg.set(k, v)) fail("--{}: {}", k, *err);
@@ -42,6 +62,7 @@ bool apply_args(const tandemd_args& a, config& cfg) {
     const bool demo_model = cfg.model.empty() && cfg.models.empty(); // (else the first [model] is the default)
     if (demo_model) cfg.model = default_model_path(); // the installed demo model, if any
     cfg.validate();
+    resolve_store_model(cfg);
     return demo_model;
 }
 

@@ -6,7 +6,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev libboost-dev libspdlog-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev
   libsystemd-dev systemd curl libedit-dev tmux
-  libcurl4-openssl-dev
+  libcurl4-openssl-dev libssl-dev
   dpkg-dev man-db
   clang libclang-rt-14-dev
   ccache
