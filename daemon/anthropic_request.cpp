@@ -253,7 +253,7 @@ std::variant<generation_request, api_error> parse_anthropic(const json& body, co
                                "top_k", "tools", "tool_choice", "thinking", "metadata", "stream"},
                               false, {"container", "mcp_servers", "service_tier", "context_management"}));
     if (!body.contains("model") || !body["model"].is_string()) return bad("'model' is required", "model");
-    TANDEM_TRY(read_model(body, ms));
+    TANDEM_TRY(read_model(body));
     generation_request req;
     req.chat = true;
     req.prompt_param = "messages";

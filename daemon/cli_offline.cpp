@@ -57,7 +57,7 @@ std::string resolve_model(const std::string& flag) {
     // stays a path, for the loader's own error.
     std::error_code ec;
     if (std::filesystem::exists(model, ec) || model.ends_with(".gguf")) return model;
-    const daemon::resolve_result r = daemon::resolve_model(model);
+    const daemon::resolve_result r = daemon::locate_model(model);
     if (!r.model) throw error(r.error);
     return r.model->paths.front();
 }

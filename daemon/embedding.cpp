@@ -20,7 +20,7 @@ std::variant<embedding_plan, api_error> parse_embeddings(const json& body, const
     TANDEM_TRY(check_keys(body, "", {"model", "input", "encoding_format", "dimensions", "user", "priority",
                               "truncate_prompt_tokens"}));
     const tokenizer& tok = *ms.bundle.tok;
-    TANDEM_TRY(read_model(body, ms));
+    TANDEM_TRY(read_model(body));
     if (auto e = embeddings_unavailable(ms)) return *e;
     embedding_plan plan;
     if (auto it = body.find("input"); it != body.end()) { // (nothing to embed: OpenAI refuses it too)

@@ -2,6 +2,8 @@
 // budget, idle unloads, and what the routes show of them.
 #include "daemon/model_host.hpp"
 
+#include "daemon/model_store.hpp"
+
 #include "runtime/error.hpp"
 #include "runtime/kv_layout.hpp"
 #include "runtime/log.hpp"
@@ -48,6 +50,16 @@ std::string label_text(const std::string& s) { // a Prometheus label value
     return out;
 }
 
+// The model store's manifests, for the listings (none when it cannot be read).
+std::vector<model_manifest> store_models(const config& cfg) {
+    try {
+        return model_store(cfg.store).list();
+    } catch (const std::exception& e) {
+        logger("models")->warn("the model store: {}", e.what());
+        return {};
+    }
+}
+
 } // namespace
 
 std::string default_model_name(const config& cfg) {
@@ -86,14 +98,35 @@ std::optional<model_source> resolve_model(const config& cfg, const std::string& 
     src.cfg.upstreams.clear();
     src.keep_alive_s = src.is_default ? -1 : cfg.keep_alive_s; // the default model stays unless its section says
     const model_section* sec = section_of(cfg, name);
+    if (!sec && src.is_default) return src; // `model = PATH`: the daemon's own keys
+    // A model of its own: its own pool file, no draft model but its section's.
+    const auto own = [&cfg](model_source& m) {
+        m.cfg.model_id = m.name;
+        if (!cfg.kv_pool.empty()) m.cfg.kv_pool = cfg.kv_pool + "." + m.name; // (one pool file per model)
+        m.cfg.draft_model.clear();
+        m.cfg.draft_tokens = 0;
+    };
     if (!sec) {
-        if (!src.is_default) return std::nullopt;
-        return src; // `model = PATH`: the daemon's own keys
+        // The model store's (`tandem pull`, `tandem alias`): a model pulled while the daemon
+        // runs is served without a restart. Store names only: a request never makes the daemon
+        // open a path it names.
+        std::optional<model_manifest> m;
+        try {
+            const model_store store(cfg.store);
+            m = store.find(name);
+            if (!m || m->files.empty()) return std::nullopt;
+            src.cfg.model = store.paths(*m).front();
+        } catch (const std::exception& e) { // (an unreadable store: the model is not there)
+            logger("models")->warn("the model store: {}", e.what());
+            return std::nullopt;
+        }
+        src.name = m->name;
+        src.is_default = src.name == def;
+        if (src.is_default) src.keep_alive_s = -1;
+        own(src);
+        return src;
     }
-    src.cfg.model_id = name;
-    if (!cfg.kv_pool.empty()) src.cfg.kv_pool = cfg.kv_pool + "." + name; // (one pool file per model)
-    src.cfg.draft_model.clear(); // a section's draft model is its own
-    src.cfg.draft_tokens = 0;
+    own(src);
     for (const auto& [key, value] : sec->settings) {
         if (key == "path") src.cfg.model = value;
         else if (key == "overflow") src.overflow = value;
@@ -160,16 +193,32 @@ model_host::entry* model_host::find(const std::string& name) {
     const std::string n = name.empty() ? default_model_name(st_.cfg) : base_name(name);
     for (entry& e : entries_)
         if (e.src.name == n) return &e;
-    return nullptr;
+    // A name of the model store (pulled after the daemon started, or `org/repo` for its
+    // `org/repo:QUANT`): an entry from now on, unloaded until a request needs it.
+    std::optional<model_source> src = n.empty() ? std::nullopt : resolve_model(st_.cfg, n);
+    if (!src) return nullptr;
+    for (entry& e : entries_)
+        if (e.src.name == src->name) return &e;
+    entry e;
+    e.src = std::move(*src);
+    e.keep_alive_s = e.src.keep_alive_s;
+    e.last_used = clock_type::now();
+    entries_.push_back(std::move(e));
+    return &entries_.back();
 }
 
 const model_host::entry* model_host::find(const std::string& name) const {
-    return const_cast<model_host*>(this)->find(name);
+    const std::string n = name.empty() ? default_model_name(st_.cfg) : base_name(name);
+    for (const entry& e : entries_)
+        if (e.src.name == n) return &e;
+    return nullptr;
 }
 
 api_error model_host::not_found(const std::string& name) const {
     std::string have;
     for (const entry& e : entries_) have += (have.empty() ? "" : ", ") + e.src.name;
+    for (const model_manifest& m : store_models(st_.cfg))
+        if (!find(m.name)) have += (have.empty() ? "" : ", ") + m.name;
     for (const auto& u : st_.cfg.upstreams)
         for (const auto& m : u.models) have += (have.empty() ? "" : ", ") + m + " (upstream " + u.name + ")";
     api_error e = bad(fmt::format("The model '{}' does not exist; this daemon serves: {}", name, have), "model");
@@ -201,7 +250,7 @@ model_pick model_host::pick(const std::string& name, bool forwardable) {
             for (const auto& u : st_.cfg.upstreams)
                 if (u.name == e->src.overflow) {
                     const engine_stats es = e->ms->eng->stats();
-                    if (es.n_running >= e->src.cfg.max_running && es.n_waiting >= e->src.cfg.max_waiting) {
+                    if (es.n_running >= e->src.cfg.engine.sched.max_running && es.n_waiting >= e->src.cfg.engine.max_waiting) {
                         p.upstream = &u;
                         p.overflow = true;
                         return p;
@@ -307,7 +356,7 @@ void model_host::start_load(entry& e) {
                 ++e.n_loads;
                 const engine_stats es = e.ms->eng->stats();
                 const model_config& mc = e.ms->bundle.cfg;
-                const kv_layout layout{mc.n_layer, mc.n_head_kv, mc.head_dim, e.src.cfg.page_size,
+                const kv_layout layout{mc.n_layer, mc.n_head_kv, mc.head_dim, e.src.cfg.engine.sched.page_size,
                                        *parse_kv_dtype(e.src.cfg.kv_dtype)};
                 const int64_t kv = e.ms->pool ? int64_t(e.ms->pool->bytes())
                                               : int64_t(es.n_pages_total) * int64_t(layout.page_bytes());
@@ -452,6 +501,17 @@ json model_host::card_of(const entry& e) const {
 json model_host::cards() const {
     json data = json::array();
     for (const entry& e : entries_) data.push_back(card_of(e));
+    for (const model_manifest& m : store_models(st_.cfg))
+        if (!find(m.name))
+            data.push_back({{"id", m.name},
+                            {"object", "model"},
+                            {"created", int64_t(st_.started_unix)},
+                            {"owned_by", "tandem"},
+                            {"loaded", false},
+                            {"state", "unloaded"},
+                            {"default", false},
+                            {"memory_bytes", m.size},
+                            {"meta", {{"source", m.source}, {"arch", m.architecture}, {"quantization", m.quantization}}}});
     for (const auto& u : st_.cfg.upstreams)
         for (const auto& m : u.models)
             data.push_back({{"id", m},

@@ -39,7 +39,8 @@ struct model_source {
 
 // The one resolver from a requested name to a model (an Ollama name's ":latest" tag is
 // dropped): the config's default model (by its id or file stem), then its [model NAME]
-// sections. nullopt when none has that name. (The model store will be one more resolver here.)
+// sections, then the model store (tandem pull, tandem alias: by name, never a path). nullopt
+// when none has that name.
 std::optional<model_source> resolve_model(const config& cfg, const std::string& name);
 // The name of the default model ("" when the config has none).
 std::string default_model_name(const config& cfg);

@@ -371,7 +371,7 @@ std::vector<std::string> model_store::paths(const model_manifest& m) const {
     return out;
 }
 
-resolve_result resolve_model(const std::string& name_or_path, const std::string& store_dir) {
+resolve_result locate_model(const std::string& name_or_path, const std::string& store_dir) {
     resolve_result r;
     std::error_code ec;
     if (fs::is_regular_file(name_or_path, ec)) {

@@ -109,6 +109,6 @@ struct resolve_result {
 };
 // A path to an existing file is served as it is; anything else is looked up in the store at
 // `store_dir` ("" = default_store_dir()).
-resolve_result resolve_model(const std::string& name_or_path, const std::string& store_dir = "");
+resolve_result locate_model(const std::string& name_or_path, const std::string& store_dir = "");
 
 } // namespace tandem::daemon

@@ -11,15 +11,12 @@
 namespace tandem::daemon {
 namespace {
 
-// "model": required, this daemon's (its id, or its Ollama name with the tag); else a 404.
-field_error read_ollama_model(const json& body, const model_state& ms) {
+// "model": required (the model host picked the model by it before the handler ran: a name it
+// does not know is its 404).
+field_error read_ollama_model(const json& body) {
     const auto it = body.find("model");
     if (it == body.end() || !it->is_string()) return bad("'model' is required", "model");
-    const std::string& m = it->get_ref<const std::string&>();
-    if (m == ms.id || m == ollama_name(ms)) return std::nullopt;
-    api_error e = bad(fmt::format("model '{}' not found; this daemon serves '{}'", m, ollama_name(ms)), "model");
-    e.status = 404;
-    return e;
+    return std::nullopt;
 }
 
 // `options`: Ollama's sampling and length options, mapped onto the request; the ones
@@ -155,7 +152,7 @@ std::variant<generation_request, api_error> parse_ollama(const json& body, const
         TANDEM_TRY(check_keys(body, "", {"model", "messages", "tools", "stream", "format", "options", "think",
                                          "keep_alive"}));
     }
-    TANDEM_TRY(read_ollama_model(body, ms));
+    TANDEM_TRY(read_ollama_model(body));
     TANDEM_TRY(read_keep_alive(body));
     generation_request req;
     req.stream = true;

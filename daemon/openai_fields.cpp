@@ -81,16 +81,14 @@ field_error read_truncation(const json& body, const model_state& ms, int32_t& ou
 }
 
 // "model": absent, null, or the one this daemon serves (else 404, as OpenAI answers).
-field_error read_model(const json& body, const model_state& ms) {
+field_error read_model(const json& body) {
     auto it = body.find("model");
     if (it == body.end() || it->is_null()) return std::nullopt;
     if (!it->is_string()) return bad("'model' must be a string", "model");
-    if (it->get<std::string>() == ms.id || it->get<std::string>() == ms.id + ":latest") return std::nullopt; // (Ollama's tag)
-    api_error e =
-        bad(fmt::format("The model '{}' does not exist; this daemon serves '{}'", it->get<std::string>(), ms.id), "model");
-    e.status = 404;
-    e.code = "model_not_found";
-    return e;
+    // Which model: the model host picked `ms` by this name before the handler ran
+    // (session::dispatch; a name it does not know is its 404 model_not_found), by the model's
+    // id or another name of it (`org/repo` for the store's `org/repo:Q4_K_M`, Ollama's tag).
+    return std::nullopt;
 }
 
 // An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].

@@ -20,8 +20,8 @@ std::variant<std::vector<prompt_input>, api_error> read_prompt_inputs(const json
 // truncate_prompt_tokens (vLLM's name): keep the last N tokens of each prompt longer than N
 // (1 <= N <= max_prompt_tokens); 0 when the request does not ask.
 field_error read_truncation(const json& body, const model_state& ms, int32_t& out);
-// "model": absent, null, or the one this daemon serves (else 404, as OpenAI answers).
-field_error read_model(const json& body, const model_state& ms);
+// "model": absent, null, or a string (the model host picked the model by it: session::dispatch).
+field_error read_model(const json& body);
 // `messages`: roles system/developer/user/assistant/tool, text content (or text parts),
 // assistants' tool_calls, tools' tool_call_id.
 field_error read_messages(const json& body, std::vector<chat_message>& out);

@@ -128,7 +128,7 @@ std::variant<generation_request, api_error> parse_openai_generation(const json& 
     generation_request req;
     req.chat = chat;
     req.prompt_param = chat ? "messages" : "prompt";
-    TANDEM_TRY(read_model(body, ms));
+    TANDEM_TRY(read_model(body));
     for (const char* unsupported : {"suffix", "functions", "function_call"})
         if (auto it = body.find(unsupported); it != body.end() && !it->is_null() && !(it->is_array() && it->empty()))
             return bad(fmt::format("'{}' is not supported{}", unsupported,

@@ -262,7 +262,7 @@ std::variant<generation_request, api_error> parse_responses(const json& body, co
                           false,
                           {"background", "include", "prompt", "service_tier", "top_logprobs", "conversation",
                            "max_tool_calls"}));
-    TANDEM_TRY(read_model(body, ms));
+    TANDEM_TRY(read_model(body));
     generation_request req;
     req.chat = true;
     req.prompt_param = "input";

@@ -36,7 +36,7 @@ void resolve_store_model(config& cfg) {
     if (std::filesystem::exists(cfg.model, ec) || cfg.model.ends_with(".gguf") || cfg.model.starts_with('/') ||
         cfg.model.starts_with('.'))
         return;
-    const resolve_result r = resolve_model(cfg.model, cfg.store);
+    const resolve_result r = locate_model(cfg.model, cfg.store);
     if (!r.model) {
         const auto at = cfg.origin.find("model");
         fail("{}model: {}", at == cfg.origin.end() ? "" : at->second + ": ", r.error);

@@ -427,3 +427,43 @@ TEST_CASE("tandemd --model NAME serves a pulled model under its name; tandem --m
     CHECK_FALSE(r.out.empty());
     CHECK(d.stop() == 0);
 }
+
+TEST_CASE("a model pulled while tandemd runs is served by name without a restart, listed in /v1/models") {
+    test_hub hub;
+    test::daemon_process d;
+    d.sock = hub.dir.file("live.sock");
+    d.log = hub.dir.file("live.log");
+    d.spawn({"--model", test::model_path("TinyStories-656K-Q8_0.gguf"), "--socket", d.sock, "--threads", "1", "--log",
+             "warn", "--set", "kv_pool=" + d.sock + ".kv", "--set", "placement=local"},
+            {"TANDEM_MODELS=" + hub.store.string()});
+    REQUIRE(d.wait_ready());
+    const auto ids = [&d] {
+        std::vector<std::string> out;
+        for (const json& m : json::parse(test::request(d.sock, "GET", "/v1/models").body)["data"])
+            out.push_back(m["id"].get<std::string>() + (m["loaded"].get<bool>() ? " loaded" : ""));
+        return out;
+    };
+    CHECK(ids() == std::vector<std::string>{"TinyStories-656K-Q8_0 loaded"});
+    const json ask = {{"model", "tt/stories-GGUF:Q4_K_M"}, {"prompt", "Once"}, {"max_tokens", 4}, {"temperature", 0}};
+    const test::http_response before = test::request(d.sock, "POST", "/v1/completions", ask.dump());
+    CHECK(before.status == 404);
+    CHECK(before.body.find("model_not_found") != std::string::npos);
+
+    REQUIRE(hub.tandem({"pull", repo}).rc == 0); // the daemon is not told
+    CHECK(ids() == std::vector<std::string>{"TinyStories-656K-Q8_0 loaded", "tt/stories-GGUF:Q4_K_M"});
+    const test::run_result r =
+        test::run_tandem({"--socket", d.sock, "--model", "tt/stories-GGUF:Q4_K_M", "--raw", "-n", "4", "Once"});
+    INFO(r.err);
+    CHECK(r.rc == 0);
+    CHECK_FALSE(r.out.empty());
+    CHECK(ids() == std::vector<std::string>{"TinyStories-656K-Q8_0 loaded", "tt/stories-GGUF:Q4_K_M loaded"});
+    // The repository's name alone picks its Q4_K_M, the same model (one entry, not two).
+    const json by_repo = {{"model", repo}, {"prompt", "Once"}, {"max_tokens", 4}, {"temperature", 0}};
+    const test::http_response again = test::request(d.sock, "POST", "/v1/completions", by_repo.dump());
+    CHECK(again.status == 200);
+    CHECK(ids().size() == 2);
+    // A path is never a model name a request may give.
+    const json path = {{"model", test::model_path("stories260K.gguf")}, {"prompt", "Once"}, {"max_tokens", 1}};
+    CHECK(test::request(d.sock, "POST", "/v1/completions", path.dump()).status == 404);
+    CHECK(d.stop() == 0);
+}
