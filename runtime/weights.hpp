@@ -24,14 +24,27 @@ struct layer_weights {
     weight w_gate, w_up;       // [n_ff, n_embd]
     weight w_down;             // [n_embd, n_ff]
     weight ffn_post_norm;      // [n_embd] (model_config::post_norms)
+
+    // Mixture of experts (model_config::is_moe; w_gate, w_up and w_down are empty then). Each
+    // expert is one weight, a slice of the file's 3-D tensor, so every matmul kernel (F32,
+    // INT8, low-bit) reads it as it reads a dense matrix.
+    weight router;                          // [n_expert, n_embd] ffn_gate_inp, always F32
+    std::vector<weight> gate_exps, up_exps; // [n_expert] x [n_ff_exp, n_embd]
+    std::vector<weight> down_exps;          // [n_expert] x [n_embd, n_ff_exp]
+    weight shexp_gate;                      // [n_embd] ffn_gate_inp_shexp (qwen2moe), F32
+    weight w_gate_shexp, w_up_shexp;        // [n_ff_shexp, n_embd]
+    weight w_down_shexp;                    // [n_embd, n_ff_shexp]
 };
 
-// Every weight of a layer, for code that treats them alike (sizes, device copies).
-inline constexpr std::array<weight layer_weights::*, 16> layer_weight_fields = {
+// Every weight of a layer but the routed experts, for code that treats them alike (sizes,
+// device copies).
+inline constexpr std::array<weight layer_weights::*, 21> layer_weight_fields = {
     &layer_weights::attn_norm, &layer_weights::wq,       &layer_weights::wk,     &layer_weights::wv,
     &layer_weights::wo,        &layer_weights::bq,       &layer_weights::bk,     &layer_weights::bv,
     &layer_weights::q_norm,    &layer_weights::k_norm,   &layer_weights::attn_post_norm, &layer_weights::ffn_norm,
-    &layer_weights::w_gate,    &layer_weights::w_up,     &layer_weights::w_down, &layer_weights::ffn_post_norm};
+    &layer_weights::w_gate,    &layer_weights::w_up,     &layer_weights::w_down, &layer_weights::ffn_post_norm,
+    &layer_weights::router,    &layer_weights::shexp_gate, &layer_weights::w_gate_shexp, &layer_weights::w_up_shexp,
+    &layer_weights::w_down_shexp};
 
 struct weight_load_options {
     weight_format format = weight_format::f32;
@@ -50,6 +63,10 @@ struct model_weights {
 
     const weight& logits_weight() const { return output.empty() ? tok_embd : output; }
     int64_t bytes() const;     // what the weights occupy in memory (or in the mapping)
+    int64_t expert_bytes() const; // the routed experts' share of bytes()
+    // What one token's decode step reads: every weight but the embedding table (one row of
+    // it, unless it is the logits' too), and of the routed experts n_used of n_expert.
+    int64_t decode_bytes(const model_config& c) const;
     // "f32", "int8", "low-bit" (every matrix read by matmul low-bit) or "low-bit + int8".
     std::string family() const;
 
