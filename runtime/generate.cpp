@@ -56,6 +56,10 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
                           "in {:.2f} s", path, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
                           b.mdl->weights().family(), double(b.mdl->weights().bytes()) / 1e6,
                           name_of(opt.kv), b.load_s);
+    if (c.is_moe())
+        logger("model")->info("experts: {} a layer, {} a token ({:.0f} MB in all); a decode token reads {:.0f} MB of weights",
+                              c.n_expert, c.n_expert_used, double(b.mdl->weights().expert_bytes()) / 1e6,
+                              double(b.mdl->weights().decode_bytes(c)) / 1e6);
     return b;
 }
 
