@@ -6,6 +6,7 @@
 #include "runtime/gguf.hpp"
 #include "runtime/model.hpp"
 #include "runtime/ops/moe.hpp"
+#include "runtime/quantize_file.hpp"
 #include "runtime/reference_forward.hpp"
 #include "runtime/synth.hpp"
 #include "batch_checks.hpp"
@@ -351,4 +352,32 @@ TEST_CASE("mixture-of-experts keys and tensors Tandem does not handle are refuse
     CHECK(refusal([](gguf::writer& w) { w.set_f32("qwen3moe.expert_weights_scale", 2.5f); })
               .find("expert_weights_scale") != std::string::npos);
     CHECK(refusal([](gguf::writer&) {}).empty());
+}
+
+TEST_CASE("tandem quantize keeps the router and the experts, which load as the original's") {
+    test::scratch_dir dir("moe-quantize");
+    synth_params p = tiny_moe("qwen2moe");
+    p.type = dtype::q8_0;
+    const std::string in = dir.file("in.gguf"), out = dir.file("out.gguf");
+    synth_write(p, in);
+    cpu::thread_pool pool(2);
+    quantize_gguf(in, out, pool);
+    gguf::file f = gguf::file::open(out);
+    CHECK(f.find_tensor("blk.0.ffn_gate_inp.weight")->type == dtype::f32);
+    CHECK(f.find_tensor("blk.0.ffn_up_exps.weight")->type == dtype::q8_0);
+    CHECK(f.find_tensor("blk.0.attn_q.weight")->type == dtype::i8);
+    auto a = load_synth(dir.file("again.gguf"), p, weight_format::int8);
+    model_config cfg = model_config::from_gguf(f);
+    model b(cfg, model_weights::load(f, cfg, weight_load_options{weight_format::int8}));
+    const int32_t n_vocab = cfg.n_vocab;
+    const auto toks = test::random_ids(12, n_vocab, 5);
+    std::vector<float> la(static_cast<size_t>(n_vocab)), lb(la.size());
+    for (model* m : {a.get(), &b}) {
+        test::paged_kv kv(m->make_kv_layout(16), 4);
+        sequence_kv seq = kv.sequence();
+        REQUIRE(seq.reserve(12));
+        m->forward(exec_ctx{backend::cpu, &pool}, one_sequence(toks, 0, seq.block_table()), kv,
+                   (m == &b ? lb : la).data());
+    }
+    CHECK(max_rel_diff(lb.data(), la) <= logits_rel_tol);
 }
