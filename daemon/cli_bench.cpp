@@ -64,22 +64,17 @@ struct bench_opts {
 };
 
 // Every matrix a decode step reads for every token (a mixture's router and shared expert
-// included, its routed experts not: expert_matrices).
-std::vector<const weight*> decode_matrices(const model_weights& w) {
+// included), or (experts) a mixture's routed experts.
+std::vector<const weight*> decode_matrices(const model_weights& w, bool experts = false) {
     std::vector<const weight*> v;
-    for (const auto& l : w.layers)
+    for (const auto& l : w.layers) {
         for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.router, &l.w_gate_shexp,
                                 &l.w_up_shexp, &l.w_down_shexp})
-            if (!m->empty()) v.push_back(m);
-    v.push_back(&w.logits_weight());
-    return v;
-}
-
-std::vector<const weight*> expert_matrices(const model_weights& w) {
-    std::vector<const weight*> v;
-    for (const auto& l : w.layers)
+            if (!m->empty() && !experts) v.push_back(m);
         for (const auto* exps : {&l.gate_exps, &l.up_exps, &l.down_exps})
-            for (const weight& x : *exps) v.push_back(&x);
+            for (const weight& x : *exps) if (experts) v.push_back(&x);
+    }
+    if (!experts) v.push_back(&w.logits_weight());
     return v;
 }
 
@@ -163,7 +158,7 @@ int cmd_bench(const bench_opts& o) {
     // A mixture of experts: a token reads n_expert_used of each layer's n_expert experts.
     const int64_t all_expert_bytes = m.weights().expert_bytes();
     if (c.is_moe()) step_bytes += all_expert_bytes / c.n_expert * c.n_expert_used;
-    for (const weight* w : expert_matrices(m.weights())) mats.push_back(w);
+    for (const weight* w : decode_matrices(m.weights(), true)) mats.push_back(w);
     const double bw = measure_bandwidth_gbs(threads, mats);
     const double roofline = bw * 1e9 / double(step_bytes);
     log->info("bandwidth {:.1f} GB/s over {:.0f} MB of weights: roofline {:.2f} tok/s", bw, double(step_bytes) / 1e6,
@@ -255,19 +250,11 @@ int cmd_bench(const bench_opts& o) {
     const int64_t e = c.n_embd, nq = c.n_embd_q(), kvd = c.n_embd_kv(), ff = c.n_ff, M = o.n_prompt;
     std::vector<std::pair<int64_t, int64_t>> per_layer{{e, nq}, {e, kvd}, {e, kvd}, {nq, e}, {e, ff}, {e, ff}, {ff, e}};
     double macs_per_token = 0;
-    if (c.is_moe()) {
-        // A token's share of a mixture's FFN: its experts, the router and the shared expert.
-        // (The oneDNN figure below times each expert shape at the prompt's rows, as if every
-        // token ran every expert's shape once: an approximation of one GEMM per expert.)
+    if (c.is_moe()) { // a token's experts, the router, the shared expert (oneDNN's figure: each shape at M rows)
         const int64_t fe = c.n_ff_exp, fs = c.n_ff_shexp;
-        per_layer.resize(4);
-        for (auto kn : {std::pair{e, fe}, std::pair{e, fe}, std::pair{fe, e}}) {
-            per_layer.push_back(kn);
-            macs_per_token += double(c.n_expert_used - 1) * double(kn.first) * double(kn.second);
-        }
-        if (fs > 0)
-            for (auto kn : {std::pair{e, fs}, std::pair{e, fs}, std::pair{fs, e}}) per_layer.push_back(kn);
-        macs_per_token += double(e) * double(c.n_expert);
+        per_layer = {per_layer[0], per_layer[1], per_layer[2], per_layer[3], {e, fe}, {e, fe}, {fe, e}};
+        if (fs > 0) per_layer.insert(per_layer.end(), {{e, fs}, {e, fs}, {fs, e}});
+        macs_per_token += double(c.n_expert_used - 1) * 3.0 * double(e) * double(fe) + double(e) * double(c.n_expert);
     }
     for (auto kn : per_layer) macs_per_token += double(kn.first) * double(kn.second);
     macs_per_token *= c.n_layer;
@@ -361,14 +348,11 @@ int cmd_bench(const bench_opts& o) {
                                  s["k"].get<int64_t>(), s["n"].get<int64_t>(), s["gops"].get<double>(),
                                  s["impl"].get<std::string>());
     print_ops(prefill_ops, prof_s);
-    for (auto [nb, v] : batch_tok_s) {
-        std::cout << fmt::format("decode       batch {:2d}: {:.2f} tok/s aggregate", nb, v);
-        if (c.is_moe())
-            std::cout << fmt::format("; experts read {:.1f} MB a step ({} expert runs of {} layers x {} chosen a token)",
-                                     double(batch_expert_reads[nb].bytes) / 1e6, batch_expert_reads[nb].runs, c.n_layer,
-                                     c.n_expert_used);
-        std::cout << "\n";
-    }
+    for (auto [nb, v] : batch_tok_s)
+        std::cout << fmt::format("decode       batch {:2d}: {:.2f} tok/s aggregate{}\n", nb, v, !c.is_moe() ? "" :
+                                 fmt::format("; experts read {:.1f} MB a step ({} expert runs of {} layers x {} a token)",
+                                             double(batch_expert_reads[nb].bytes) / 1e6, batch_expert_reads[nb].runs,
+                                             c.n_layer, c.n_expert_used));
     std::cout << fmt::format("  one step at batch {}: {:.1f} ms\n", max_batch, decode_prof_s * 1e3);
     print_ops(decode_ops, decode_prof_s);
     std::cout << fmt::format("roofline     {:.1f} GB/s / {:.0f} MB per step = {:.2f} tok/s; decode at {:.0f}%\n", bw,
