@@ -41,6 +41,8 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
     // A process that uploads weights to a GPU holds INT8 matrices: the low-bit family has CPU
     // kernels only (the CUDA runner refuses it by name).
     const weight_format wf = !opt.cpu_layout && opt.weights == weight_format::native ? weight_format::int8 : opt.weights;
+    // A model that cannot fit is refused before any of it is converted, with what it needs.
+    check_weights_fit(path, estimate_weight_bytes(*b.file, wf), wf);
     model_weights w = model_weights::load(*b.file, cfg, {wf, pool ? &*pool : nullptr, layout});
     TANDEM_CHECK(b.tok->n_vocab() == cfg.n_vocab, "{}: the tokenizer has {} tokens but the model {}", path,
                  b.tok->n_vocab(), cfg.n_vocab);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <thread>
@@ -253,6 +254,48 @@ void load_moe(const gguf::file& f, const model_config& c, const std::string& p, 
 }
 
 } // namespace
+
+weight_estimate estimate_weight_bytes(const gguf::file& f, weight_format format) {
+    weight_estimate w;
+    for (const gguf::tensor_info& t : f.tensors()) {
+        if (t.name.ends_with(".scale") && f.find_tensor(t.name.substr(0, t.name.size() - 6))) continue;
+        const bool experts = t.ne.size() == 3;
+        const bool matrix = (t.ne.size() == 2 || experts) && t.ne[0] > 1 && !t.name.ends_with("ffn_gate_inp.weight");
+        const int64_t n_mat = experts ? t.ne[2] : 1;
+        int64_t b = t.n_elements() * 4;
+        if (matrix && format == weight_format::native && is_lowbit_format(t.type)) {
+            const lowbit_matrix m = lowbit_layout_of(t.type, t.ne[1], t.ne[0]);
+            b = n_mat * m.n_tiles() * m.n_super() * m.super_bytes;
+        } else if (matrix && is_quantized(format)) {
+            b = n_mat * t.ne[1] * (t.ne[0] + 4 + 4);
+        }
+        w.bytes += b;
+        if (experts) w.expert_bytes += b;
+    }
+    return w;
+}
+
+void check_weights_fit(const std::string& path, const weight_estimate& need, weight_format format, int64_t available) {
+    if (available < 0) {
+        std::ifstream in("/proc/meminfo");
+        std::string key, unit;
+        int64_t kib = 0;
+        while (in >> key >> kib >> unit)
+            if (key == "MemAvailable:") {
+                available = kib * 1024;
+                break;
+            }
+        if (available < 0) return; // no /proc: nothing to compare with
+    }
+    const auto gib = [](int64_t b) { return double(b) / double(int64_t(1) << 30); };
+    TANDEM_CHECK(need.bytes <= available,
+                 "{} needs {:.1f} GiB of memory for its weights ({}{}), and this machine has {:.1f} GiB available "
+                 "(MemAvailable){}",
+                 path, gib(need.bytes), format == weight_format::native ? "--weights auto" : name_of(format),
+                 need.expert_bytes > 0 ? fmt::format("; {:.1f} GiB of them the experts", gib(need.expert_bytes)) : "",
+                 gib(available),
+                 format == weight_format::f32 ? "; --weights int8 or auto holds a quarter to an eighth of that" : "");
+}
 
 bool read_by_matmul(const gguf::file& f, const std::string& name) {
     return name != "token_embd.weight" || !f.find_tensor("output.weight");

@@ -79,6 +79,20 @@ struct model_weights {
     static model_weights load(const gguf::file& f, model_config& cfg, const weight_load_options& opt = {});
 };
 
+// What load() will hold for the file's tensors in `format`, from their infos alone (nothing is
+// read): every matrix INT8 rows with a scale and a row sum, or under native the file's
+// low-bit matrices in the low-bit layout; vectors and a mixture's router F32; a mixture's
+// 3-D experts one matrix each. experts: the routed experts' share.
+struct weight_estimate {
+    int64_t bytes = 0, expert_bytes = 0;
+};
+weight_estimate estimate_weight_bytes(const gguf::file& f, weight_format format);
+// tandem::error when `need` bytes of weights exceed `available` (MemAvailable, or -1 to read
+// /proc/meminfo), saying what the model needs and where: "PATH needs 17.2 GiB of memory for
+// its weights (INT8; 15.9 GiB of them experts), and this machine has 12.1 GiB available".
+void check_weights_fit(const std::string& path, const weight_estimate& need, weight_format format,
+                       int64_t available = -1);
+
 // Whether the matmul kernels read the file's matrix `name`, so that it is laid out for them
 // (blocked from the VNNI level up, and so stored by `tandem quantize`): every matrix but the
 // embedding table, which the embed op reads by rows unless the logits use it too.

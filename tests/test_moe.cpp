@@ -381,3 +381,35 @@ TEST_CASE("tandem quantize keeps the router and the experts, which load as the o
     }
     CHECK(max_rel_diff(lb.data(), la) <= logits_rel_tol);
 }
+
+TEST_CASE("the weights a model will hold, estimated from the file, and a model that cannot fit refused with them") {
+    test::scratch_dir dir("moe-fit");
+    synth_params p = tiny_moe("qwen2moe");
+    p.type = dtype::q4_0;
+    const std::string path = dir.file("q4.gguf");
+    synth_write(p, path);
+    gguf::file f = gguf::file::open(path);
+    for (weight_format wf : {weight_format::native, weight_format::int8, weight_format::f32}) {
+        INFO(name_of(wf));
+        model_config cfg = model_config::from_gguf(f);
+        const model_weights w = model_weights::load(f, cfg, weight_load_options{wf});
+        const weight_estimate est = estimate_weight_bytes(f, wf);
+        if (wf == weight_format::native) { // the low-bit layout, exactly
+            CHECK(est.bytes == w.bytes());
+            CHECK(est.expert_bytes == w.expert_bytes());
+        } else { // (INT8: the estimate counts the row sums, which bytes() leaves out, not the blocks' padding)
+            CHECK(std::abs(double(est.bytes) / double(w.bytes()) - 1) < 0.1);
+            CHECK(std::abs(double(est.expert_bytes) / double(w.expert_bytes()) - 1) < 0.1);
+        }
+        CHECK_NOTHROW(check_weights_fit(path, est, wf, est.bytes));
+        std::string why;
+        try {
+            check_weights_fit(path, est, wf, est.bytes - 1);
+        } catch (const tandem::error& e) {
+            why = e.what();
+        }
+        CHECK(why.find(path + " needs") != std::string::npos);
+        CHECK(why.find("of them the experts") != std::string::npos);
+        CHECK(why.find("available (MemAvailable)") != std::string::npos);
+    }
+}
