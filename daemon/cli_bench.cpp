@@ -63,11 +63,18 @@ struct bench_opts {
     int32_t beams = 0;       // --beams W: the beam-search mode
 };
 
-std::vector<const weight*> decode_matrices(const model_weights& w) {
+// Every matrix a decode step reads for every token (a mixture's router and shared expert
+// included), or (experts) a mixture's routed experts.
+std::vector<const weight*> decode_matrices(const model_weights& w, bool experts = false) {
     std::vector<const weight*> v;
-    for (const auto& l : w.layers)
-        for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) v.push_back(m);
-    v.push_back(&w.logits_weight());
+    for (const auto& l : w.layers) {
+        for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.router, &l.w_gate_shexp,
+                                &l.w_up_shexp, &l.w_down_shexp})
+            if (!m->empty() && !experts) v.push_back(m);
+        for (const auto* exps : {&l.gate_exps, &l.up_exps, &l.down_exps})
+            for (const weight& x : *exps) if (experts) v.push_back(&x);
+    }
+    if (!experts) v.push_back(&w.logits_weight());
     return v;
 }
 
@@ -145,9 +152,13 @@ int cmd_bench(const bench_opts& o) {
     const exec_ctx ctx = threads.ctx();
     auto log = logger("bench");
 
-    const auto mats = decode_matrices(m.weights());
+    auto mats = decode_matrices(m.weights());
     int64_t step_bytes = 0;
     for (const weight* w : mats) step_bytes += w->bytes();
+    // A mixture of experts: a token reads n_expert_used of each layer's n_expert experts.
+    const int64_t all_expert_bytes = m.weights().expert_bytes();
+    if (c.is_moe()) step_bytes += all_expert_bytes / c.n_expert * c.n_expert_used;
+    for (const weight* w : decode_matrices(m.weights(), true)) mats.push_back(w);
     const double bw = measure_bandwidth_gbs(threads, mats);
     const double roofline = bw * 1e9 / double(step_bytes);
     log->info("bandwidth {:.1f} GB/s over {:.0f} MB of weights: roofline {:.2f} tok/s", bw, double(step_bytes) / 1e6,
@@ -192,6 +203,7 @@ int cmd_bench(const bench_opts& o) {
 
     // decode: each batch size decodes n_gen steps after a short prompt per sequence
     std::map<int, double> batch_tok_s;
+    std::map<int, model::expert_reads> batch_expert_reads; // a step's, on average
     op_profile decode_prof;
     double decode_prof_s = 0;
     for (int nb : o.batches) {
@@ -215,9 +227,12 @@ int cmd_bench(const bench_opts& o) {
             m.forward(ctx, one_sequence(std::span(toks[size_t(i)]).first(size_t(n_short)), 0, seqs[size_t(i)]->block_table()),
                       kv, logits.data());
         }
+        const model::expert_reads r0 = m.expert_reads_total();
         const auto t0 = clock_type::now();
         for (int32_t s = 0; s < o.n_gen; ++s) m.forward(ctx, step(n_short + s), kv, logits.data());
         batch_tok_s[nb] = double(nb) * double(o.n_gen) / since(t0);
+        const model::expert_reads r1 = m.expert_reads_total();
+        batch_expert_reads[nb] = {(r1.runs - r0.runs) / o.n_gen, (r1.bytes - r0.bytes) / o.n_gen};
         log->info("decode batch {}: {:.2f} tok/s aggregate", nb, batch_tok_s[nb]);
         if (nb == max_batch) { // one more step with each op timed (not in the figure above)
             exec_ctx pctx = ctx;
@@ -233,8 +248,14 @@ int cmd_bench(const bench_opts& o) {
 
     // The layers' matmul shapes (k inputs, n outputs) of one token.
     const int64_t e = c.n_embd, nq = c.n_embd_q(), kvd = c.n_embd_kv(), ff = c.n_ff, M = o.n_prompt;
-    const std::vector<std::pair<int64_t, int64_t>> per_layer{{e, nq}, {e, kvd}, {e, kvd}, {nq, e}, {e, ff}, {e, ff}, {ff, e}};
+    std::vector<std::pair<int64_t, int64_t>> per_layer{{e, nq}, {e, kvd}, {e, kvd}, {nq, e}, {e, ff}, {e, ff}, {ff, e}};
     double macs_per_token = 0;
+    if (c.is_moe()) { // a token's experts, the router, the shared expert (oneDNN's figure: each shape at M rows)
+        const int64_t fe = c.n_ff_exp, fs = c.n_ff_shexp;
+        per_layer = {per_layer[0], per_layer[1], per_layer[2], per_layer[3], {e, fe}, {e, fe}, {fe, e}};
+        if (fs > 0) per_layer.insert(per_layer.end(), {{e, fs}, {e, fs}, {fs, e}});
+        macs_per_token += double(c.n_expert_used - 1) * 3.0 * double(e) * double(fe) + double(e) * double(c.n_expert);
+    }
     for (auto kn : per_layer) macs_per_token += double(kn.first) * double(kn.second);
     macs_per_token *= c.n_layer;
 
@@ -286,6 +307,11 @@ int cmd_bench(const bench_opts& o) {
                      {"rss_ratio", peak_rss_mb * 1.048576 / weights_mb},
                      {"rss_file_ratio", peak_rss_mb * 1.048576 / file_tensor_mb}};
     for (auto [nb, v] : batch_tok_s) j["decode_batch_tok_s"][std::to_string(nb)] = v;
+    if (c.is_moe()) {
+        j["experts"] = {{"count", c.n_expert}, {"used", c.n_expert_used}, {"bytes_mb", double(all_expert_bytes) / 1e6}};
+        for (auto [nb, r] : batch_expert_reads)
+            j["decode_expert_reads_per_step"][std::to_string(nb)] = {{"runs", r.runs}, {"mb", double(r.bytes) / 1e6}};
+    }
     const std::vector<op_profile::entry> decode_ops = sorted_ops(decode_prof);
     j["prefill_ops"] = ops_json(prefill_ops);
     j["prefill_profiled_s"] = prof_s;
@@ -323,7 +349,10 @@ int cmd_bench(const bench_opts& o) {
                                  s["impl"].get<std::string>());
     print_ops(prefill_ops, prof_s);
     for (auto [nb, v] : batch_tok_s)
-        std::cout << fmt::format("decode       batch {:2d}: {:.2f} tok/s aggregate\n", nb, v);
+        std::cout << fmt::format("decode       batch {:2d}: {:.2f} tok/s aggregate{}\n", nb, v, !c.is_moe() ? "" :
+                                 fmt::format("; experts read {:.1f} MB a step ({} expert runs of {} layers x {} a token)",
+                                             double(batch_expert_reads[nb].bytes) / 1e6, batch_expert_reads[nb].runs,
+                                             c.n_layer, c.n_expert_used));
     std::cout << fmt::format("  one step at batch {}: {:.1f} ms\n", max_batch, decode_prof_s * 1e3);
     print_ops(decode_ops, decode_prof_s);
     std::cout << fmt::format("roofline     {:.1f} GB/s / {:.0f} MB per step = {:.2f} tok/s; decode at {:.0f}%\n", bw,

@@ -53,23 +53,36 @@ ojson token_json(const tokenizer& tok, token_id id) {
 // file holds in a low-bit format in the low-bit family's layout
 // (quant/lowbit.hpp); vectors as F32. The scale tensors of a pre-quantized file are part of
 // their matrices. formats: the low-bit formats kept.
-int64_t weight_bytes(const gguf::file& f, bool lowbit, std::map<std::string, int>& formats, bool& any_int8) {
-    int64_t bytes = 0;
+// A mixture of experts' 3-D expert tensors count as one matrix per expert, and the router
+// (ffn_gate_inp) stays F32. expert_bytes: the routed experts' share; table_bytes: the
+// embedding table's, when the logits do not read it too.
+struct weight_sizes {
+    int64_t bytes = 0, expert_bytes = 0, table_bytes = 0;
+};
+weight_sizes weight_bytes(const gguf::file& f, bool lowbit, std::map<std::string, int>& formats, bool& any_int8) {
+    weight_sizes w;
     any_int8 = false;
     for (const gguf::tensor_info& t : f.tensors()) {
         if (t.name.ends_with(".scale") && f.find_tensor(t.name.substr(0, t.name.size() - 6))) continue;
-        if (t.ne.size() == 2 && lowbit && is_lowbit_format(t.type)) {
+        const bool experts = t.ne.size() == 3;
+        const bool matrix = (t.ne.size() == 2 || experts) && !t.name.ends_with("ffn_gate_inp.weight");
+        const int64_t n_mat = experts ? t.ne[2] : 1;
+        int64_t b = 0;
+        if (matrix && lowbit && is_lowbit_format(t.type)) {
             const lowbit_matrix m = lowbit_layout_of(t.type, t.ne[1], t.ne[0]);
-            bytes += m.n_tiles() * m.n_super() * m.super_bytes;
+            b = n_mat * m.n_tiles() * m.n_super() * m.super_bytes;
             ++formats[std::string(name_of(t.type))];
-        } else if (t.ne.size() == 2) {
-            bytes += t.ne[1] * (t.ne[0] + 4 + 4);
+        } else if (matrix) {
+            b = n_mat * t.ne[1] * (t.ne[0] + 4 + 4);
             any_int8 = true;
         } else {
-            bytes += t.n_elements() * 4;
+            b = t.n_elements() * 4;
         }
+        w.bytes += b;
+        if (experts) w.expert_bytes += b;
+        if (t.name == "token_embd.weight" && f.find_tensor("output.weight")) w.table_bytes = b;
     }
-    return bytes;
+    return w;
 }
 
 ojson describe(const std::string& path, const info_opts& o) {
@@ -139,7 +152,26 @@ ojson describe(const std::string& path, const info_opts& o) {
     // tandemd's pool holds it.
     std::map<std::string, int> kept;
     bool any_int8 = false;
-    const int64_t wbytes = weight_bytes(f, o.weights == "auto", kept, any_int8);
+    const weight_sizes ws = weight_bytes(f, o.weights == "auto", kept, any_int8);
+    const int64_t wbytes = ws.bytes;
+    // A mixture of experts reads n_expert_used of n_expert experts a token: its active
+    // parameters and the bytes a decode step reads per token (every weight but the embedding
+    // table's other rows, and only the chosen experts).
+    int64_t n_params = 0, n_expert_params = 0;
+    for (const gguf::tensor_info& t : f.tensors()) {
+        if (t.name.ends_with(".scale") && f.find_tensor(t.name.substr(0, t.name.size() - 6))) continue;
+        n_params += t.n_elements();
+        if (t.ne.size() == 3) n_expert_params += t.n_elements();
+    }
+    const double used = c.is_moe() ? double(c.n_expert_used) / c.n_expert : 1.0;
+    j["parameters"] = {{"total", n_params}, {"active", n_params - int64_t(double(n_expert_params) * (1 - used))}};
+    if (c.is_moe())
+        j["experts"] = {{"count", c.n_expert},
+                        {"used", c.n_expert_used},
+                        {"n_ff_exp", c.n_ff_exp},
+                        {"n_ff_shared", c.n_ff_shexp},
+                        {"renormalised", c.expert_norm}};
+    const int64_t decode_bytes = wbytes - ws.table_bytes - int64_t(double(ws.expert_bytes) * (1 - used));
     std::string family = kept.empty() ? "int8" : any_int8 ? "low-bit + int8" : "low-bit";
     ojson kept_j = ojson::object();
     for (const auto& [name, n] : kept) kept_j[name] = n;
@@ -149,6 +181,8 @@ ojson describe(const std::string& path, const info_opts& o) {
     j["memory"] = {{"weights", family},
                    {"lowbit_matrices", kept_j},
                    {"weight_bytes", wbytes},
+                   {"expert_bytes", ws.expert_bytes},
+                   {"decode_bytes_per_token", decode_bytes},
                    {"kv_dtype", o.kv},
                    {"kv_bytes_per_token", token_bytes},
                    {"kv_bytes_train_context", int64_t(token_bytes * c.n_ctx_train + 0.5)}};
@@ -164,6 +198,23 @@ void print_text(const ojson& j) {
                        s["n_layer"].get<int>(), s["n_embd"].get<int>(), s["n_head"].get<int>(),
                        s["n_head_kv"].get<int>(), s["head_dim"].get<int>(), s["n_ff"].get<int>(),
                        s["n_vocab"].get<int>());
+    const auto count_text = [](int64_t n) {
+        return n >= 1000000000 ? fmt::format("{:.2f}B", double(n) / 1e9)
+               : n >= 1000000  ? fmt::format("{:.1f}M", double(n) / 1e6)
+                               : fmt::format("{:.1f}K", double(n) / 1e3);
+    };
+    const int64_t total = j["parameters"]["total"].get<int64_t>(), active = j["parameters"]["active"].get<int64_t>();
+    if (j.contains("experts")) {
+        const auto& x = j["experts"];
+        out += fmt::format("  experts        {} a layer, {} used a token ({}), ff {}{}\n", x["count"].get<int>(),
+                           x["used"].get<int>(), x["renormalised"].get<bool>() ? "renormalised" : "not renormalised",
+                           x["n_ff_exp"].get<int>(),
+                           x["n_ff_shared"].get<int>() > 0 ? fmt::format(", shared expert ff {}", x["n_ff_shared"].get<int>())
+                                                           : std::string());
+        out += fmt::format("  parameters     {} total, {} active a token\n", count_text(total), count_text(active));
+    } else {
+        out += fmt::format("  parameters     {}\n", count_text(total));
+    }
     std::string types;
     for (const auto& [name, t] : j["tensors"]["types"].items())
         types += fmt::format("{}{} x{} ({})", types.empty() ? "" : ", ", name, t["count"].get<int64_t>(),
@@ -214,6 +265,10 @@ void print_text(const ojson& j) {
                        size_text(m["weight_bytes"].get<double>()), fam, m["kv_dtype"].get<std::string>(),
                        size_text(m["kv_bytes_per_token"].get<double>()),
                        size_text(m["kv_bytes_train_context"].get<double>()));
+    out += fmt::format("  decode reads   {} of weights a token{}\n", size_text(m["decode_bytes_per_token"].get<double>()),
+                       m["expert_bytes"].get<int64_t>() > 0
+                           ? fmt::format(" (experts: {} in all)", size_text(m["expert_bytes"].get<double>()))
+                           : std::string());
     write_out(out);
 }
 

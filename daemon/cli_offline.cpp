@@ -378,11 +378,19 @@ void register_offline(CLI::App& app, registry& reg) {
     shape("--ctx", &synth_params::n_ctx, "context length", 8, 1 << 20);
     shape("--window", &synth_params::sliding_window, "sliding attention window (0: none)", 0, 1 << 20);
     shape("--head-dim", &synth_params::head_dim, "attention head width (default: dim / heads)", 2, 4096);
+    shape("--experts", &synth_params::n_expert, "experts per layer (qwen2moe, qwen3moe, mixtral)", 1, 4096);
+    shape("--experts-used", &synth_params::n_expert_used, "experts each token runs", 1, 4096);
+    shape("--expert-ff", &synth_params::n_ff_exp, "an expert's feed-forward size (qwen2moe, qwen3moe)", 1, 262144);
+    shape("--shared-ff", &synth_params::n_ff_shexp, "the shared expert's feed-forward size (qwen2moe)", 1, 262144);
     sy->type_opt = syn->add_option("--type", sy->type, "weight type (default: the preset's)")
                        ->check(one_of(names_of(synth_types())));
     sy->seed = syn->add_option("--seed", sy->flags.seed, "seed");
     auto* arch_opt = syn->add_option("--arch", sy->arch, "architecture (default: the preset's)")
-                         ->check(one_of(std::vector<std::string>(supported_archs.begin(), supported_archs.end())));
+                         ->check(one_of([] {
+                             std::vector<std::string> v(supported_archs.begin(), supported_archs.end());
+                             v.push_back("mixtral"); // llama with experts
+                             return v;
+                         }()));
     auto* vf = syn->add_option("--vocab-from", sy->vocab_from,
                                "copy the tokenizer (and its size) from this GGUF: a draft model for it")
                    ->check(existing_file());

@@ -4,6 +4,7 @@
 #include "runtime/ops/attention.hpp"
 #include "runtime/ops/elementwise.hpp"
 #include "runtime/ops/matmul.hpp"
+#include "runtime/ops/moe.hpp"
 #include "runtime/ops/quant.hpp"
 
 #include <algorithm>
@@ -44,9 +45,20 @@ void model::prepare(const exec_ctx& ctx, int32_t max_tokens, int32_t max_rows) c
     // The row counts forward gives matmul_i8: n_tok for most, 2 * n_tok for the two-term
     // down projection, 2 * n_rows (n_rows <= n_tok) for the logits.
     const int64_t n = max_tokens, rows = std::clamp<int64_t>(max_rows, 1, n);
+    const auto prep = [&](const weight& m, int64_t rows) {
+        if (!m.empty()) ops::prepare_matmul_i8(ctx, m, rows);
+    };
     for (const layer_weights& l : w_.layers) {
-        for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up}) ops::prepare_matmul_i8(ctx, *m, n);
-        ops::prepare_matmul_i8(ctx, l.w_down, 2 * n);
+        for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_gate_shexp, &l.w_up_shexp})
+            prep(*m, n);
+        prep(l.w_down, 2 * n);
+        prep(l.w_down_shexp, 2 * n);
+        // the experts are alike in shape: one of them builds what all of them use
+        if (!l.gate_exps.empty()) {
+            prep(l.gate_exps[0], n);
+            prep(l.up_exps[0], n);
+            prep(l.down_exps[0], 2 * n);
+        }
     }
     ops::prepare_matmul_i8(ctx, w_.logits_weight(), 2 * rows);
     if (ctx.scratch != nullptr) ctx.scratch->reserve(scratch_bytes(n, rows));
@@ -56,7 +68,7 @@ size_t model::scratch_bytes(int64_t n_tok, int64_t n_rows) const {
     // forward's takes in order, each rounded to the arena's alignment; the rows' takes of the
     // mixed-rows path (gathered input, projected logits, the two-term logits), which hold
     // those of the all-logits path. Host inputs staged on a device backend are not counted.
-    const int64_t e = cfg_.n_embd, nq = cfg_.n_embd_q(), n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff, nv = cfg_.n_vocab;
+    const int64_t e = cfg_.n_embd, nq = cfg_.n_embd_q(), n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff_max(), nv = cfg_.n_vocab;
     size_t total = 0;
     const auto take = [&](int64_t n, size_t size) {
         total += (size_t(std::max<int64_t>(n, 1)) * size + scratch_arena::align - 1) / scratch_arena::align *
@@ -67,6 +79,12 @@ size_t model::scratch_bytes(int64_t n_tok, int64_t n_rows) const {
         take(n, sizeof(float));
     take(2 * n_tok * std::max({e, nq, ff}), sizeof(int8_t));
     take(2 * n_tok, sizeof(float));
+    if (cfg_.is_moe()) {
+        take(n_tok * cfg_.n_expert, sizeof(float));
+        take(n_tok * cfg_.n_expert_used, sizeof(int32_t));
+        take(n_tok * cfg_.n_expert_used, sizeof(float));
+        take(n_tok * e, sizeof(float));
+    }
     take(n_tok * e, sizeof(float)); // the wanted tokens' rows, gathered
     for (const int64_t n : {n_rows * e, n_rows * nv, 2 * n_rows * nv}) take(n, sizeof(float));
     return total;
@@ -87,7 +105,9 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
     // Every activation of the batch, from the context's scratch.
     scratch_arena& s = *ctx.scratch;
     s.reset();
-    const int64_t e = cfg_.n_embd, nq = cfg_.n_embd_q(), n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff,
+    TANDEM_CHECK(!cfg_.is_moe() || ctx.be != backend::cuda,
+                 "{}: mixture-of-experts layers run on the CPU (placement prefill=cpu, decode=cpu)", cfg_.arch);
+    const int64_t e = cfg_.n_embd, nq = cfg_.n_embd_q(), n_kv = cfg_.n_embd_kv(), ff = cfg_.n_ff_max(),
                   n_rows = b.n_logits();
     float* x = s.take<float>(n_tok * e);        // the residual stream
     float* xn = s.take<float>(n_tok * e);       // normed
@@ -101,6 +121,13 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
     // INT8 activations with their per-token scales (W8A8); two terms for w_down and the logits
     int8_t* xq = s.take<int8_t>(2 * n_tok * std::max({e, nq, ff}));
     float* xs = s.take<float>(2 * n_tok);
+    ffn_bufs fb{gate, up, proj, xq, xs, nullptr, nullptr, nullptr, nullptr};
+    if (cfg_.is_moe()) {
+        fb.scores = s.take<float>(n_tok * cfg_.n_expert);
+        fb.ids = s.take<int32_t>(n_tok * cfg_.n_expert_used);
+        fb.weights = s.take<float>(n_tok * cfg_.n_expert_used);
+        fb.rows = s.take<float>(n_tok * e);
+    }
     // The host inputs, staged before any op is queued (on CUDA a copy from pageable memory
     // waits for the stream: the rows wanted are staged here, not after the layers). The tokens
     // whose final hidden state is needed (`wanted`, in token order) make the output rows: a
@@ -190,6 +217,11 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
         if (cfg_.post_norms) ops::rms_norm(ctx, proj, proj, l.attn_post_norm.f32(), n_tok, e, cfg_.rms_eps);
         ops::add(ctx, x, proj, n_tok * e);
 
+        if (cfg_.is_moe()) {
+            ops::rms_norm(ctx, xn, x, l.ffn_norm.f32(), n_tok, e, cfg_.rms_eps);
+            moe_ffn(ctx, l, xn, x, n_tok, fb);
+            continue;
+        }
         if (i8) {
             ops::rms_norm_quant(ctx, act, x, l.ffn_norm.f32(), n_tok, e, cfg_.rms_eps);
             ops::matmul_i8(ctx, gate, act.q, act.s, n_tok, l.w_gate);
@@ -257,6 +289,64 @@ void model::forward(const exec_ctx& ctx, const model_weights& w, const batch& b,
 void model::glu(const exec_ctx& ctx, float* gate, const float* up, int64_t n) const {
     if (cfg_.act == ffn_act::gelu) ops::geglu(ctx, gate, gate, up, n);
     else ops::swiglu(ctx, gate, gate, up, n);
+}
+
+const float* model::gated_ffn(const exec_ctx& ctx, const weight& w_gate, const weight& w_up, const weight& w_down,
+                             const float* xn, int64_t m, const ffn_bufs& b) const {
+    const int64_t e = cfg_.n_embd, ff = w_gate.n_out;
+    if (w_gate.is_integer()) {
+        // As the dense FFN: per-token INT8 input, the SwiGLU output in two INT8 terms.
+        const ops::act_i8 act{b.xq, b.xs}, lo{b.xq + m * ff, b.xs + m};
+        ops::quantize_rows(ctx, act, xn, m, e);
+        ops::matmul_i8(ctx, b.gate, act.q, act.s, m, w_gate);
+        ops::matmul_i8(ctx, b.up, act.q, act.s, m, w_up);
+        glu(ctx, b.gate, b.up, m * ff);
+        ops::quantize_rows_split(ctx, act, lo, b.gate, m, ff);
+        ops::matmul_i8(ctx, b.proj, act.q, act.s, 2 * m, w_down);
+        ops::add(ctx, b.proj, b.proj + m * e, m * e);
+    } else {
+        ops::matmul(ctx, b.gate, xn, m, w_gate);
+        ops::matmul(ctx, b.up, xn, m, w_up);
+        glu(ctx, b.gate, b.up, m * ff);
+        ops::matmul(ctx, b.proj, b.gate, m, w_down);
+    }
+    return b.proj;
+}
+
+void model::moe_ffn(const exec_ctx& ctx, const layer_weights& l, const float* xn, float* x, int64_t n_tok,
+                    const ffn_bufs& b) const {
+    const int64_t e = cfg_.n_embd;
+    const int n_expert = cfg_.n_expert, k = cfg_.n_expert_used;
+    // Route every token, then group the step's tokens by expert (host memory: the CPU's and the
+    // reference's), so that each chosen expert's weights are read once for all its tokens.
+    ops::matmul(ctx, b.scores, xn, n_tok, l.router);
+    ops::moe_route(ctx, b.ids, b.weights, b.scores, n_tok, n_expert, k, cfg_.expert_norm);
+    const ops::expert_groups g = ops::group_by_expert(b.ids, b.weights, n_tok, k, n_expert);
+    for (int xi = 0; xi < n_expert; ++xi) {
+        const int32_t m = g.n_tokens(xi);
+        if (m == 0) continue;
+        const int32_t* toks = &g.tokens[size_t(g.offset[size_t(xi)])];
+        ops::gather_rows(ctx, b.rows, xn, toks, m, e);
+        const float* y = gated_ffn(ctx, l.gate_exps[size_t(xi)], l.up_exps[size_t(xi)], l.down_exps[size_t(xi)], b.rows,
+                                   m, b);
+        ops::add_rows_scaled(ctx, x, y, toks, &g.weights[size_t(g.offset[size_t(xi)])], m, e);
+        ++expert_runs_;
+        expert_bytes_ += l.gate_exps[size_t(xi)].bytes() + l.up_exps[size_t(xi)].bytes() + l.down_exps[size_t(xi)].bytes();
+    }
+    if (cfg_.n_ff_shexp > 0) {
+        // The shared expert, every token, scaled by the sigmoid of its gate's dot with the row.
+        std::vector<int32_t> all(static_cast<size_t>(n_tok));
+        std::vector<float> gates(static_cast<size_t>(n_tok));
+        const float* gw = l.shexp_gate.f32();
+        for (int64_t t = 0; t < n_tok; ++t) {
+            all[size_t(t)] = int32_t(t);
+            float dot = 0;
+            for (int64_t i = 0; i < e; ++i) dot += xn[t * e + i] * gw[i];
+            gates[size_t(t)] = 1.0f / (1.0f + std::exp(-dot));
+        }
+        const float* y = gated_ffn(ctx, l.w_gate_shexp, l.w_up_shexp, l.w_down_shexp, xn, n_tok, b);
+        ops::add_rows_scaled(ctx, x, y, all.data(), gates.data(), n_tok, e);
+    }
 }
 
 void model::project_logits(const exec_ctx& ctx, const model_weights& w, const float* xn, int64_t n_rows, float* logits,

@@ -10,6 +10,7 @@
 #include "runtime/tokenizer.hpp"
 #include "runtime/weights.hpp"
 
+#include <atomic>
 #include <span>
 #include <vector>
 
@@ -65,6 +66,15 @@ public:
     // The scratch bytes forward takes at most for n_tok tokens and n_rows rows.
     size_t scratch_bytes(int64_t n_tok, int64_t n_rows) const;
 
+    // What the routed experts cost so far, over every forward of this model (mixture of
+    // experts): expert runs (one expert over its tokens of one step in one layer) and the bytes
+    // of expert weights they read (each once per step, whatever its token count).
+    struct expert_reads {
+        int64_t runs = 0;
+        int64_t bytes = 0;
+    };
+    expert_reads expert_reads_total() const { return {expert_runs_.load(), expert_bytes_.load()}; }
+
 private:
     // logits [n_rows, n_vocab] from the normed rows xn [n_rows, n_embd]; act: INT8 scratch.
     void project_logits(const exec_ctx& ctx, const model_weights& w, const float* xn, int64_t n_rows, float* logits,
@@ -73,12 +83,36 @@ private:
     // gate [n] = act(gate) * up, the architecture's gated activation (SwiGLU or GeGLU).
     void glu(const exec_ctx& ctx, float* gate, const float* up, int64_t n) const;
 
+    // The buffers of a forward's FFN, from its scratch.
+    struct ffn_bufs {
+        float* gate;     // [n_tok, n_ff_max]
+        float* up;       // [n_tok, n_ff_max]
+        float* proj;     // [2 * n_tok, n_embd]
+        int8_t* xq;      // [2 * n_tok, max(n_embd, n_ff_max)]
+        float* xs;       // [2 * n_tok]
+        // mixture of experts only
+        float* scores;   // [n_tok, n_expert] the router's logits
+        int32_t* ids;    // [n_tok, n_expert_used]
+        float* weights;  // [n_tok, n_expert_used]
+        float* rows;     // [n_tok, n_embd] an expert's tokens' normed rows, gathered
+    };
+    // proj [m, n_embd] = (act(xn W_gate^T) * (xn W_up^T)) W_down^T over m rows of normed input
+    // xn [m, n_embd]: an expert or the shared expert (W8A8 as the dense FFN for integer
+    // weights). Returns b.proj.
+    const float* gated_ffn(const exec_ctx& ctx, const weight& w_gate, const weight& w_up, const weight& w_down,
+                           const float* xn, int64_t m, const ffn_bufs& b) const;
+    // The mixture-of-experts FFN of layer l: x [n_tok, n_embd] += the routed experts' outputs
+    // (and the shared expert's) from the normed rows xn (runtime/ops/moe.hpp; host backends).
+    void moe_ffn(const exec_ctx& ctx, const layer_weights& l, const float* xn, float* x, int64_t n_tok,
+                 const ffn_bufs& b) const;
+
     model_config cfg_;
     model_weights w_;
     std::vector<model_config::rope_table> rope_; // the distinct RoPE tables
     std::vector<int32_t> layer_rope_;            // [n_layer]: each layer's index into rope_
     kv_dtype kv_;
     scratch_arena scratch_ = scratch_arena::host(); // for host contexts without one
+    mutable std::atomic<int64_t> expert_runs_{0}, expert_bytes_{0};
 };
 
 } // namespace tandem

@@ -19,10 +19,57 @@ int32_t require_int(const gguf::file& f, const std::string& key, int64_t lo, int
     return int32_t(*v);
 }
 
+// The mixture-of-experts keys, as llama.cpp reads them for these architectures: qwen3moe's
+// experts are expert_feed_forward_length wide (default n_ff / n_expert_used), its top-k
+// renormalised; qwen2moe adds a shared expert (expert_shared_feed_forward_length, default
+// n_ff) and does not renormalise; Mixtral (llama) has experts of feed_forward_length,
+// renormalised. Any other expert_* key is a feature Tandem does not implement: refused by name.
+void read_experts(const gguf::file& f, model_config& c) {
+    const std::string p = c.arch + ".";
+    const bool moe_arch = c.arch == "qwen2moe" || c.arch == "qwen3moe";
+    const int64_t n_expert = f.get_int(p + "expert_count").value_or(0);
+    TANDEM_CHECK(!moe_arch || n_expert > 0, "{}: {} needs {}expert_count", f.path(), c.arch, p);
+    for (const auto& kv : f.metadata()) {
+        if (!kv.key.starts_with(p + "expert_")) continue;
+        const std::string_view k = std::string_view(kv.key).substr(p.size());
+        const bool known = k == "expert_count" || k == "expert_used_count" || k == "expert_feed_forward_length" ||
+                           k == "expert_shared_feed_forward_length" || k == "expert_gating_func" ||
+                           k == "expert_weights_norm" || k == "expert_weights_scale";
+        TANDEM_CHECK(known, "{}: {} is a mixture-of-experts feature Tandem does not support", f.path(), kv.key);
+    }
+    if (n_expert == 0) return;
+    TANDEM_CHECK(c.arch == "llama" || moe_arch, "{}: {} with {}expert_count: mixture-of-experts {} is not supported "
+                 "(llama, qwen2moe, qwen3moe)", f.path(), c.arch, p, c.arch);
+    c.n_expert = require_int(f, p + "expert_count", 1, 4096);
+    c.n_expert_used = require_int(f, p + "expert_used_count", 1, c.n_expert);
+    const int32_t by_default = c.arch == "llama" ? c.n_ff : std::max(1, c.n_ff / c.n_expert_used);
+    c.n_ff_exp = c.arch != "llama" && f.get_int(p + "expert_feed_forward_length")
+                     ? require_int(f, p + "expert_feed_forward_length", 1, int64_t(1) << 20)
+                     : by_default;
+    if (c.arch == "qwen2moe")
+        c.n_ff_shexp = f.get_int(p + "expert_shared_feed_forward_length")
+                           ? require_int(f, p + "expert_shared_feed_forward_length", 1, int64_t(1) << 20)
+                           : c.n_ff;
+    c.expert_norm = c.arch != "qwen2moe";
+    if (f.find(p + "expert_weights_norm")) {
+        const auto b = f.get_bool(p + "expert_weights_norm");
+        TANDEM_CHECK(b.has_value(), "{}: {}expert_weights_norm is not a bool", f.path(), p);
+        c.expert_norm = *b;
+    }
+    if (auto g = f.get_int(p + "expert_gating_func"))
+        TANDEM_CHECK(*g == 1, "{}: {}expert_gating_func {} is not softmax (1), the one gating Tandem does", f.path(), p,
+                     *g);
+    if (auto s = f.get_float(p + "expert_weights_scale"))
+        TANDEM_CHECK(*s == 1.0, "{}: {}expert_weights_scale {} (scaled expert weights) is not supported", f.path(), p,
+                     *s);
+}
+
 } // namespace
 
-const std::array<std::string_view, 8> supported_archs = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2",
-                                                         "gemma3"};
+const std::array<std::string_view, 10> supported_archs = {"llama", "mistral", "qwen2",  "qwen3",  "phi3",
+                                                          "gemma", "gemma2",  "gemma3", "qwen2moe", "qwen3moe"};
+
+int32_t model_config::n_ff_max() const { return std::max({n_ff, is_moe() ? n_ff_exp : 0, n_ff_shexp}); }
 
 int32_t model_config::kv_window() const {
     if (sliding_window <= 0) return 0;
@@ -170,13 +217,15 @@ model_config model_config::from_gguf(const gguf::file& f) {
             c.*field = float(*v);
         }
     c.post_norms = c.arch == "gemma2" || c.arch == "gemma3";
-    c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
+    c.qk_norm = c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "gemma3";
     if (c.arch == "gemma3") c.rope_freq_base_swa = 10000.0f;
 
     if (auto pt = f.get_int(p + "pooling_type")) {
         if (*pt == 2) c.pooling = pooling_type::cls;
         else if (*pt == 3) c.pooling = pooling_type::last;
     }
+
+    read_experts(f, c);
 
     // The vocabulary size comes from the tokenizer or the embedding; the loader checks both.
     if (auto nv = f.get_int(p + "vocab_size")) c.n_vocab = require_int(f, p + "vocab_size", 1, int64_t(1) << 24);

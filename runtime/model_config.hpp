@@ -36,7 +36,7 @@ struct yarn_params {
 };
 
 // The general.architecture values Tandem runs.
-extern const std::array<std::string_view, 8> supported_archs;
+extern const std::array<std::string_view, 10> supported_archs;
 
 struct model_config {
     std::string arch;      // general.architecture (supported_archs in model_config.cpp)
@@ -84,6 +84,20 @@ struct model_config {
     bool post_norms = false;      // RMSNorm of the attention and FFN outputs (Gemma 2 and 3)
 
     int32_t n_embd_q() const { return n_head * head_dim; }
+
+    // Mixture of experts (qwen2moe, qwen3moe, llama with <arch>.expert_count > 0): each
+    // layer's FFN is a router (ffn_gate_inp) over n_expert experts of width n_ff_exp, of which
+    // each token runs its top n_expert_used (softmax over all, the top-k's probabilities as
+    // weights, renormalised to sum 1 when expert_norm), plus, where n_ff_shexp > 0, a shared
+    // expert every token runs, scaled by the sigmoid of its own gate (qwen2moe).
+    int32_t n_expert = 0;         // 0: a dense FFN of n_ff
+    int32_t n_expert_used = 0;
+    int32_t n_ff_exp = 0;
+    int32_t n_ff_shexp = 0;
+    bool expert_norm = false;
+    bool is_moe() const { return n_expert > 0; }
+    // The widest FFN activation row a token holds (dense, expert or shared).
+    int32_t n_ff_max() const;
 
     // Layer il's RoPE: each pair's frequency (host memory; rope_params::inv_freq on a device is
     // a copy) and the scales. factors: the file's rope_freqs.weight, n_rot / 2 divisors of the

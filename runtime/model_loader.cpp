@@ -36,6 +36,8 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
     // A process that uploads weights to a GPU holds INT8 matrices: the low-bit family has CPU
     // kernels only (the CUDA runner refuses it by name).
     const weight_format wf = !opt.cpu_layout && opt.weights == weight_format::native ? weight_format::int8 : opt.weights;
+    // A model that cannot fit is refused before any of it is converted, with what it needs.
+    check_weights_fit(path, estimate_weight_bytes(*b.file, wf), wf);
     model_weights w = model_weights::load(*b.file, cfg, {wf, pool ? &*pool : nullptr, layout});
     TANDEM_CHECK(b.tok->n_vocab() == cfg.n_vocab, "{}: the tokenizer has {} tokens but the model {}", path,
                  b.tok->n_vocab(), cfg.n_vocab);
@@ -51,6 +53,10 @@ model_bundle load_model(const std::string& path, const load_options& opt) {
                           "in {:.2f} s", path, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
                           b.mdl->weights().family(), double(b.mdl->weights().bytes()) / 1e6,
                           name_of(opt.kv), b.load_s);
+    if (c.is_moe())
+        logger("model")->info("experts: {} a layer, {} a token ({:.0f} MB in all); a decode token reads {:.0f} MB of weights",
+                              c.n_expert, c.n_expert_used, double(b.mdl->weights().expert_bytes()) / 1e6,
+                              double(b.mdl->weights().decode_bytes(c)) / 1e6);
     return b;
 }
 

@@ -30,7 +30,9 @@ quantize_stats quantize_gguf(const std::string& in, const std::string& out, cpu:
     quantize_stats st;
     std::vector<std::string> blocked;
     for (const auto& t : f.tensors()) {
-        const bool matrix = t.ne.size() == 2 && t.ne[0] > 1;
+        // A mixture of experts' router (ffn_gate_inp) stays as it is: the loader keeps it F32
+        // (its scores pick the experts); its 3-D experts are copied too, made INT8 at load.
+        const bool matrix = t.ne.size() == 2 && t.ne[0] > 1 && !t.name.ends_with("ffn_gate_inp.weight");
         if (t.name.ends_with(".scale") && t.type == dtype::f32) continue; // rewritten with its matrix
         if (!matrix) {
             const gguf::tensor_info* src = &t;

@@ -92,7 +92,7 @@ reference_forward::reference_forward(const model_config& cfg, const model_weight
     x_.resize(e); xb_.resize(e); xb2_.resize(e);
     q_.resize(nq); k_.resize(kv); v_.resize(kv); attn_.resize(nq);
     att_.resize(size_t(n_ctx));
-    hb_.resize(size_t(c_.n_ff)); hb2_.resize(size_t(c_.n_ff));
+    hb_.resize(size_t(c_.n_ff_max())); hb2_.resize(size_t(c_.n_ff_max()));
     logits_.resize(size_t(c_.n_vocab));
     key_cache_.resize(size_t(c_.n_layer) * size_t(n_ctx) * kv);
     value_cache_.resize(key_cache_.size());
@@ -158,18 +158,13 @@ const std::vector<float>& reference_forward::forward(token_id tok, int32_t pos) 
 
         // feed-forward: act(gate) * up, then down; act SiLU (SwiGLU) or GELU, tanh form (GeGLU)
         rmsnorm(xb_.data(), x, l.ffn_norm.data.data(), e, c_.rms_eps);
-        matvec(hb_.data(), xb_.data(), l.w_gate);
-        matvec(hb2_.data(), xb_.data(), l.w_up);
-        for (int i = 0; i < c_.n_ff; ++i) {
-            const double g = hb_[size_t(i)];
-            const double act = c_.act == ffn_act::silu
-                                   ? g / (1 + std::exp(-g))
-                                   : 0.5 * g * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
-            hb_[size_t(i)] = float(act * hb2_[size_t(i)]);
+        if (c_.is_moe()) {
+            moe(l, x);
+            continue;
         }
-        matvec(xb_.data(), hb_.data(), l.w_down);
-        if (c_.post_norms) rmsnorm(xb_.data(), xb_.data(), l.ffn_post_norm.data.data(), e, c_.rms_eps);
-        for (int i = 0; i < e; ++i) x[i] += xb_[size_t(i)];
+        ffn(l.w_gate, l.w_up, l.w_down, xb2_.data());
+        if (c_.post_norms) rmsnorm(xb2_.data(), xb2_.data(), l.ffn_post_norm.data.data(), e, c_.rms_eps);
+        for (int i = 0; i < e; ++i) x[i] += xb2_[size_t(i)];
     }
 
     rmsnorm(x, x, w_.output_norm.data.data(), e, c_.rms_eps);
@@ -177,6 +172,54 @@ const std::vector<float>& reference_forward::forward(token_id tok, int32_t pos) 
     if (c_.final_softcap > 0) // Gemma 2
         for (float& z : logits_) z = c_.final_softcap * std::tanh(z / c_.final_softcap);
     return logits_;
+}
+
+void reference_forward::ffn(const weight& w_gate, const weight& w_up, const weight& w_down, float* out) {
+    matvec(hb_.data(), xb_.data(), w_gate);
+    matvec(hb2_.data(), xb_.data(), w_up);
+    for (int64_t i = 0; i < w_gate.n_out; ++i) {
+        const double g = hb_[size_t(i)];
+        const double act = c_.act == ffn_act::silu
+                               ? g / (1 + std::exp(-g))
+                               : 0.5 * g * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
+        hb_[size_t(i)] = float(act * hb2_[size_t(i)]);
+    }
+    matvec(out, hb_.data(), w_down);
+}
+
+void reference_forward::moe(const layer_weights& l, float* x) {
+    // The router's probabilities: a softmax over every expert's score.
+    const int e = c_.n_embd, n_expert = c_.n_expert;
+    std::vector<float> p(static_cast<size_t>(n_expert));
+    matvec(p.data(), xb_.data(), l.router);
+    softmax(p.data(), n_expert);
+    // The token's experts: the n_expert_used most probable, a tie to the lower index; each
+    // output weighted by its probability (over the chosen ones' sum where the model normalises).
+    std::vector<int> chosen;
+    double sum = 0;
+    for (int j = 0; j < c_.n_expert_used; ++j) {
+        int best = -1;
+        for (int i = 0; i < n_expert; ++i)
+            if (std::find(chosen.begin(), chosen.end(), i) == chosen.end() && (best < 0 || p[size_t(i)] > p[size_t(best)]))
+                best = i;
+        chosen.push_back(best);
+        sum += p[size_t(best)];
+    }
+    std::vector<double> acc(static_cast<size_t>(e), 0.0);
+    for (const int xi : chosen) {
+        const double w = c_.expert_norm ? p[size_t(xi)] / sum : p[size_t(xi)];
+        ffn(l.gate_exps[size_t(xi)], l.up_exps[size_t(xi)], l.down_exps[size_t(xi)], xb2_.data());
+        for (int i = 0; i < e; ++i) acc[size_t(i)] += w * xb2_[size_t(i)];
+    }
+    // The shared expert (qwen2moe), times sigmoid(the row . its gate).
+    if (c_.n_ff_shexp > 0) {
+        double dot = 0;
+        for (int i = 0; i < e; ++i) dot += double(xb_[size_t(i)]) * l.shexp_gate.data[size_t(i)];
+        const double gate = 1 / (1 + std::exp(-dot));
+        ffn(l.w_gate_shexp, l.w_up_shexp, l.w_down_shexp, xb2_.data());
+        for (int i = 0; i < e; ++i) acc[size_t(i)] += gate * xb2_[size_t(i)];
+    }
+    for (int i = 0; i < e; ++i) x[i] += float(acc[size_t(i)]);
 }
 
 } // namespace tandem

@@ -23,6 +23,11 @@ public:
     const std::vector<float>& hidden() const { return x_; }
 
 private:
+    // out [n_embd] = act(xb_ W_gate^T) * (xb_ W_up^T) W_down^T (a dense FFN or an expert)
+    void ffn(const weight& w_gate, const weight& w_up, const weight& w_down, float* out);
+    // x += the mixture-of-experts FFN of the normed row xb_
+    void moe(const layer_weights& l, float* x);
+
     const model_config& c_;
     const model_weights& w_;
     int32_t n_ctx_;

@@ -189,6 +189,7 @@ struct preset {
     int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, window;
     float rope_scale;
     std::string_view rope_scaling;
+    int32_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
 };
 constexpr preset presets[] = {
     {"tinyllama-1.1b", "llama", 22, 2048, 32, 4, 0, 5632, 32000, 2048, 0, 0, "linear"},
@@ -199,6 +200,10 @@ constexpr preset presets[] = {
     {"gemma-2b", "gemma", 18, 2048, 8, 1, 256, 16384, 256000, 8192, 0, 0, "linear"},
     {"gemma2-2b", "gemma2", 26, 2304, 8, 4, 256, 9216, 256000, 8192, 4096, 0, "linear"},
     {"gemma3-1b", "gemma3", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 512, 0, "linear"},
+    // mixtures of experts: total and active parameters 30.5B / 3.3B, 14.3B / 2.7B, 46.7B / 12.9B
+    {"qwen3-30b-a3b", "qwen3moe", 48, 2048, 32, 4, 128, 6144, 151936, 40960, 0, 0, "linear", 128, 8, 768, 0},
+    {"qwen1.5-moe-a2.7b", "qwen2moe", 24, 2048, 16, 16, 0, 5632, 151936, 8192, 0, 0, "linear", 60, 4, 1408, 5632},
+    {"mixtral-8x7b", "mixtral", 32, 4096, 32, 8, 0, 14336, 32000, 32768, 0, 0, "linear", 8, 2, 14336, 0},
 };
 
 } // namespace
@@ -229,6 +234,10 @@ synth_params synth_preset(std::string_view name) {
             p.sliding_window = pr.window;
             p.rope_scale = pr.rope_scale;
             p.rope_scaling = pr.rope_scaling;
+            p.n_expert = pr.n_expert;
+            p.n_expert_used = pr.n_expert_used;
+            p.n_ff_exp = pr.n_ff_exp;
+            p.n_ff_shexp = pr.n_ff_shexp;
             p.type = dtype::q8_0;
             p.name = fmt::format("tandem-synth-{}", pr.name);
             return p;
@@ -256,8 +265,23 @@ void synth_write(const synth_params& params, const std::string& path) {
     TANDEM_CHECK(head_dim % 2 == 0, "synth: head_dim {} must be even for RoPE", head_dim);
     TANDEM_CHECK(p.n_vocab >= 260, "synth: n_vocab {} < 260 (3 specials, 256 bytes, one piece)", p.n_vocab);
     const uint32_t file_type = file_type_of(p.type);
-    TANDEM_CHECK(std::find(supported_archs.begin(), supported_archs.end(), p.arch) != supported_archs.end(),
-                 "synth: architecture '{}' is not one of {}", p.arch, fmt::join(supported_archs, ", "));
+    TANDEM_CHECK(p.arch == "mixtral" || std::find(supported_archs.begin(), supported_archs.end(), p.arch) != supported_archs.end(),
+                 "synth: architecture '{}' is not one of {}, mixtral", p.arch, fmt::join(supported_archs, ", "));
+    // Experts: Mixtral is llama with experts of n_ff; the Qwen MoEs have their own widths.
+    const bool mixtral = p.arch == "mixtral" || (p.arch == "llama" && p.n_expert > 0);
+    const bool moe = mixtral || p.arch == "qwen2moe" || p.arch == "qwen3moe";
+    if (p.arch == "mixtral") p.arch = "llama";
+    TANDEM_CHECK(moe || p.n_expert == 0, "synth: {} has no experts", p.arch);
+    if (moe) {
+        if (p.n_expert == 0) p.n_expert = 8;
+        if (p.n_expert_used == 0) p.n_expert_used = std::min(2, p.n_expert);
+        if (mixtral) p.n_ff_exp = p.n_ff;
+        else if (p.n_ff_exp == 0) p.n_ff_exp = 64;
+        if (p.arch == "qwen2moe" && p.n_ff_shexp == 0) p.n_ff_shexp = p.n_ff;
+        if (p.arch != "qwen2moe") p.n_ff_shexp = 0;
+        TANDEM_CHECK(p.n_expert_used >= 1 && p.n_expert_used <= p.n_expert && p.n_ff_exp >= 1,
+                     "synth: top {} of {} experts of width {}", p.n_expert_used, p.n_expert, p.n_ff_exp);
+    }
     TANDEM_CHECK(p.rope_scaling == "linear" || p.rope_scaling == "yarn" || p.rope_scaling == "llama3",
                  "synth: RoPE scaling '{}' is not linear, yarn or llama3", p.rope_scaling);
     TANDEM_CHECK(p.sliding_window >= 0, "synth: sliding window {} is negative", p.sliding_window);
@@ -266,14 +290,14 @@ void synth_write(const synth_params& params, const std::string& path) {
     for (const dtype t : {p.type, p.mix_type}) {
         if (!is_block_format(t)) continue;
         const int64_t blk = traits_of(uint32_t(t))->block;
-        TANDEM_CHECK(p.n_embd % blk == 0 && p.n_ff % blk == 0, "synth: {} needs n_embd and n_ff to be multiples of {}",
-                     name_of(t), blk);
+        TANDEM_CHECK(p.n_embd % blk == 0 && p.n_ff % blk == 0 && p.n_ff_exp % blk == 0 && p.n_ff_shexp % blk == 0,
+                     "synth: {} needs n_embd, n_ff and the experts' widths to be multiples of {}", name_of(t), blk);
     }
 
     gguf::writer w;
     const std::string& arch = p.arch;
     const bool gemma = arch.starts_with("gemma"), phi3 = arch == "phi3";
-    const bool qk_norm = arch == "qwen3" || arch == "gemma3", post_norms = arch == "gemma2" || arch == "gemma3";
+    const bool qk_norm = arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3", post_norms = arch == "gemma2" || arch == "gemma3";
     const std::string a = p.arch + ".";
     w.set_string("general.architecture", p.arch);
     w.set_string("general.name", p.name.empty() ? "tandem-synth" : p.name);
@@ -290,7 +314,7 @@ void synth_write(const synth_params& params, const std::string& path) {
         w.set_u32(a + "attention.value_length", uint32_t(head_dim));
     }
     w.set_u32(a + "rope.dimension_count", uint32_t(head_dim));
-    const bool big_base = arch == "qwen2" || arch == "qwen3" || arch == "gemma3";
+    const bool big_base = arch == "qwen2" || arch == "qwen3" || arch == "gemma3" || moe;
     w.set_f32(a + "rope.freq_base", big_base ? 1000000.0f : arch == "llama" && p.rope_scaling == "llama3" ? 500000.0f : 10000.0f);
     if (p.rope_scale > 0 && p.rope_scaling != "llama3") {
         w.set_string(a + "rope.scaling.type", p.rope_scaling);
@@ -304,6 +328,12 @@ void synth_write(const synth_params& params, const std::string& path) {
     w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
     if (p.sliding_window > 0) w.set_u32(a + "attention.sliding_window", uint32_t(p.sliding_window));
     w.set_u32(a + "vocab_size", uint32_t(p.n_vocab));
+    if (moe) { // the keys llama.cpp's conversion writes
+        w.set_u32(a + "expert_count", uint32_t(p.n_expert));
+        w.set_u32(a + "expert_used_count", uint32_t(p.n_expert_used));
+        if (!mixtral) w.set_u32(a + "expert_feed_forward_length", uint32_t(p.n_ff_exp));
+        if (p.n_ff_shexp > 0) w.set_u32(a + "expert_shared_feed_forward_length", uint32_t(p.n_ff_shexp));
+    }
 
     if (vocab_file) {
         for (const auto& kv : vocab_file->metadata())
@@ -373,7 +403,7 @@ void synth_write(const synth_params& params, const std::string& path) {
             matrix(b + "attn_v.weight", n_embd, n_embd_kv, std_embd, il % 2 == 0);
         }
         matrix(b + "attn_output.weight", n_embd_q, n_embd, std_q);
-        if (arch == "qwen2") {
+        if (arch == "qwen2" || arch == "qwen2moe") {
             bias(b + "attn_q.bias", n_embd_q);
             bias(b + "attn_k.bias", n_embd_kv);
             bias(b + "attn_v.bias", n_embd_kv);
@@ -384,6 +414,31 @@ void synth_write(const synth_params& params, const std::string& path) {
         }
         if (post_norms) norm(b + "post_attention_norm.weight", n_embd);
         norm(b + "ffn_norm.weight", n_embd);
+        if (moe) {
+            // The router stays F32 (llama.cpp's quantize leaves ffn_gate_inp alone); the experts
+            // are 3-D [n_in, n_out, n_expert] in the file's type.
+            const int64_t ffe = p.n_ff_exp, nx = p.n_expert, ffs = p.n_ff_shexp;
+            const dtype router_t = dtype::f32;
+            const uint64_t rs = tensor_seed(seed, b + "ffn_gate_inp.weight");
+            w.add_tensor(b + "ffn_gate_inp.weight", router_t, {n_embd, nx},
+                         [=](std::span<uint8_t> out) { generate(out, router_t, n_embd * nx, rs, 0.0f, std_embd); });
+            const auto experts = [&](const std::string& name, int64_t ne0, int64_t ne1, float std, bool more_bits) {
+                const dtype t = more_bits && p.mix_type != dtype::f32 ? p.mix_type : p.type;
+                const uint64_t s = tensor_seed(seed, name);
+                w.add_tensor(name, t, {ne0, ne1, nx},
+                             [=](std::span<uint8_t> out) { generate(out, t, ne0 * ne1 * nx, s, 0.0f, std); });
+            };
+            experts(b + "ffn_gate_exps.weight", n_embd, ffe, std_embd, false);
+            experts(b + "ffn_up_exps.weight", n_embd, ffe, std_embd, false);
+            experts(b + "ffn_down_exps.weight", ffe, n_embd, 1.0f / std::sqrt(float(ffe)), il % 2 == 0);
+            if (ffs > 0) {
+                bias(b + "ffn_gate_inp_shexp.weight", n_embd);
+                matrix(b + "ffn_gate_shexp.weight", n_embd, ffs, std_embd);
+                matrix(b + "ffn_up_shexp.weight", n_embd, ffs, std_embd);
+                matrix(b + "ffn_down_shexp.weight", ffs, n_embd, 1.0f / std::sqrt(float(ffs)), il % 2 == 0);
+            }
+            continue;
+        }
         if (phi3) {
             matrix(b + "ffn_up.weight", n_embd, 2 * n_ff, std_embd);
         } else {

@@ -29,6 +29,13 @@ struct synth_params {
     // holding gate and up), gemma (tied output), gemma2 (post norms, soft-caps), gemma3 (q/k
     // and post norms); NeoX RoPE for all but llama and mistral.
     std::string arch = "llama";
+    // Mixture of experts: qwen3moe, qwen2moe (with a shared expert), or "mixtral" (written as
+    // llama with experts). 0 here takes the architecture's tiny defaults: 8 experts, top 2,
+    // experts of 64 (Mixtral's: n_ff), qwen2moe's shared expert of n_ff.
+    int32_t n_expert = 0;
+    int32_t n_expert_used = 0;
+    int32_t n_ff_exp = 0;
+    int32_t n_ff_shexp = 0;
     int32_t head_dim = 0;        // attention.key_length; 0: n_embd / n_head
     bool tied_output = false;    // no output.weight: logits use token_embd (always for gemma*)
     float rope_scale = 0;        // > 1: RoPE scaling by this factor, of the kind rope_scaling says

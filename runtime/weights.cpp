@@ -15,6 +15,7 @@
 #include <cstring>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <thread>
@@ -96,23 +97,18 @@ struct row_range {
     int64_t row0 = 0, n_rows = -1;
 };
 
-// Finds `name`, checks its shape is exactly `ne` (GGUF order, ne[0] contiguous), converts it
-// (or `part` of its rows): matrices to the requested format, vectors to F32.
-weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int64_t> ne,
-                   const weight_load_options& opt, bool optional = false, row_range part = {}) {
-    const gguf::tensor_info* t = f.find_tensor(name);
-    if (!t) {
-        TANDEM_CHECK(optional, "{}: missing tensor {}", f.path(), name);
-        return {};
-    }
-    TANDEM_CHECK(t->ne == ne, "{}: tensor {} has shape {}, expected {}", f.path(), name, shape_str(t->ne),
-                 shape_str(ne));
-    const bool matrix = ne.size() == 2;
-    const int64_t n_in = ne[0];
-    const int64_t r0 = part.row0, n_out = !matrix ? 1 : part.n_rows < 0 ? ne[1] : part.n_rows;
-    TANDEM_ASSERT(r0 >= 0 && (!matrix || r0 + n_out <= ne[1]));
-    const bool last_part = !matrix || r0 + n_out == ne[1]; // the mapping's pages may go after it
-    TANDEM_CHECK(t->type != dtype::i8 || matrix, "{}: tensor {} is I8 but not a matrix", f.path(), name);
+// Converts t (checked to have the shape `ne`), or `part` of its rows: matrices to the requested
+// format, vectors to F32. A 3-D tensor [n_in, n_out, n_expert] (experts) is a matrix of
+// n_out * n_expert rows here, each expert `part` of them.
+weight convert_tensor(const gguf::file& f, const gguf::tensor_info* t, const std::vector<int64_t>& ne,
+                      const weight_load_options& opt, row_range part) {
+    const std::string& name = t->name;
+    const bool matrix = ne.size() >= 2;
+    const int64_t n_in = ne[0], n_rows = ne.size() == 3 ? ne[1] * ne[2] : matrix ? ne[1] : 1;
+    const int64_t r0 = part.row0, n_out = !matrix ? 1 : part.n_rows < 0 ? n_rows : part.n_rows;
+    TANDEM_ASSERT(r0 >= 0 && (!matrix || r0 + n_out <= n_rows));
+    const bool last_part = !matrix || r0 + n_out == n_rows; // the mapping's pages may go after it
+    TANDEM_CHECK(t->type != dtype::i8 || ne.size() == 2, "{}: tensor {} is I8 but not a matrix", f.path(), name);
     weight w;
     if (matrix && opt.format == weight_format::native && is_lowbit_format(t->type)) {
         // The low-bit family: the file's integers and scales repacked, never re-quantized.
@@ -197,7 +193,109 @@ weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int
     return w;
 }
 
+// Finds `name`, checks its shape is exactly `ne` (GGUF order, ne[0] contiguous), converts it
+// (or `part` of its rows).
+weight load_tensor(const gguf::file& f, const std::string& name, std::vector<int64_t> ne,
+                   const weight_load_options& opt, bool optional = false, row_range part = {}) {
+    const gguf::tensor_info* t = f.find_tensor(name);
+    if (!t) {
+        TANDEM_CHECK(optional, "{}: missing tensor {}", f.path(), name);
+        return {};
+    }
+    TANDEM_CHECK(t->ne == ne, "{}: tensor {} has shape {}, expected {}", f.path(), name, shape_str(t->ne),
+                 shape_str(ne));
+    return convert_tensor(f, t, ne, opt, part);
+}
+
+// The experts of a 3-D tensor [n_in, n_out, n_expert], one weight each (expert x is rows
+// x * n_out .. (x + 1) * n_out - 1 of the tensor seen as a matrix).
+std::vector<weight> load_experts(const gguf::file& f, const std::string& name, int64_t n_in, int64_t n_out,
+                                 int64_t n_expert, const weight_load_options& opt) {
+    const gguf::tensor_info* t = f.find_tensor(name);
+    TANDEM_CHECK(t, "{}: missing tensor {}", f.path(), name);
+    const std::vector<int64_t> ne{n_in, n_out, n_expert};
+    TANDEM_CHECK(t->ne == ne, "{}: tensor {} has shape {}, expected {}", f.path(), name, shape_str(t->ne),
+                 shape_str(ne));
+    TANDEM_CHECK(t->type != dtype::i8, "{}: tensor {} is I8 but has experts", f.path(), name);
+    std::vector<weight> out;
+    out.reserve(size_t(n_expert));
+    for (int64_t x = 0; x < n_expert; ++x) out.push_back(convert_tensor(f, t, ne, opt, {x * n_out, n_out}));
+    return out;
+}
+
+// A mixture-of-experts layer's FFN: the router (F32 whatever the format: its scores pick the
+// experts, and a near-tie must not flip by rounding), the experts of the 3-D tensors, the
+// shared expert and its gate (qwen2moe).
+void load_moe(const gguf::file& f, const model_config& c, const std::string& p, const weight_load_options& opt,
+              layer_weights& l) {
+    const int64_t e = c.n_embd, ffe = c.n_ff_exp, ne = c.n_expert;
+    TANDEM_CHECK(!f.find_tensor(p + "ffn_gate.0.weight"), "{}: {}ffn_gate.0.weight: experts as one tensor each (an "
+                 "old Mixtral conversion) are not supported; convert the model again", f.path(), p);
+    TANDEM_CHECK(!f.find_tensor(p + "ffn_gate_up_exps.weight"), "{}: {}ffn_gate_up_exps.weight (fused experts) is not "
+                 "supported", f.path(), p);
+    TANDEM_CHECK(!f.find_tensor(p + "exp_probs_b.bias") && !f.find_tensor(p + "ffn_exp_probs_b.bias"),
+                 "{}: expert score biases are not supported", f.path());
+    weight_load_options f32 = opt;
+    f32.format = weight_format::f32;
+    l.router = load_tensor(f, p + "ffn_gate_inp.weight", {e, ne}, f32);
+    l.gate_exps = load_experts(f, p + "ffn_gate_exps.weight", e, ffe, ne, opt);
+    l.up_exps = load_experts(f, p + "ffn_up_exps.weight", e, ffe, ne, opt);
+    l.down_exps = load_experts(f, p + "ffn_down_exps.weight", ffe, e, ne, opt);
+    if (c.n_ff_shexp > 0) {
+        const int64_t ffs = c.n_ff_shexp;
+        l.shexp_gate = load_tensor(f, p + "ffn_gate_inp_shexp.weight", {e}, opt);
+        l.w_gate_shexp = load_tensor(f, p + "ffn_gate_shexp.weight", {e, ffs}, opt);
+        l.w_up_shexp = load_tensor(f, p + "ffn_up_shexp.weight", {e, ffs}, opt);
+        l.w_down_shexp = load_tensor(f, p + "ffn_down_shexp.weight", {ffs, e}, opt);
+    } else {
+        TANDEM_CHECK(!f.find_tensor(p + "ffn_gate_shexp.weight"), "{}: {}ffn_gate_shexp.weight: a shared expert in {}, "
+                     "which has none", f.path(), p, c.arch);
+    }
+}
+
 } // namespace
+
+weight_estimate estimate_weight_bytes(const gguf::file& f, weight_format format) {
+    weight_estimate w;
+    for (const gguf::tensor_info& t : f.tensors()) {
+        if (t.name.ends_with(".scale") && f.find_tensor(t.name.substr(0, t.name.size() - 6))) continue;
+        const bool experts = t.ne.size() == 3;
+        const bool matrix = (t.ne.size() == 2 || experts) && t.ne[0] > 1 && !t.name.ends_with("ffn_gate_inp.weight");
+        const int64_t n_mat = experts ? t.ne[2] : 1;
+        int64_t b = t.n_elements() * 4;
+        if (matrix && format == weight_format::native && is_lowbit_format(t.type)) {
+            const lowbit_matrix m = lowbit_layout_of(t.type, t.ne[1], t.ne[0]);
+            b = n_mat * m.n_tiles() * m.n_super() * m.super_bytes;
+        } else if (matrix && is_quantized(format)) {
+            b = n_mat * t.ne[1] * (t.ne[0] + 4 + 4);
+        }
+        w.bytes += b;
+        if (experts) w.expert_bytes += b;
+    }
+    return w;
+}
+
+void check_weights_fit(const std::string& path, const weight_estimate& need, weight_format format, int64_t available) {
+    if (available < 0) {
+        std::ifstream in("/proc/meminfo");
+        std::string key, unit;
+        int64_t kib = 0;
+        while (in >> key >> kib >> unit)
+            if (key == "MemAvailable:") {
+                available = kib * 1024;
+                break;
+            }
+        if (available < 0) return; // no /proc: nothing to compare with
+    }
+    const auto gib = [](int64_t b) { return double(b) / double(int64_t(1) << 30); };
+    TANDEM_CHECK(need.bytes <= available,
+                 "{} needs {:.1f} GiB of memory for its weights ({}{}), and this machine has {:.1f} GiB available "
+                 "(MemAvailable){}",
+                 path, gib(need.bytes), format == weight_format::native ? "--weights auto" : name_of(format),
+                 need.expert_bytes > 0 ? fmt::format("; {:.1f} GiB of them the experts", gib(need.expert_bytes)) : "",
+                 gib(available),
+                 format == weight_format::f32 ? "; --weights int8 or auto holds a quarter to an eighth of that" : "");
+}
 
 bool read_by_matmul(const gguf::file& f, const std::string& name) {
     return name != "token_embd.weight" || !f.find_tensor("output.weight");
@@ -290,10 +388,25 @@ void pack_blocked(weight& w, cpu::thread_pool* pool) {
 }
 
 int64_t model_weights::bytes() const {
-    int64_t n = tok_embd.bytes() + output_norm.bytes() + output.bytes() + rope_freqs.bytes();
+    int64_t n = tok_embd.bytes() + output_norm.bytes() + output.bytes() + rope_freqs.bytes() + expert_bytes();
     for (const auto& l : layers)
         for (const auto field : layer_weight_fields) n += (l.*field).bytes();
     return n;
+}
+
+int64_t model_weights::expert_bytes() const {
+    int64_t n = 0;
+    for (const auto& l : layers)
+        for (const auto* exps : {&l.gate_exps, &l.up_exps, &l.down_exps})
+            for (const weight& x : *exps) n += x.bytes();
+    return n;
+}
+
+int64_t model_weights::decode_bytes(const model_config& c) const {
+    const int64_t experts = expert_bytes();
+    const int64_t table = output.empty() ? 0 : tok_embd.bytes() - tok_embd.bytes() / std::max<int64_t>(1, tok_embd.n_out);
+    const int64_t active = c.is_moe() ? experts / c.n_expert * c.n_expert_used : experts;
+    return bytes() - table - experts + active;
 }
 
 std::string model_weights::family() const {
@@ -304,8 +417,13 @@ std::string model_weights::family() const {
         n_i8 += m.is_i8();
         n_f32 += m.is_f32();
     };
-    for (const auto& l : layers)
-        for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) count(*m);
+    for (const auto& l : layers) {
+        for (const weight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.w_gate_shexp,
+                                &l.w_up_shexp, &l.w_down_shexp})
+            count(*m);
+        for (const auto* exps : {&l.gate_exps, &l.up_exps, &l.down_exps})
+            for (const weight& x : *exps) count(x);
+    }
     count(logits_weight());
     if (n_lowbit == 0) return n_i8 ? "int8" : "f32";
     return n_i8 ? "low-bit + int8" : "low-bit";
@@ -387,6 +505,12 @@ model_weights model_weights::load(const gguf::file& f, model_config& c, const we
         TANDEM_CHECK(il == 0 || has_bias == c.qkv_bias, "{}: layer {} differs from layer 0 in q/k/v biases", f.path(), il);
         c.qkv_bias = has_bias;
         l.ffn_norm = load_tensor(f, p + "ffn_norm.weight", {e}, opt);
+        if (c.is_moe()) {
+            load_moe(f, c, p, opt, l);
+            continue;
+        }
+        TANDEM_CHECK(!f.find_tensor(p + "ffn_gate_inp.weight"), "{}: {}ffn_gate_inp.weight (experts) without {}.expert_count",
+                     f.path(), p, c.arch);
         if (!f.find_tensor(p + "ffn_gate.weight") && f.find_tensor(p + "ffn_up.weight")) { // Phi-3: gate rows, then up
             l.w_gate = load_tensor(f, p + "ffn_up.weight", {e, 2 * ff}, opt, false, {0, ff});
             l.w_up = load_tensor(f, p + "ffn_up.weight", {e, 2 * ff}, opt, false, {ff, ff});

@@ -24,14 +24,27 @@ struct layer_weights {
     weight w_gate, w_up;       // [n_ff, n_embd]
     weight w_down;             // [n_embd, n_ff]
     weight ffn_post_norm;      // [n_embd] (model_config::post_norms)
+
+    // Mixture of experts (model_config::is_moe; w_gate, w_up and w_down are empty then). Each
+    // expert is one weight, a slice of the file's 3-D tensor, so every matmul kernel (F32,
+    // INT8, low-bit) reads it as it reads a dense matrix.
+    weight router;                          // [n_expert, n_embd] ffn_gate_inp, always F32
+    std::vector<weight> gate_exps, up_exps; // [n_expert] x [n_ff_exp, n_embd]
+    std::vector<weight> down_exps;          // [n_expert] x [n_embd, n_ff_exp]
+    weight shexp_gate;                      // [n_embd] ffn_gate_inp_shexp (qwen2moe), F32
+    weight w_gate_shexp, w_up_shexp;        // [n_ff_shexp, n_embd]
+    weight w_down_shexp;                    // [n_embd, n_ff_shexp]
 };
 
-// Every weight of a layer, for code that treats them alike (sizes, device copies).
-inline constexpr std::array<weight layer_weights::*, 16> layer_weight_fields = {
+// Every weight of a layer but the routed experts, for code that treats them alike (sizes,
+// device copies).
+inline constexpr std::array<weight layer_weights::*, 21> layer_weight_fields = {
     &layer_weights::attn_norm, &layer_weights::wq,       &layer_weights::wk,     &layer_weights::wv,
     &layer_weights::wo,        &layer_weights::bq,       &layer_weights::bk,     &layer_weights::bv,
     &layer_weights::q_norm,    &layer_weights::k_norm,   &layer_weights::attn_post_norm, &layer_weights::ffn_norm,
-    &layer_weights::w_gate,    &layer_weights::w_up,     &layer_weights::w_down, &layer_weights::ffn_post_norm};
+    &layer_weights::w_gate,    &layer_weights::w_up,     &layer_weights::w_down, &layer_weights::ffn_post_norm,
+    &layer_weights::router,    &layer_weights::shexp_gate, &layer_weights::w_gate_shexp, &layer_weights::w_up_shexp,
+    &layer_weights::w_down_shexp};
 
 struct weight_load_options {
     weight_format format = weight_format::f32;
@@ -50,6 +63,10 @@ struct model_weights {
 
     const weight& logits_weight() const { return output.empty() ? tok_embd : output; }
     int64_t bytes() const;     // what the weights occupy in memory (or in the mapping)
+    int64_t expert_bytes() const; // the routed experts' share of bytes()
+    // What one token's decode step reads: every weight but the embedding table (one row of
+    // it, unless it is the logits' too), and of the routed experts n_used of n_expert.
+    int64_t decode_bytes(const model_config& c) const;
     // "f32", "int8", "low-bit" (every matrix read by matmul low-bit) or "low-bit + int8".
     std::string family() const;
 
@@ -61,6 +78,20 @@ struct model_weights {
     // quantized again) and read back for f32; nothing points into the file after it.
     static model_weights load(const gguf::file& f, model_config& cfg, const weight_load_options& opt = {});
 };
+
+// What load() will hold for the file's tensors in `format`, from their infos alone (nothing is
+// read): every matrix INT8 rows with a scale and a row sum, or under native the file's
+// low-bit matrices in the low-bit layout; vectors and a mixture's router F32; a mixture's
+// 3-D experts one matrix each. experts: the routed experts' share.
+struct weight_estimate {
+    int64_t bytes = 0, expert_bytes = 0;
+};
+weight_estimate estimate_weight_bytes(const gguf::file& f, weight_format format);
+// tandem::error when `need` bytes of weights exceed `available` (MemAvailable, or -1 to read
+// /proc/meminfo), saying what the model needs and where: "PATH needs 17.2 GiB of memory for
+// its weights (INT8; 15.9 GiB of them experts), and this machine has 12.1 GiB available".
+void check_weights_fit(const std::string& path, const weight_estimate& need, weight_format format,
+                       int64_t available = -1);
 
 // Whether the matmul kernels read the file's matrix `name`, so that it is laid out for them
 // (blocked from the VNNI level up, and so stored by `tandem quantize`): every matrix but the

@@ -678,3 +678,34 @@ TEST_CASE("tandem run never cuts a prompt: too long for --ctx is an error saying
     CHECK(r.err.find("text 2 has " + std::to_string(n_long) + " tokens, more than the 2047 the model's context holds") !=
           std::string::npos);
 }
+
+TEST_CASE("a mixture of experts through the CLI: synth, info, run and bench") {
+    test::scratch_dir dir("cli-moe");
+    const std::string path = dir.file("q3moe.gguf");
+    REQUIRE(run_tandem({"synth", "-o", path, "--arch", "qwen3moe", "--experts", "6", "--experts-used", "2", "--layers", "3",
+                        "--type", "q4_0"}).rc == 0);
+    const test::run_result info = run_tandem({"info", "--json", path});
+    REQUIRE(info.rc == 0);
+    const json ij = json::parse(info.out);
+    CHECK(ij["experts"]["count"] == 6);
+    CHECK(ij["experts"]["used"] == 2);
+    CHECK(ij["experts"]["n_ff_exp"] == 64);
+    const int64_t total = ij["parameters"]["total"], active = ij["parameters"]["active"];
+    CHECK(total - active == 3 * 4 * (3 * 64 * 64)); // 4 of 6 experts idle a token in each of 3 layers
+    CHECK(ij["memory"]["decode_bytes_per_token"].get<int64_t>() < ij["memory"]["weight_bytes"].get<int64_t>());
+    const test::run_result text = run_tandem({"info", path});
+    CHECK(text.out.find("6 a layer, 2 used a token") != std::string::npos);
+    CHECK(text.out.find("active a token") != std::string::npos);
+
+    const test::run_result run = run_tandem({"run", "-m", path, "-p", "Once upon", "-n", "5", "--temp", "0", "--ignore-eos",
+                                             "--json"});
+    REQUIRE(run.rc == 0);
+    CHECK(json::parse(run.out)["tokens"].size() == 5);
+
+    const test::run_result bench = run_tandem({"bench", "-m", path, "-p", "8", "-n", "2", "--batch", "1", "-t", "2",
+                                               "--no-raw", "--json"});
+    REQUIRE(bench.rc == 0);
+    const json bj = json::parse(bench.out);
+    CHECK(bj["decode_expert_reads_per_step"]["1"]["runs"] == 3 * 2); // one token: 2 experts in each of 3 layers
+    CHECK(bj["decode_expert_reads_per_step"]["1"]["mb"].get<double>() > 0);
+}

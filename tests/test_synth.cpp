@@ -506,11 +506,11 @@ TEST_CASE("synth is deterministic by seed, for every type") {
 TEST_CASE("synth presets at real models' shapes name their architectures") {
     // Each preset resolves to a consistent shape in a supported architecture (writing them
     // takes hundreds of MB each: the tiny files below cover each architecture's tensors).
-    CHECK(synth_preset_names.size() == 9);
+    CHECK(synth_preset_names.size() == 12);
     for (const std::string_view name : synth_preset_names) {
         INFO(name);
         const synth_params p = synth_preset(name);
-        CHECK(std::find(supported_archs.begin(), supported_archs.end(), p.arch) != supported_archs.end());
+        CHECK((p.arch == "mixtral" || std::find(supported_archs.begin(), supported_archs.end(), p.arch) != supported_archs.end()));
         CHECK(p.n_head % p.n_head_kv == 0);
         const int32_t hd = p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
         CHECK(hd % 2 == 0);
@@ -520,6 +520,16 @@ TEST_CASE("synth presets at real models' shapes name their architectures") {
     CHECK(synth_preset("gemma3-1b").sliding_window == 512);
     CHECK(synth_preset("qwen3-0.6b").head_dim == 128);
     CHECK(synth_preset("llama3.2-1b").rope_scaling == "llama3");
+    // the mixtures of experts at their published shapes
+    const synth_params q3 = synth_preset("qwen3-30b-a3b");
+    CHECK(q3.arch == "qwen3moe");
+    CHECK(q3.n_expert == 128);
+    CHECK(q3.n_expert_used == 8);
+    CHECK(q3.n_ff_exp == 768);
+    const synth_params q2 = synth_preset("qwen1.5-moe-a2.7b");
+    CHECK(q2.n_expert == 60);
+    CHECK(q2.n_ff_shexp == 5632);
+    CHECK(synth_preset("mixtral-8x7b").n_expert_used == 2);
 }
 
 TEST_CASE("synth writes each architecture's tensors and keys under llama.cpp's names") {
@@ -539,6 +549,17 @@ TEST_CASE("synth writes each architecture's tensors and keys under llama.cpp's n
          {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"}},
         {"gemma3", {"blk.1.attn_q_norm.weight", "blk.1.post_ffw_norm.weight"}, {"output.weight"},
          {"attention.sliding_window", "attention.key_length"}},
+        {"qwen3moe",
+         {"blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
+          "blk.1.ffn_down_exps.weight", "blk.1.attn_q_norm.weight"},
+         {"blk.0.ffn_gate.weight", "blk.0.ffn_gate_shexp.weight", "blk.0.ffn_gate_inp_shexp.weight"},
+         {"expert_count", "expert_used_count", "expert_feed_forward_length"}},
+        {"qwen2moe",
+         {"blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate_inp_shexp.weight",
+          "blk.0.ffn_gate_shexp.weight", "blk.0.ffn_up_shexp.weight", "blk.1.ffn_down_shexp.weight",
+          "blk.0.attn_q.bias"},
+         {"blk.0.ffn_gate.weight", "blk.0.ffn_down.weight"},
+         {"expert_count", "expert_used_count", "expert_feed_forward_length", "expert_shared_feed_forward_length"}},
     };
     for (const want& w : cases) {
         INFO(w.arch);
@@ -553,6 +574,25 @@ TEST_CASE("synth writes each architecture's tensors and keys under llama.cpp's n
         for (const std::string& t : w.present) CHECK_MESSAGE(f.find_tensor(t) != nullptr, t);
         for (const std::string& t : w.absent) CHECK_MESSAGE(f.find_tensor(t) == nullptr, t);
         for (const std::string& k : w.keys) CHECK_MESSAGE(f.find(std::string(w.arch) + "." + k), k);
+    }
+    {
+        // Mixtral: llama with experts (3-D, n_ff wide) and no expert_feed_forward_length key
+        synth_params m = synth_preset("tiny");
+        m.arch = "mixtral";
+        const std::string path = dir.file("mixtral.gguf");
+        synth_write(m, path);
+        const gguf::file f = gguf::file::open(path);
+        CHECK(f.get_string("general.architecture") == std::string("llama"));
+        CHECK(f.get_int("llama.expert_count") == 8);
+        CHECK(f.get_int("llama.expert_used_count") == 2);
+        CHECK_FALSE(f.find("llama.expert_feed_forward_length"));
+        const gguf::tensor_info* up = f.find_tensor("blk.1.ffn_up_exps.weight");
+        REQUIRE(up);
+        CHECK(up->ne == std::vector<int64_t>{64, 160, 8});
+        const gguf::tensor_info* down = f.find_tensor("blk.1.ffn_down_exps.weight");
+        REQUIRE(down);
+        CHECK(down->ne == std::vector<int64_t>{160, 64, 8});
+        CHECK(f.find_tensor("blk.0.ffn_gate_inp.weight")->type == dtype::f32);
     }
     // Llama 3.1's rope_freqs: one factor per rotated pair.
     synth_params p = synth_preset("tiny");
