@@ -36,6 +36,9 @@ void resolve_store_model(config& cfg) {
     if (std::filesystem::exists(cfg.model, ec) || cfg.model.ends_with(".gguf") || cfg.model.starts_with('/') ||
         cfg.model.starts_with('.'))
         return;
+    // A [model NAME] section's name: the model host's to resolve.
+    for (const auto& m : cfg.models)
+        if (m.name == cfg.model) return;
     const resolve_result r = locate_model(cfg.model, cfg.store);
     if (!r.model) {
         const auto at = cfg.origin.find("model");

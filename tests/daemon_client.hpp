@@ -5,7 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -28,6 +30,20 @@ extern char** environ;
 namespace tandem::test {
 
 using json = nlohmann::json;
+
+// A free loopback TCP port (bound, read, closed: another process could take it in between,
+// which no test here does).
+inline int free_port() {
+    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(s, reinterpret_cast<sockaddr*>(&in), sizeof in);
+    socklen_t len = sizeof in;
+    ::getsockname(s, reinterpret_cast<sockaddr*>(&in), &len);
+    ::close(s);
+    return ntohs(in.sin_port);
+}
 
 inline int connect_unix(const std::string& path) {
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

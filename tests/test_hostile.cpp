@@ -340,19 +340,6 @@ TEST_CASE("tandemd: a planted KV pool file or link is left untouched and refused
 
 namespace {
 
-// A free loopback TCP port (bound, read, closed: another process could take it in between,
-// which no test here does).
-int free_port() {
-    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in in{};
-    in.sin_family = AF_INET;
-    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(s, reinterpret_cast<sockaddr*>(&in), sizeof in);
-    socklen_t len = sizeof in;
-    ::getsockname(s, reinterpret_cast<sockaddr*>(&in), &len);
-    ::close(s);
-    return ntohs(in.sin_port);
-}
 
 // GET /health over TCP with these extra header lines ("Host: ..." among them).
 http_response tcp_get(int port, const std::string& headers) {

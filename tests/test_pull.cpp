@@ -439,7 +439,11 @@ TEST_CASE("a model pulled while tandemd runs is served by name without a restart
     REQUIRE(d.wait_ready());
     const auto ids = [&d] {
         std::vector<std::string> out;
-        for (const json& m : json::parse(test::request(d.sock, "GET", "/v1/models").body)["data"])
+        const test::http_response r = test::request(d.sock, "GET", "/v1/models");
+        INFO(r.status, " ", r.body);
+        REQUIRE(r.status == 200);
+        const json models = json::parse(r.body);
+        for (const json& m : models.at("data"))
             out.push_back(m["id"].get<std::string>() + (m["loaded"].get<bool>() ? " loaded" : ""));
         return out;
     };

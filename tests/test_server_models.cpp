@@ -21,18 +21,6 @@ scratch_dir& scratch() {
     return d;
 }
 
-// A free loopback TCP port (bound, read, closed).
-int free_port() {
-    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in in{};
-    in.sin_family = AF_INET;
-    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(s, reinterpret_cast<sockaddr*>(&in), sizeof in);
-    socklen_t len = sizeof in;
-    ::getsockname(s, reinterpret_cast<sockaddr*>(&in), &len);
-    ::close(s);
-    return ntohs(in.sin_port);
-}
 
 std::string tiny() { return model_path("TinyStories-656K-Q8_0.gguf"); }
 
@@ -302,6 +290,10 @@ TEST_CASE("an upstream: a second tandemd on TCP serves forwarded requests, strea
     const int busy = stream_started(d.sock, "/v1/completions",
                                     {{"model", "local"}, {"prompt", "Once upon a time"}, {"max_tokens", 2000},
                                      {"ignore_eos", true}, {"n", 4}, {"temperature", 0}, {"stream", true}});
+    // (its first event can come before all four sequences are admitted)
+    for (int i = 0; i < 500 && model_status(d.sock, "local")["running"] != 4; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    REQUIRE(model_status(d.sock, "local")["running"] == 4);
     const json over = completion(d.sock, "local", "Once upon a time");
     CHECK(over["choices"][0]["text"] == upstream_local);
     const std::string em = request(d.sock, "GET", "/metrics").body;
