@@ -57,36 +57,6 @@ bool valid_id(std::string_view id, std::string_view prefix) {
                        [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-// Makes a rename (or a removal) in `dir` durable: the directory's entry reaches the disk.
-void sync_dir(const std::string& dir) {
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return;
-    ::fsync(fd);
-    ::close(fd);
-}
-
-// Writes `text` to `path` whole or not at all: a temporary file, synced, renamed over it, the
-// directory synced after.
-void write_atomic(const std::string& path, std::string_view text) {
-    const std::string tmp = path + ".tmp";
-    const int fd = open_owned_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    bool ok = true;
-    for (size_t at = 0; ok && at < text.size();) {
-        const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
-        if (n < 0 && errno == EINTR) continue;
-        ok = n > 0;
-        if (ok) at += size_t(n);
-    }
-    ok = ok && ::fdatasync(fd) == 0;
-    ::close(fd);
-    if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int e = errno;
-        ::unlink(tmp.c_str());
-        throw error(fmt::format("cannot write {}: {}", path, std::strerror(e)));
-    }
-    sync_dir(fs::path(path).parent_path().string());
-}
-
 int64_t file_size(const std::string& path) {
     std::error_code ec;
     const auto n = fs::file_size(path, ec);

@@ -64,4 +64,31 @@ void ensure_owned_dir(const std::string& dir, mode_t mode, mode_t max_mode) {
     if (const std::string why = problem_of(st, max_mode ? max_mode : mode, true); !why.empty()) fail("{}: {}", dir, why);
 }
 
+void sync_dir(const std::string& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    ::fsync(fd);
+    ::close(fd);
+}
+
+void write_atomic(const std::string& path, std::string_view text) {
+    const std::string tmp = path + ".tmp";
+    const int fd = open_owned_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    bool ok = true;
+    for (size_t at = 0; ok && at < text.size();) {
+        const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
+        if (n < 0 && errno == EINTR) continue;
+        ok = n > 0;
+        if (ok) at += size_t(n);
+    }
+    ok = ok && ::fdatasync(fd) == 0;
+    ::close(fd);
+    if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int e = errno;
+        ::unlink(tmp.c_str());
+        fail("cannot write {}: {}", path, std::strerror(e));
+    }
+    sync_dir(std::filesystem::path(path).parent_path().string());
+}
+
 } // namespace tandem

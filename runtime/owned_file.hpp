@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <string_view>
 
 namespace tandem {
 
@@ -23,5 +24,12 @@ int open_owned_file(const std::string& path, int flags, mode_t mode, mode_t max_
 // process's effective user, and with no permission bit beyond `max_mode` (by default `mode`).
 // Throws tandem::error naming the path and the problem.
 void ensure_owned_dir(const std::string& dir, mode_t mode, mode_t max_mode = 0);
+
+// Makes a rename (or a removal) in `dir` durable: the directory's entry reaches the disk.
+void sync_dir(const std::string& dir);
+
+// Writes `text` to `path` whole or not at all: PATH.tmp (this user's own, mode 0600), synced,
+// renamed over `path`, the directory synced after. Throws tandem::error naming the path.
+void write_atomic(const std::string& path, std::string_view text);
 
 } // namespace tandem
