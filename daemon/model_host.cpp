@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 
 namespace tandem::daemon {
@@ -102,7 +103,14 @@ std::optional<model_source> resolve_model(const config& cfg, const std::string& 
     // A model of its own: its own pool file, no draft model but its section's.
     const auto own = [&cfg](model_source& m) {
         m.cfg.model_id = m.name;
-        if (!cfg.kv_pool.empty()) m.cfg.kv_pool = cfg.kv_pool + "." + m.name; // (one pool file per model)
+        // One pool file per model, beside the configured one: a store name's '/' and ':' (org/repo:Q4_K_M)
+        // become '_', so the file stays in that directory.
+        if (!cfg.kv_pool.empty()) {
+            std::string file = m.name;
+            for (char& c : file)
+                if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+            m.cfg.kv_pool = cfg.kv_pool + "." + file;
+        }
         m.cfg.draft_model.clear();
         m.cfg.draft_tokens = 0;
     };

@@ -433,8 +433,9 @@ TEST_CASE("a model pulled while tandemd runs is served by name without a restart
     test::daemon_process d;
     d.sock = hub.dir.file("live.sock");
     d.log = hub.dir.file("live.log");
+    // (with workers: each model's pool is a file beside kv_pool, whatever its store name holds)
     d.spawn({"--model", test::model_path("TinyStories-656K-Q8_0.gguf"), "--socket", d.sock, "--threads", "1", "--log",
-             "warn", "--set", "kv_pool=" + d.sock + ".kv", "--set", "placement=local"},
+             "warn", "--set", "kv_pool=" + d.sock + ".kv"},
             {"TANDEM_MODELS=" + hub.store.string()});
     REQUIRE(d.wait_ready());
     const auto ids = [&d] {
